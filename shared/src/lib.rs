@@ -1,1 +1,20 @@
-//! placeholder
+//! The KubeEdge message schema and the pieces both cloudcore and edgecore need.
+//!
+//! Everything here follows the wire format of KubeEdge v1.15+ (beehive `model.Message`
+//! carried as JSON text frames over the cloudhub WebSocket), see
+//! `reference/kubeedge-protocol.md` §1–§3.
+
+pub mod codec;
+pub mod constants;
+pub mod content;
+pub mod message;
+pub mod operation;
+pub mod pki;
+pub mod resource;
+pub mod tls;
+
+pub use codec::{CodecError, FrameCodec};
+pub use content::{ObjectResp, Status, StatusError};
+pub use message::{Header, Message, Route};
+pub use operation::{Group, Operation};
+pub use resource::{ResourceError, ResourcePath};

@@ -1,0 +1,29 @@
+//! Names and defaults both sides agree on (reference §2.1, §7).
+
+/// WebSocket handshake header carrying the node name (looked up case-insensitively).
+pub const HEADER_NODE_ID: &str = "node_id";
+pub const HEADER_PROJECT_ID: &str = "project_id";
+pub const HEADER_CONNECTION_USE: &str = "ConnectionUse";
+/// The only `ConnectionUse` value served on the message channel.
+pub const CONNECTION_USE_MSG: &str = "msg";
+/// Extension header: a peer that sends it understands the inventory resync of kubeedge-rs
+/// (edge sends object UID → resourceVersion on connect; the cloud sends only the difference).
+/// Real KubeEdge peers ignore unknown headers and are served in compatibility mode.
+pub const HEADER_CAPABILITIES: &str = "X-KubeEdge-RS-Capabilities";
+pub const CAPABILITY_INVENTORY: &str = "inventory-resync";
+
+pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
+pub const DEFAULT_CLOUDHUB_PORT: u16 = 10000;
+pub const DEFAULT_CLOUDHUB_HTTPS_PORT: u16 = 10002;
+/// Seconds without a keepalive after which the cloud drops a session.
+pub const DEFAULT_KEEPALIVE_INTERVAL_SECS: u64 = 30;
+/// Seconds between edge keepalives.
+pub const DEFAULT_HEARTBEAT_SECS: u64 = 15;
+pub const DEFAULT_NODE_LIMIT: usize = 1000;
+pub const DEFAULT_MESSAGE_QPS: u32 = 30;
+pub const DEFAULT_MESSAGE_BURST: u32 = 60;
+/// Legacy shared CN of KubeEdge ≤ v1.15 edge certificates.
+pub const LEGACY_EDGE_CN: &str = "kubeedge.io";
+/// CN prefix of per-node edge certificates (KubeEdge ≥ v1.16).
+pub const NODE_CN_PREFIX: &str = "system:node:";
+pub const NODE_ORGANIZATION: &str = "system:nodes";

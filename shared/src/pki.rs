@@ -1,0 +1,247 @@
+//! Certificates: the KubeEdge CA, server certificates and edge certificates (reference §6).
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use std::net::IpAddr;
+use time::{Duration, OffsetDateTime};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("certificate generation failed: {0}")]
+    Rcgen(#[from] rcgen::Error),
+    #[error("invalid certificate: {0}")]
+    Invalid(String),
+}
+
+/// A certificate with its private key, PEM and DER forms at hand.
+pub struct IssuedCert {
+    pub cert_der: CertificateDer<'static>,
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub key_pkcs8_der: Vec<u8>,
+}
+
+impl IssuedCert {
+    pub fn key_der(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_pkcs8_der.clone()))
+    }
+}
+
+/// The KubeEdge CA: ECDSA P-256, `CN=KubeEdge`, 100 years.
+pub struct CertificateAuthority {
+    issuer: Issuer<'static, KeyPair>,
+    pub cert: IssuedCert,
+}
+
+fn serial() -> SerialNumber {
+    let mut bytes: [u8; 16] = *uuid::Uuid::new_v4().as_bytes();
+    bytes[0] &= 0x7f; // positive
+    SerialNumber::from_slice(&bytes)
+}
+
+fn validity(params: &mut CertificateParams, days: i64) {
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::minutes(5);
+    params.not_after = now + Duration::days(days);
+}
+
+fn issued(cert: rcgen::Certificate, key: &KeyPair) -> IssuedCert {
+    IssuedCert {
+        cert_der: cert.der().clone(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        key_pkcs8_der: key.serialize_der(),
+    }
+}
+
+fn new_key() -> Result<KeyPair, PkiError> {
+    Ok(KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?)
+}
+
+impl CertificateAuthority {
+    pub fn generate() -> Result<Self, PkiError> {
+        let key = new_key()?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, "KubeEdge");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.serial_number = Some(SerialNumber::from(1024u64));
+        validity(&mut params, 365 * 100);
+        let cert = params.self_signed(&key)?;
+        let issued = issued(cert, &key);
+        let issuer = Issuer::new(params, key);
+        Ok(CertificateAuthority {
+            issuer,
+            cert: issued,
+        })
+    }
+
+    /// Loads a CA from its PEM certificate and PEM (PKCS#8 or SEC1) key.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
+        let key = KeyPair::from_pem(key_pem)?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, KeyPair::from_pem(key_pem)?)?;
+        let cert_der = CertificateDer::from(
+            pem_body(cert_pem).ok_or_else(|| PkiError::Invalid("no PEM certificate".into()))?,
+        );
+        Ok(CertificateAuthority {
+            issuer,
+            cert: IssuedCert {
+                cert_der,
+                cert_pem: cert_pem.to_string(),
+                key_pem: key.serialize_pem(),
+                key_pkcs8_der: key.serialize_der(),
+            },
+        })
+    }
+
+    /// A server certificate for cloudhub: SANs are IPs or DNS names (empty entries skipped).
+    pub fn issue_server(&self, sans: &[&str], days: i64) -> Result<IssuedCert, PkiError> {
+        let key = new_key()?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, "KubeEdge");
+        dn.push(DnType::OrganizationName, "KubeEdge");
+        params.distinguished_name = dn;
+        params.subject_alt_names = sans
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| match s.parse::<IpAddr>() {
+                Ok(ip) => Ok(SanType::IpAddress(ip)),
+                Err(_) => Ok(SanType::DnsName((*s).try_into()?)),
+            })
+            .collect::<Result<_, rcgen::Error>>()?;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.serial_number = Some(serial());
+        validity(&mut params, days);
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(issued(cert, &key))
+    }
+
+    /// A client certificate with the given CN and O, EKU clientAuth (as `/edge.crt` signs).
+    pub fn issue_client(
+        &self,
+        cn: &str,
+        org: Option<&str>,
+        days: i64,
+    ) -> Result<IssuedCert, PkiError> {
+        let key = new_key()?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        if let Some(o) = org {
+            dn.push(DnType::OrganizationName, o);
+        }
+        dn.push(DnType::CommonName, cn);
+        params.distinguished_name = dn;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.serial_number = Some(serial());
+        validity(&mut params, days);
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(issued(cert, &key))
+    }
+
+    /// Signs a DER PKCS#10 CSR: subject CN and O only, EKU clientAuth, `days` validity.
+    pub fn sign_csr(&self, csr_der: &[u8], days: i64) -> Result<CertificateDer<'static>, PkiError> {
+        let csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())?;
+        let mut csr = csr;
+        let mut dn = DistinguishedName::new();
+        for (ty, value) in csr.params.distinguished_name.iter() {
+            if matches!(ty, DnType::CommonName | DnType::OrganizationName) {
+                dn.push(ty.clone(), value.clone());
+            }
+        }
+        csr.params.distinguished_name = dn;
+        csr.params.subject_alt_names.clear();
+        csr.params.is_ca = IsCa::NoCa;
+        csr.params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        csr.params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        csr.params.serial_number = Some(serial());
+        validity(&mut csr.params, days);
+        Ok(csr.signed_by(&self.issuer)?.der().clone())
+    }
+}
+
+/// Creates an edge key and a DER CSR with `CN=system:node:<node>, O=system:nodes`.
+pub fn node_csr(node: &str) -> Result<(Vec<u8>, KeyPair), PkiError> {
+    let key = new_key()?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CountryName, "CN");
+    dn.push(DnType::StateOrProvinceName, "Zhejiang");
+    dn.push(DnType::LocalityName, "Hangzhou");
+    dn.push(
+        DnType::OrganizationName,
+        crate::constants::NODE_ORGANIZATION,
+    );
+    dn.push(
+        DnType::CommonName,
+        format!("{}{node}", crate::constants::NODE_CN_PREFIX),
+    );
+    params.distinguished_name = dn;
+    let csr = params.serialize_request(&key)?;
+    Ok((csr.der().to_vec(), key))
+}
+
+fn pem_body(pem: &str) -> Option<Vec<u8>> {
+    use rustls_pki_types::pem::PemObject;
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()?
+        .ok()
+        .map(|c| c.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csr_is_signed_with_its_subject() {
+        let ca = CertificateAuthority::generate().unwrap();
+        let (csr, _key) = node_csr("edge-1").unwrap();
+        let cert = ca.sign_csr(&csr, 365).unwrap();
+        assert_eq!(
+            crate::tls::common_name(&cert).as_deref(),
+            Some("system:node:edge-1")
+        );
+    }
+
+    #[test]
+    fn garbage_csr_is_an_error() {
+        let ca = CertificateAuthority::generate().unwrap();
+        assert!(ca.sign_csr(b"not a csr", 365).is_err());
+    }
+
+    #[test]
+    fn ca_round_trips_through_pem() {
+        let ca = CertificateAuthority::generate().unwrap();
+        let again = CertificateAuthority::from_pem(&ca.cert.cert_pem, &ca.cert.key_pem).unwrap();
+        let leaf = again.issue_client("x", None, 1).unwrap();
+        assert_eq!(
+            crate::tls::common_name(&leaf.cert_der).as_deref(),
+            Some("x")
+        );
+    }
+}
