@@ -1,1 +1,4 @@
+//! cloudcore: the cloud side of kubeedge-rs.
 
+pub mod cloudhub;
+pub mod metrics;

@@ -1,2 +1,3 @@
+//! edgecore: the edge side of kubeedge-rs.
 
-pub mod cri;
+pub mod edgehub;

@@ -1,0 +1,227 @@
+//! Validation of the WebSocket upgrade request: node identity from the `node_id` header,
+//! bound to the client certificate, `ConnectionUse: msg`, and gorilla's Origin rule.
+
+use super::Capabilities;
+use http::StatusCode;
+use kubeedge_shared::constants::{
+    CAPABILITY_INVENTORY, CONNECTION_USE_MSG, HEADER_CAPABILITIES, HEADER_CONNECTION_USE,
+    HEADER_NODE_ID, HEADER_PROJECT_ID, LEGACY_EDGE_CN, NODE_CN_PREFIX,
+};
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request};
+
+#[derive(Debug, Clone)]
+pub(super) struct Accepted {
+    pub node: String,
+    pub project_id: Option<String>,
+    pub capabilities: Capabilities,
+    pub legacy_cn: bool,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Refusal {
+    pub status: StatusCode,
+    /// Metric label.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Refusal {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub fn into_response(self) -> ErrorResponse {
+        let mut resp = ErrorResponse::new(Some(self.message));
+        *resp.status_mut() = self.status;
+        resp
+    }
+}
+
+fn header<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
+    // http::HeaderMap lookups are case-insensitive, as Go's canonicalised names require.
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+/// Kubernetes node names are DNS-1123 subdomains; anything else could not be a Node and
+/// would corrupt resource paths.
+pub(super) fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .split('.')
+            .all(|label| !label.is_empty() && !label.starts_with('-') && !label.ends_with('-'))
+}
+
+pub(super) fn check_request(
+    req: &Request,
+    peer_cn: Option<&str>,
+    allow_legacy_cn: bool,
+) -> Result<Accepted, Refusal> {
+    let node = header(req, HEADER_NODE_ID).unwrap_or_default();
+    if node.is_empty() {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "missing_node_id",
+            "missing node_id header: set it to the edge node name",
+        ));
+    }
+    if !valid_node_name(node) {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_node_id",
+            format!("node_id {node:?} is not a valid Kubernetes node name"),
+        ));
+    }
+    match header(req, HEADER_CONNECTION_USE) {
+        Some(CONNECTION_USE_MSG) => {}
+        other => {
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "connection_use",
+                format!("ConnectionUse must be \"msg\" on this port, got {other:?}"),
+            ));
+        }
+    }
+    if let Some(origin) = header(req, "origin") {
+        let origin_host = origin.split_once("://").map_or(origin, |(_, h)| h);
+        let origin_host = origin_host.split('/').next().unwrap_or_default();
+        if Some(origin_host) != header(req, "host") {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "origin",
+                "cross-origin WebSocket request refused",
+            ));
+        }
+    }
+    let expected_cn = format!("{NODE_CN_PREFIX}{node}");
+    let legacy_cn = match peer_cn {
+        Some(cn) if cn == expected_cn => false,
+        Some(LEGACY_EDGE_CN) if allow_legacy_cn => true,
+        Some(LEGACY_EDGE_CN) => {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "legacy_cn",
+                format!(
+                    "certificate CN {LEGACY_EDGE_CN:?} is shared by all KubeEdge ≤ v1.15 edges and is not accepted; \
+                     rejoin the node for a per-node certificate or enable modules.cloudHub.allowLegacyCertificates"
+                ),
+            ));
+        }
+        Some(cn) => {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "identity_mismatch",
+                format!(
+                    "certificate CN {cn:?} does not belong to node {node:?} (expected {expected_cn:?})"
+                ),
+            ));
+        }
+        None => {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "no_certificate",
+                "a client certificate is required",
+            ));
+        }
+    };
+    let capabilities = Capabilities {
+        inventory_resync: header(req, HEADER_CAPABILITIES)
+            .is_some_and(|v| v.split(',').any(|c| c.trim() == CAPABILITY_INVENTORY)),
+    };
+    Ok(Accepted {
+        node: node.to_string(),
+        project_id: header(req, HEADER_PROJECT_ID).map(str::to_string),
+        capabilities,
+        legacy_cn,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(headers: &[(&str, &str)]) -> Request {
+        let mut b = Request::builder().uri("/e632/edge-1/events");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    const GO_HEADERS: [(&str, &str); 3] = [
+        ("Node_id", "edge-1"),
+        ("Project_id", "e632"),
+        ("Connectionuse", "msg"),
+    ];
+
+    #[test]
+    fn go_canonicalised_headers_are_found() {
+        let a = check_request(&req(&GO_HEADERS), Some("system:node:edge-1"), false).unwrap();
+        assert_eq!(a.node, "edge-1");
+        assert_eq!(a.project_id.as_deref(), Some("e632"));
+        assert!(!a.capabilities.inventory_resync);
+    }
+
+    #[test]
+    fn certificate_for_another_node_is_refused() {
+        let e = check_request(&req(&GO_HEADERS), Some("system:node:edge-2"), false).unwrap_err();
+        assert_eq!(e.status, StatusCode::FORBIDDEN);
+        assert_eq!(e.reason, "identity_mismatch");
+    }
+
+    #[test]
+    fn legacy_cn_only_when_allowed() {
+        assert!(check_request(&req(&GO_HEADERS), Some("kubeedge.io"), false).is_err());
+        assert!(
+            check_request(&req(&GO_HEADERS), Some("kubeedge.io"), true)
+                .unwrap()
+                .legacy_cn
+        );
+    }
+
+    #[test]
+    fn bad_headers_are_refused() {
+        let no_use = req(&[("node_id", "edge-1")]);
+        assert_eq!(
+            check_request(&no_use, Some("system:node:edge-1"), false)
+                .unwrap_err()
+                .reason,
+            "connection_use"
+        );
+        let bad_name = req(&[("node_id", "../x"), ("ConnectionUse", "msg")]);
+        assert_eq!(
+            check_request(&bad_name, None, false).unwrap_err().reason,
+            "invalid_node_id"
+        );
+        let origin = req(&[
+            ("node_id", "edge-1"),
+            ("ConnectionUse", "msg"),
+            ("Host", "a:1"),
+            ("Origin", "https://b:1"),
+        ]);
+        assert_eq!(
+            check_request(&origin, Some("system:node:edge-1"), false)
+                .unwrap_err()
+                .reason,
+            "origin"
+        );
+    }
+
+    #[test]
+    fn capability_header_is_read() {
+        let mut h = GO_HEADERS.to_vec();
+        h.push(("X-KubeEdge-RS-Capabilities", "inventory-resync"));
+        let a = check_request(&req(&h), Some("system:node:edge-1"), false).unwrap();
+        assert!(a.capabilities.inventory_resync);
+    }
+}

@@ -1,0 +1,252 @@
+//! cloudhub: the WSS server edge nodes dial (reference §2), one session per node, with
+//! per-node ordered, at-least-once send queues (reference §3).
+//!
+//! Controllers use [`CloudHub`]: `send` to a node, `connected_nodes`, `subscribe` to connect /
+//! disconnect events, and read upstream messages from the receiver returned by `bind`.
+
+mod handshake;
+pub mod queue;
+mod server;
+mod session;
+
+use crate::metrics::{HubMetrics, ReasonLabel};
+use dashmap::DashMap;
+use kubeedge_shared::resource::trim_node_prefix;
+use kubeedge_shared::{CodecError, FrameCodec, Message};
+use queue::{Enqueued, NodeQueue, QueueFull, QueueLimits};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    pub listen: SocketAddr,
+    /// Drop a session when no keepalive arrived for this long (KubeEdge `keepaliveInterval`).
+    pub keepalive_interval: Duration,
+    /// Most nodes connected at once; further connections are refused.
+    pub node_limit: usize,
+    /// Accept KubeEdge ≤ v1.15 certificates whose CN is the shared `kubeedge.io`.
+    pub allow_legacy_cn: bool,
+    pub max_frame_bytes: usize,
+    pub queue: QueueLimits,
+    /// TLS + WebSocket handshake must finish within this.
+    pub handshake_timeout: Duration,
+    /// A write that does not complete within this ends the session.
+    pub write_timeout: Duration,
+    /// Capacity of the upstream channel shared by all sessions (backpressure beyond it).
+    pub upstream_capacity: usize,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        HubConfig {
+            listen: SocketAddr::from((
+                [0, 0, 0, 0],
+                kubeedge_shared::constants::DEFAULT_CLOUDHUB_PORT,
+            )),
+            keepalive_interval: Duration::from_secs(
+                kubeedge_shared::constants::DEFAULT_KEEPALIVE_INTERVAL_SECS,
+            ),
+            node_limit: kubeedge_shared::constants::DEFAULT_NODE_LIMIT,
+            allow_legacy_cn: false,
+            max_frame_bytes: kubeedge_shared::codec::DEFAULT_MAX_FRAME_BYTES,
+            queue: QueueLimits::default(),
+            handshake_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(15),
+            upstream_capacity: 4096,
+        }
+    }
+}
+
+/// What a connected edge said about itself in the handshake.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The edge sends an inventory on connect and expects only the difference.
+    pub inventory_resync: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum NodeEvent {
+    Connected {
+        node: String,
+        session: u64,
+        capabilities: Capabilities,
+    },
+    Disconnected {
+        node: String,
+        session: u64,
+        reason: String,
+    },
+    /// A message to this node was refused because its queue is full: the node's copy may now
+    /// be behind, and a controller should resynchronise it once the queue drains.
+    QueueOverflow { node: String },
+}
+
+/// A message from an edge, with its resource already in cloud-internal form
+/// (`node/<node>/<ns>/<type>/<name>`).
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub node: String,
+    pub message: Message,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("node {0} is not connected")]
+    NotConnected(String),
+    #[error("node {node}: {source}")]
+    QueueFull { node: String, source: QueueFull },
+    #[error("cannot encode message for node {node}: {source}")]
+    Encode { node: String, source: CodecError },
+}
+
+struct SessionHandle {
+    id: u64,
+    queue: Arc<NodeQueue>,
+    cancel: CancellationToken,
+    capabilities: Capabilities,
+}
+
+pub(crate) struct Inner {
+    config: HubConfig,
+    codec: FrameCodec,
+    sessions: DashMap<String, SessionHandle>,
+    events: broadcast::Sender<NodeEvent>,
+    upstream: mpsc::Sender<Upstream>,
+    metrics: HubMetrics,
+    next_session: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+/// Handle to the running hub; cheap to clone.
+#[derive(Clone)]
+pub struct CloudHub {
+    inner: Arc<Inner>,
+    local_addr: SocketAddr,
+}
+
+impl CloudHub {
+    /// Binds the listener and starts accepting. Upstream messages arrive on the receiver.
+    pub async fn bind(
+        config: HubConfig,
+        tls: Arc<rustls::ServerConfig>,
+        metrics: HubMetrics,
+    ) -> std::io::Result<(CloudHub, mpsc::Receiver<Upstream>)> {
+        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let local_addr = listener.local_addr()?;
+        let (up_tx, up_rx) = mpsc::channel(config.upstream_capacity.max(1));
+        let (events, _) = broadcast::channel(65_536);
+        let inner = Arc::new(Inner {
+            codec: FrameCodec::new(config.max_frame_bytes),
+            config,
+            sessions: DashMap::new(),
+            events,
+            upstream: up_tx,
+            metrics,
+            next_session: AtomicU64::new(1),
+            shutdown: CancellationToken::new(),
+        });
+        tokio::spawn(server::accept_loop(inner.clone(), listener, tls));
+        tracing::info!(%local_addr, "cloudhub listening");
+        Ok((CloudHub { inner, local_addr }, up_rx))
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Queues `msg` for `node`. The resource may be in cloud-internal form; the `node/<n>/`
+    /// prefix is stripped on the wire, as KubeEdge's `TrimMessage` does.
+    pub fn send(&self, node: &str, mut msg: Message) -> Result<Enqueued, SendError> {
+        let Some(queue) = self.inner.sessions.get(node).map(|s| s.queue.clone()) else {
+            return Err(SendError::NotConnected(node.to_string()));
+        };
+        let trimmed = trim_node_prefix(&msg.route.resource);
+        if trimmed.len() != msg.route.resource.len() {
+            msg.route.resource = trimmed.to_string();
+        }
+        let frame = self.inner.codec.encode(&msg).map_err(|source| {
+            self.inner
+                .metrics
+                .messages_dropped
+                .get_or_create(&ReasonLabel { reason: "encode" })
+                .inc();
+            SendError::Encode {
+                node: node.to_string(),
+                source,
+            }
+        })?;
+        match queue.push(&msg, frame.into()) {
+            Ok(e) => Ok(e),
+            Err(source) => {
+                tracing::warn!(node, %source, "downstream message refused");
+                let _ = self.inner.events.send(NodeEvent::QueueOverflow {
+                    node: node.to_string(),
+                });
+                Err(SendError::QueueFull {
+                    node: node.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+
+    pub fn is_connected(&self, node: &str) -> bool {
+        self.inner.sessions.contains_key(node)
+    }
+
+    pub fn connected_nodes(&self) -> Vec<String> {
+        self.inner
+            .sessions
+            .iter()
+            .map(|s| s.key().clone())
+            .collect()
+    }
+
+    pub fn connected_count(&self) -> usize {
+        self.inner.sessions.len()
+    }
+
+    pub fn capabilities(&self, node: &str) -> Option<Capabilities> {
+        self.inner
+            .sessions
+            .get(node)
+            .map(|s| s.capabilities.clone())
+    }
+
+    /// Messages held for a node (pending + awaiting ACK).
+    pub fn queue_len(&self, node: &str) -> Option<usize> {
+        self.inner.sessions.get(node).map(|s| s.queue.len())
+    }
+
+    /// Connect / disconnect / overflow events. A receiver that lags gets `Lagged` and should
+    /// treat every node as possibly changed (`connected_nodes` tells the current state).
+    pub fn subscribe(&self) -> broadcast::Receiver<NodeEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Ends a node's session (e.g. the Node object was deleted).
+    pub fn disconnect(&self, node: &str) -> bool {
+        match self.inner.sessions.get(node) {
+            Some(s) => {
+                s.cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops accepting and ends every session.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+}
+
+impl Inner {
+    fn next_session_id(&self) -> u64 {
+        self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,129 @@
+//! TLS accept loop and the WebSocket upgrade.
+
+use super::Inner;
+use super::handshake::{Accepted, check_request};
+use super::session;
+use crate::metrics::ReasonLabel;
+use http::StatusCode;
+use kubeedge_shared::tls::common_name;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+pub(super) type Ws = WebSocketStream<TlsStream<TcpStream>>;
+
+/// Small buffers: an idle session must stay cheap (≤ 50 KB target); they grow when needed.
+pub(crate) fn ws_config(max_frame_bytes: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(16 * 1024)
+        .max_write_buffer_size(max_frame_bytes.saturating_mul(2).max(64 * 1024))
+        .max_message_size(Some(max_frame_bytes))
+        .max_frame_size(Some(max_frame_bytes))
+}
+
+pub(super) async fn accept_loop(
+    inner: Arc<Inner>,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = inner.shutdown.cancelled() => break,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                // E.g. out of file descriptors: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let inner = inner.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let timeout = inner.config.handshake_timeout;
+            match tokio::time::timeout(timeout, handshake(&inner, acceptor, tcp, peer)).await {
+                Ok(Ok((ws, accepted))) => session::run(inner, ws, accepted, peer).await,
+                Ok(Err(reason)) => tracing::debug!(%peer, %reason, "handshake refused"),
+                Err(_) => {
+                    refused(&inner, "handshake_timeout");
+                    tracing::warn!(%peer, ?timeout, "TLS/WebSocket handshake timed out");
+                }
+            }
+        });
+    }
+    tracing::info!("cloudhub stopped accepting");
+}
+
+fn refused(inner: &Inner, reason: &'static str) {
+    inner
+        .metrics
+        .sessions_refused
+        .get_or_create(&ReasonLabel { reason })
+        .inc();
+}
+
+async fn handshake(
+    inner: &Arc<Inner>,
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+) -> Result<(Ws, Accepted), String> {
+    let tls = acceptor.accept(tcp).await.map_err(|e| {
+        refused(inner, "tls");
+        tracing::warn!(%peer, error = %e, "TLS handshake failed (is the edge certificate signed by this cloudcore's CA?)");
+        format!("tls: {e}")
+    })?;
+    let cn = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(common_name);
+    let mut outcome: Option<Accepted> = None;
+    let callback = |req: &Request, resp: Response| {
+        let accepted = match check_request(req, cn.as_deref(), inner.config.allow_legacy_cn) {
+            Ok(a) => a,
+            Err(refusal) => {
+                refused(inner, refusal.reason);
+                tracing::warn!(%peer, status = %refusal.status, reason = refusal.reason, message = %refusal.message, "edge connection refused");
+                return Err(refusal.into_response());
+            }
+        };
+        let at_limit = inner.sessions.len() >= inner.config.node_limit;
+        if at_limit && !inner.sessions.contains_key(&accepted.node) {
+            refused(inner, "node_limit");
+            tracing::warn!(%peer, node = %accepted.node, limit = inner.config.node_limit, "node limit reached; connection refused");
+            let mut resp = tokio_tungstenite::tungstenite::handshake::server::ErrorResponse::new(
+                Some(format!("node limit of {} reached", inner.config.node_limit)),
+            );
+            *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            return Err(resp);
+        }
+        outcome = Some(accepted);
+        Ok(resp)
+    };
+    let ws = tokio_tungstenite::accept_hdr_async_with_config(
+        tls,
+        callback,
+        Some(ws_config(inner.config.max_frame_bytes)),
+    )
+    .await
+    .map_err(|e| format!("websocket: {e}"))?;
+    let accepted = outcome.ok_or_else(|| "handshake ended without identity".to_string())?;
+    if accepted.legacy_cn {
+        tracing::warn!(node = %accepted.node, "edge uses the legacy shared certificate CN; its identity rests on the node_id header alone");
+    }
+    Ok((ws, accepted))
+}

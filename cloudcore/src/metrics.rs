@@ -1,0 +1,124 @@
+//! Prometheus metrics of cloudcore (OpenMetrics text on `/metrics`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+/// cloudhub's metrics. Cheap to clone (every metric is an `Arc` inside).
+#[derive(Clone, Default)]
+pub struct HubMetrics {
+    pub connected_nodes: Gauge,
+    pub sessions_refused: Family<ReasonLabel, Counter>,
+    pub messages_sent: Family<ResourceLabel, Counter>,
+    pub messages_acked: Family<ResourceLabel, Counter>,
+    pub messages_resent: Family<ResourceLabel, Counter>,
+    pub messages_dropped: Family<ReasonLabel, Counter>,
+    pub messages_received: Family<ResourceLabel, Counter>,
+    pub unmatched_acks: Counter,
+    pub malformed_frames: Counter,
+    pub queued_messages: Gauge,
+    pub queued_bytes: Gauge,
+    pub inflight_messages: Gauge,
+}
+
+impl HubMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("cloudhub");
+        r.register(
+            "connected_nodes",
+            "Edge nodes with a live session",
+            self.connected_nodes.clone(),
+        );
+        r.register(
+            "sessions_refused",
+            "Connections refused, by reason",
+            self.sessions_refused.clone(),
+        );
+        r.register(
+            "messages_sent",
+            "Downstream frames written (first sends)",
+            self.messages_sent.clone(),
+        );
+        r.register(
+            "messages_acked",
+            "Downstream messages acknowledged by the edge",
+            self.messages_acked.clone(),
+        );
+        r.register(
+            "messages_resent",
+            "Downstream messages sent again for lack of an ACK",
+            self.messages_resent.clone(),
+        );
+        r.register(
+            "messages_dropped",
+            "Downstream messages dropped, by reason",
+            self.messages_dropped.clone(),
+        );
+        r.register(
+            "messages_received",
+            "Upstream messages received, by resource type",
+            self.messages_received.clone(),
+        );
+        r.register(
+            "unmatched_acks",
+            "ACKs that matched no message in flight (duplicates, late)",
+            self.unmatched_acks.clone(),
+        );
+        r.register(
+            "malformed_frames",
+            "Upstream frames that could not be decoded",
+            self.malformed_frames.clone(),
+        );
+        r.register(
+            "queued_messages",
+            "Messages waiting in per-node queues",
+            self.queued_messages.clone(),
+        );
+        r.register(
+            "queued_bytes",
+            "Encoded bytes waiting in per-node queues",
+            self.queued_bytes.clone(),
+        );
+        r.register(
+            "inflight_messages",
+            "Messages sent and awaiting an ACK",
+            self.inflight_messages.clone(),
+        );
+        // KubeEdge's own name for the same gauge, for dashboards built for KubeEdge.
+        registry.register(
+            "KubeEdge_CloudHub_connected_nodes",
+            "Number of connected edge nodes (KubeEdge-compatible name)",
+            self.connected_nodes.clone(),
+        );
+    }
+
+    pub(crate) fn resource(resource_type: &str) -> ResourceLabel {
+        ResourceLabel {
+            resource: resource_type.to_string(),
+        }
+    }
+}
+
+/// Renders a registry as OpenMetrics text.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        out.clear();
+    }
+    out
+}
+
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -1,0 +1,258 @@
+//! The connect loop and one live connection: a reader task and a writer task.
+
+use super::dial::{Ws, dial};
+use super::{LinkEvent, Shared};
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use kubeedge_shared::{FrameCodec, Message};
+use rand::Rng;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_util::sync::CancellationToken;
+
+pub(super) async fn connect_loop(
+    shared: Arc<Shared>,
+    mut outbound: mpsc::Receiver<Message>,
+    inbound: mpsc::Sender<Message>,
+) {
+    let cfg = shared.config.clone();
+    let mut failures: u32 = 0;
+    while !shared.shutdown.is_cancelled() {
+        let attempt = tokio::select! {
+            _ = shared.shutdown.cancelled() => break,
+            r = tokio::time::timeout(cfg.handshake_timeout, dial(&cfg, shared.tls())) => r,
+        };
+        match attempt {
+            Ok(Ok(ws)) => {
+                failures = 0;
+                let recycle = CancellationToken::new();
+                *shared.recycle.lock().unwrap_or_else(|e| e.into_inner()) = recycle.clone();
+                // Anything queued while offline was refused to its sender already, except what
+                // raced with the disconnect: send it on the new link.
+                shared.connected.store(true, Ordering::Release);
+                tracing::info!(server = %cfg.server, node = %cfg.node_name, "connected to cloudhub");
+                let _ = shared.events.send(LinkEvent::Connected);
+                let reason = run(&shared, ws, &mut outbound, &inbound, &recycle).await;
+                shared.connected.store(false, Ordering::Release);
+                // Waiters for replies on this link will not get them.
+                shared.lock_pending().clear();
+                tracing::warn!(server = %cfg.server, %reason, "disconnected from cloudhub");
+                let _ = shared.events.send(LinkEvent::Disconnected { reason });
+            }
+            Ok(Err(e)) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(error = %e, attempt = failures, "cannot connect to cloudhub");
+            }
+            Err(_) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(server = %cfg.server, timeout = ?cfg.handshake_timeout, "cloudhub handshake timed out");
+            }
+        }
+        let delay = backoff(cfg.reconnect_initial, cfg.reconnect_max, failures);
+        tracing::debug!(?delay, "reconnecting after delay");
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => break,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// Full-jitter exponential backoff: uniformly in [base/2, base], base = initial·2^failures.
+pub(super) fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
+    let base = initial.saturating_mul(1u32 << failures.min(16)).min(max);
+    let lo = base / 2;
+    let span = base.saturating_sub(lo).as_millis() as u64;
+    lo + Duration::from_millis(rand::rng().random_range(0..=span))
+}
+
+/// Link state shared by the reader and writer of one connection.
+struct Liveness {
+    start: Instant,
+    /// Milliseconds since `start` of the last frame received.
+    last_rx_ms: AtomicU64,
+    /// The reader is waiting for the edge modules to take a message: not a link problem.
+    reader_busy: AtomicBool,
+}
+
+impl Liveness {
+    fn touch(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_rx_ms.store(ms, Ordering::Release);
+    }
+
+    fn silent_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_rx_ms.load(Ordering::Acquire));
+        self.start.elapsed().saturating_sub(last)
+    }
+}
+
+async fn run(
+    shared: &Arc<Shared>,
+    ws: Ws,
+    outbound: &mut mpsc::Receiver<Message>,
+    inbound: &mpsc::Sender<Message>,
+    recycle: &CancellationToken,
+) -> String {
+    let (sink, stream) = ws.split();
+    let live = Arc::new(Liveness {
+        start: Instant::now(),
+        last_rx_ms: AtomicU64::new(0),
+        reader_busy: AtomicBool::new(false),
+    });
+    let stop = recycle.child_token();
+    let reader = tokio::spawn(read_loop(
+        shared.clone(),
+        stream,
+        inbound.clone(),
+        live.clone(),
+        stop.clone(),
+    ));
+    let write_end = tokio::select! {
+        r = write_loop(shared, sink, outbound, &live, &stop) => r,
+        _ = shared.shutdown.cancelled() => "edgecore shutting down".to_string(),
+    };
+    stop.cancel();
+    let read_end = reader.await.ok().flatten();
+    read_end.unwrap_or(write_end)
+}
+
+async fn read_loop(
+    shared: Arc<Shared>,
+    mut stream: SplitStream<Ws>,
+    inbound: mpsc::Sender<Message>,
+    live: Arc<Liveness>,
+    stop: CancellationToken,
+) -> Option<String> {
+    let codec = FrameCodec::new(shared.config.max_frame_bytes);
+    let end = loop {
+        let frame = tokio::select! {
+            _ = stop.cancelled() => return None,
+            f = stream.next() => f,
+        };
+        live.touch();
+        let bytes = match frame {
+            None => break "connection closed by cloud".to_string(),
+            Some(Err(e)) => break format!("read error: {e}"),
+            Some(Ok(WsMessage::Text(t))) => t.into(),
+            Some(Ok(WsMessage::Binary(b))) => b,
+            Some(Ok(WsMessage::Close(f))) => {
+                break format!(
+                    "closed by cloud{}",
+                    f.map(|f| format!(": {}", f.reason)).unwrap_or_default()
+                );
+            }
+            Some(Ok(_)) => continue, // pong (or ping, answered by tungstenite)
+        };
+        let msg = match codec.decode(&bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed frame from cloud dropped");
+                continue;
+            }
+        };
+        if !msg.header.parent_id.is_empty()
+            && let Some(waiter) = shared.lock_pending().remove(&msg.header.parent_id)
+        {
+            let _ = waiter.send(msg);
+            continue;
+        }
+        live.reader_busy.store(true, Ordering::Release);
+        let delivered = tokio::select! {
+            r = inbound.send(msg) => r.is_ok(),
+            _ = stop.cancelled() => return None,
+        };
+        live.reader_busy.store(false, Ordering::Release);
+        live.touch();
+        if !delivered {
+            break "edge modules stopped".to_string();
+        }
+    };
+    stop.cancel();
+    Some(end)
+}
+
+async fn write_loop(
+    shared: &Shared,
+    mut sink: SplitSink<Ws, WsMessage>,
+    outbound: &mut mpsc::Receiver<Message>,
+    live: &Liveness,
+    stop: &CancellationToken,
+) -> String {
+    let cfg = &shared.config;
+    let codec = FrameCodec::new(cfg.max_frame_bytes);
+    let mut keepalive = tokio::time::interval(cfg.heartbeat);
+    keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let check_every =
+        (cfg.dead_link_timeout / 8).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut liveness_check = tokio::time::interval(check_every);
+    let end = loop {
+        let frames = tokio::select! {
+            _ = stop.cancelled() => break "link closed".to_string(),
+            _ = keepalive.tick() => {
+                let ka = codec.encode(&Message::keepalive()).unwrap_or_default();
+                // The ping makes the cloud answer (pong) even though keepalives get no reply,
+                // so a frozen or half-open link shows up as silence.
+                vec![WsMessage::Text(ka.into()), WsMessage::Ping(Default::default())]
+            }
+            _ = liveness_check.tick() => {
+                let silent = live.silent_for();
+                if silent > cfg.dead_link_timeout && !live.reader_busy.load(Ordering::Acquire) {
+                    break format!("no frame from the cloud for {silent:?}: link presumed dead");
+                }
+                continue;
+            }
+            m = outbound.recv() => {
+                let Some(first) = m else { break "edgehub shut down".to_string() };
+                let mut batch = Vec::with_capacity(8);
+                let mut next = Some(first);
+                while let Some(msg) = next.take() {
+                    match codec.encode(&msg) {
+                        Ok(text) => batch.push(WsMessage::Text(text.into())),
+                        Err(e) => tracing::warn!(error = %e, resource = %msg.route.resource, "message not sent"),
+                    }
+                    if batch.len() < 256 {
+                        next = outbound.try_recv().ok();
+                    }
+                }
+                batch
+            }
+        };
+        let write = async {
+            for f in frames {
+                sink.feed(f).await?;
+            }
+            sink.flush().await
+        };
+        match tokio::time::timeout(cfg.write_timeout, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => break format!("write error: {e}"),
+            Err(_) => break format!("write timed out after {:?}", cfg.write_timeout),
+        }
+    };
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_caps() {
+        let i = Duration::from_secs(1);
+        let m = Duration::from_secs(30);
+        for _ in 0..50 {
+            let d0 = backoff(i, m, 0);
+            assert!(d0 >= Duration::from_millis(500) && d0 <= i);
+            let d3 = backoff(i, m, 3);
+            assert!(d3 >= Duration::from_secs(4) && d3 <= Duration::from_secs(8));
+            let big = backoff(i, m, 40);
+            assert!(big >= Duration::from_secs(15) && big <= m);
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! edgehub: the edge end of the cloud channel (reference §2.1, §2.3).
+//!
+//! Dials cloudhub, sends keepalives, detects a dead link (also a half-open one, by WebSocket
+//! pings the cloud must answer), reconnects with jittered exponential backoff, rate-limits
+//! edge-originated requests, matches replies to waiting requests by `parent_msg_id` and hands
+//! everything else to the edge modules.
+
+mod connection;
+pub mod dial;
+pub mod ratelimit;
+
+use kubeedge_shared::{Message, Operation};
+use ratelimit::TokenBucket;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone)]
+pub struct EdgeHubConfig {
+    /// cloudhub address, `host:port` (KubeEdge `edgeHub.websocket.server`).
+    pub server: String,
+    pub project_id: String,
+    /// The node name, sent as `node_id`.
+    pub node_name: String,
+    /// Keepalive period (KubeEdge `edgeHub.heartbeat`, 15 s).
+    pub heartbeat: Duration,
+    /// No frame from the cloud for this long (pings are answered) means the link is dead.
+    pub dead_link_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub write_timeout: Duration,
+    pub message_qps: u32,
+    pub message_burst: u32,
+    pub max_frame_bytes: usize,
+    pub reconnect_initial: Duration,
+    pub reconnect_max: Duration,
+    /// Advertised in the handshake extension header (e.g. `inventory-resync`).
+    pub capabilities: Vec<String>,
+    /// Messages for the edge modules buffered before reading from the cloud pauses.
+    pub inbound_capacity: usize,
+}
+
+impl Default for EdgeHubConfig {
+    fn default() -> Self {
+        use kubeedge_shared::constants::*;
+        EdgeHubConfig {
+            server: format!("127.0.0.1:{DEFAULT_CLOUDHUB_PORT}"),
+            project_id: DEFAULT_PROJECT_ID.to_string(),
+            node_name: String::new(),
+            heartbeat: Duration::from_secs(DEFAULT_HEARTBEAT_SECS),
+            dead_link_timeout: Duration::from_secs(2 * DEFAULT_HEARTBEAT_SECS),
+            handshake_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(15),
+            message_qps: DEFAULT_MESSAGE_QPS,
+            message_burst: DEFAULT_MESSAGE_BURST,
+            max_frame_bytes: kubeedge_shared::codec::DEFAULT_MAX_FRAME_BYTES,
+            reconnect_initial: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(30),
+            capabilities: Vec::new(),
+            inbound_capacity: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    Connected,
+    Disconnected { reason: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("not connected to the cloud")]
+    NotConnected,
+    #[error("connection to the cloud was lost before the reply arrived")]
+    Disconnected,
+    #[error("no reply from the cloud within {0:?}")]
+    Timeout(Duration),
+    #[error("edgehub is shut down")]
+    Shutdown,
+}
+
+pub(crate) struct Shared {
+    config: EdgeHubConfig,
+    tls: Mutex<Arc<rustls::ClientConfig>>,
+    connected: AtomicBool,
+    outbound: mpsc::Sender<Message>,
+    pending: Mutex<HashMap<String, oneshot::Sender<Message>>>,
+    events: broadcast::Sender<LinkEvent>,
+    limiter: TokenBucket,
+    shutdown: CancellationToken,
+    /// Cancelled to recycle the current connection (e.g. after certificate rotation).
+    recycle: Mutex<CancellationToken>,
+}
+
+#[derive(Clone)]
+pub struct EdgeHub {
+    shared: Arc<Shared>,
+}
+
+impl EdgeHub {
+    /// Starts the connect loop. Messages for the edge modules arrive on the receiver.
+    pub fn start(
+        config: EdgeHubConfig,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> (EdgeHub, mpsc::Receiver<Message>) {
+        let (out_tx, out_rx) = mpsc::channel(1024);
+        let (in_tx, in_rx) = mpsc::channel(config.inbound_capacity.max(1));
+        let (events, _) = broadcast::channel(64);
+        let shared = Arc::new(Shared {
+            limiter: TokenBucket::new(config.message_qps, config.message_burst),
+            config,
+            tls: Mutex::new(tls),
+            connected: AtomicBool::new(false),
+            outbound: out_tx,
+            pending: Mutex::new(HashMap::new()),
+            events,
+            shutdown: CancellationToken::new(),
+            recycle: Mutex::new(CancellationToken::new()),
+        });
+        tokio::spawn(connection::connect_loop(shared.clone(), out_rx, in_tx));
+        (EdgeHub { shared }, in_rx)
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.shared.connected.load(Ordering::Acquire)
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<LinkEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Sends a message to the cloud. Edge-originated requests are rate-limited
+    /// (`messageQPS`/`messageBurst`); responses (ACKs) and keepalives are not, since their pace
+    /// is set by the cloud and throttling them only causes resends.
+    pub async fn send(&self, msg: Message) -> Result<(), HubError> {
+        if !self.is_connected() {
+            return Err(HubError::NotConnected);
+        }
+        if !matches!(
+            msg.route.operation,
+            Operation::Response | Operation::Keepalive | Operation::Error
+        ) {
+            self.shared.limiter.acquire().await;
+        }
+        self.shared
+            .outbound
+            .send(msg)
+            .await
+            .map_err(|_| HubError::Shutdown)
+    }
+
+    /// Sends a request and waits for the message whose `parent_msg_id` is its `msg_id`.
+    pub async fn request(&self, msg: Message, timeout: Duration) -> Result<Message, HubError> {
+        let id = msg.header.id.clone();
+        let (tx, rx) = oneshot::channel();
+        self.shared.lock_pending().insert(id.clone(), tx);
+        let result = async {
+            self.send(msg).await?;
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(_)) => Err(HubError::Disconnected),
+                Err(_) => Err(HubError::Timeout(timeout)),
+            }
+        }
+        .await;
+        self.shared.lock_pending().remove(&id);
+        result
+    }
+
+    /// Replaces the TLS configuration (new client certificate) and reconnects with it.
+    pub fn set_tls_config(&self, tls: Arc<rustls::ClientConfig>) {
+        *self.shared.tls.lock().unwrap_or_else(|e| e.into_inner()) = tls;
+        self.shared.recycle_connection();
+    }
+
+    pub fn shutdown(&self) {
+        self.shared.shutdown.cancel();
+    }
+}
+
+impl Shared {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Message>>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn recycle_connection(&self) {
+        self.recycle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .cancel();
+    }
+
+    fn tls(&self) -> Arc<rustls::ClientConfig> {
+        self.tls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
