@@ -1,3 +1,4 @@
 //! edgecore: the edge side of kubeedge-rs.
 
+pub mod cri;
 pub mod edgehub;
