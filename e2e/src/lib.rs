@@ -1,1 +1,3 @@
+//! End-to-end harness for kubeedge-rs: fixtures, local control plane, runtime, benchmarks.
 
+pub mod channel;

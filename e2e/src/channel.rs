@@ -1,0 +1,277 @@
+//! Fixtures for the cloud–edge channel: a throw-away PKI, a cloudhub on loopback, edgehubs,
+//! a raw WebSocket edge whose every frame the test controls, and a TCP proxy that can freeze.
+
+use cloudcore::cloudhub::{CloudHub, HubConfig, Upstream};
+use cloudcore::metrics::HubMetrics;
+use edgecore::edgehub::{EdgeHub, EdgeHubConfig};
+use futures_util::{SinkExt, StreamExt};
+use kubeedge_shared::constants::{CONNECTION_USE_MSG, HEADER_CONNECTION_USE, HEADER_NODE_ID};
+use kubeedge_shared::pki::{CertificateAuthority, IssuedCert};
+use kubeedge_shared::{FrameCodec, Message, tls};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_rustls::TlsConnector;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+
+/// A CA with a cloudhub server certificate for 127.0.0.1 / localhost.
+pub struct Pki {
+    pub ca: CertificateAuthority,
+    pub server: IssuedCert,
+}
+
+impl Pki {
+    pub fn new() -> anyhow::Result<Self> {
+        let ca = CertificateAuthority::generate()?;
+        let server = ca.issue_server(&["127.0.0.1", "localhost"], 365)?;
+        Ok(Pki { ca, server })
+    }
+
+    /// An edge certificate with KubeEdge ≥ v1.16's identity (`system:node:<node>`).
+    pub fn node_cert(&self, node: &str) -> anyhow::Result<IssuedCert> {
+        Ok(self.ca.issue_client(
+            &format!("system:node:{node}"),
+            Some("system:nodes"),
+            365,
+        )?)
+    }
+
+    pub fn cert_with_cn(&self, cn: &str) -> anyhow::Result<IssuedCert> {
+        Ok(self.ca.issue_client(cn, None, 365)?)
+    }
+
+    pub fn server_tls(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        Ok(tls::server_config(
+            vec![self.server.cert_der.clone()],
+            self.server.key_der(),
+            std::slice::from_ref(&self.ca.cert.cert_der),
+            true,
+        )?)
+    }
+
+    pub fn edge_tls(&self, cert: &IssuedCert) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+        Ok(tls::client_config(
+            std::slice::from_ref(&self.ca.cert.cert_der),
+            vec![cert.cert_der.clone()],
+            cert.key_der(),
+        )?)
+    }
+}
+
+/// cloudhub settings for tests: loopback, any port, short timers.
+pub fn test_hub_config() -> HubConfig {
+    let mut c = HubConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        keepalive_interval: Duration::from_secs(2),
+        handshake_timeout: Duration::from_secs(5),
+        write_timeout: Duration::from_secs(2),
+        ..HubConfig::default()
+    };
+    c.queue.retry_interval = Duration::from_millis(300);
+    c
+}
+
+pub async fn start_hub(
+    pki: &Pki,
+    config: HubConfig,
+) -> anyhow::Result<(CloudHub, mpsc::Receiver<Upstream>, HubMetrics)> {
+    let metrics = HubMetrics::default();
+    let (hub, up) = CloudHub::bind(config, pki.server_tls()?, metrics.clone()).await?;
+    Ok((hub, up, metrics))
+}
+
+/// edgehub settings for tests: short heartbeat, quick reconnects, no rate limit.
+pub fn test_edge_config(server: SocketAddr, node: &str) -> EdgeHubConfig {
+    EdgeHubConfig {
+        server: server.to_string(),
+        node_name: node.to_string(),
+        heartbeat: Duration::from_millis(500),
+        dead_link_timeout: Duration::from_millis(1500),
+        handshake_timeout: Duration::from_secs(3),
+        write_timeout: Duration::from_secs(2),
+        reconnect_initial: Duration::from_millis(100),
+        reconnect_max: Duration::from_millis(500),
+        message_qps: 0,
+        ..EdgeHubConfig::default()
+    }
+}
+
+pub fn start_edge(
+    pki: &Pki,
+    config: EdgeHubConfig,
+) -> anyhow::Result<(EdgeHub, mpsc::Receiver<Message>)> {
+    let cert = pki.node_cert(&config.node_name)?;
+    Ok(EdgeHub::start(config, pki.edge_tls(&cert)?))
+}
+
+/// A WebSocket edge that does exactly what the test says: no automatic keepalive or ACK.
+pub struct RawEdge {
+    ws: WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>,
+    codec: FrameCodec,
+}
+
+impl RawEdge {
+    /// Connects as `node` presenting `tls`'s client certificate. The error text carries the
+    /// cloud's refusal (e.g. `403 Forbidden`) when there is one.
+    pub async fn connect(
+        addr: SocketAddr,
+        node: &str,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<RawEdge, String> {
+        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+        let stream = TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("tls: {e}"))?;
+        let mut req = format!("wss://{addr}/e632aba927ea4ac2b575ec1603d56f10/{node}/events")
+            .into_client_request()
+            .map_err(|e| e.to_string())?;
+        // Go canonicalises header names: send them the way a real KubeEdge edge does.
+        req.headers_mut()
+            .insert("Node_id", HeaderValue::from_str(node).map_err(|e| e.to_string())?);
+        req.headers_mut().insert(
+            "Connectionuse",
+            HeaderValue::from_static(CONNECTION_USE_MSG),
+        );
+        let _ = (HEADER_NODE_ID, HEADER_CONNECTION_USE);
+        let (ws, _) = tokio_tungstenite::client_async(req, stream)
+            .await
+            .map_err(|e| match e {
+                tokio_tungstenite::tungstenite::Error::Http(resp) => format!(
+                    "refused {}: {}",
+                    resp.status(),
+                    resp.body()
+                        .as_ref()
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_default()
+                ),
+                other => format!("websocket: {other}"),
+            })?;
+        Ok(RawEdge {
+            ws,
+            codec: FrameCodec::default(),
+        })
+    }
+
+    pub async fn send(&mut self, msg: &Message) -> anyhow::Result<()> {
+        let text = self.codec.encode(msg)?;
+        self.ws.send(WsMessage::Text(text.into())).await?;
+        Ok(())
+    }
+
+    pub async fn send_frame(&mut self, frame: WsMessage) -> anyhow::Result<()> {
+        self.ws.send(frame).await?;
+        Ok(())
+    }
+
+    pub async fn keepalive(&mut self) -> anyhow::Result<()> {
+        self.send(&Message::keepalive()).await
+    }
+
+    pub async fn ack(&mut self, msg: &Message) -> anyhow::Result<()> {
+        self.send(&Message::ack_for(msg)).await
+    }
+
+    /// The next message within `timeout`; `Ok(None)` on timeout; `Err` once the connection
+    /// is closed.
+    pub async fn recv(&mut self, timeout: Duration) -> anyhow::Result<Option<Message>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, self.ws.next()).await {
+                Err(_) => return Ok(None),
+                Ok(None) => anyhow::bail!("connection closed"),
+                Ok(Some(f)) => f?,
+            };
+            match frame {
+                WsMessage::Text(t) => return Ok(Some(self.codec.decode(t.as_bytes())?)),
+                WsMessage::Binary(b) => return Ok(Some(self.codec.decode(&b)?)),
+                WsMessage::Close(_) => anyhow::bail!("connection closed by cloud"),
+                _ => continue,
+            }
+        }
+    }
+
+    /// True when the cloud closes the connection within `timeout`.
+    pub async fn closed_within(&mut self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.ws.next()).await {
+                Err(_) => return false,
+                Ok(None) | Ok(Some(Err(_))) | Ok(Some(Ok(WsMessage::Close(_)))) => return true,
+                Ok(Some(Ok(_))) => continue,
+            }
+        }
+    }
+}
+
+/// A loopback TCP proxy that can freeze every connection (forward nothing, close nothing:
+/// a half-open link as a frozen peer or a dead NAT produces it).
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl FaultProxy {
+    pub async fn start(upstream: SocketAddr) -> anyhow::Result<FaultProxy> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (f, s) = (frozen.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let (client, _) = tokio::select! {
+                    _ = s.cancelled() => break,
+                    r = listener.accept() => match r { Ok(c) => c, Err(_) => continue },
+                };
+                let Ok(server) = TcpStream::connect(upstream).await else { continue };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pump(cr, sw, f.clone(), s.clone()));
+                tokio::spawn(pump(sr, cw, f.clone(), s.clone()));
+            }
+        });
+        Ok(FaultProxy { addr, frozen, stop })
+    }
+
+    pub fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
+        };
+        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            // Swallow everything and keep both sockets open until the proxy is dropped.
+            stop.cancelled().await;
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! The one integration-test binary of the e2e crate.
+
+mod channel;
