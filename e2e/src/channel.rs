@@ -34,11 +34,9 @@ impl Pki {
 
     /// An edge certificate with KubeEdge ≥ v1.16's identity (`system:node:<node>`).
     pub fn node_cert(&self, node: &str) -> anyhow::Result<IssuedCert> {
-        Ok(self.ca.issue_client(
-            &format!("system:node:{node}"),
-            Some("system:nodes"),
-            365,
-        )?)
+        Ok(self
+            .ca
+            .issue_client(&format!("system:node:{node}"), Some("system:nodes"), 365)?)
     }
 
     pub fn cert_with_cn(&self, cn: &str) -> anyhow::Result<IssuedCert> {
@@ -124,7 +122,8 @@ impl RawEdge {
         tls: Arc<rustls::ClientConfig>,
     ) -> Result<RawEdge, String> {
         let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+        let name =
+            rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
         let stream = TlsConnector::from(tls)
             .connect(name, tcp)
             .await
@@ -133,8 +132,10 @@ impl RawEdge {
             .into_client_request()
             .map_err(|e| e.to_string())?;
         // Go canonicalises header names: send them the way a real KubeEdge edge does.
-        req.headers_mut()
-            .insert("Node_id", HeaderValue::from_str(node).map_err(|e| e.to_string())?);
+        req.headers_mut().insert(
+            "Node_id",
+            HeaderValue::from_str(node).map_err(|e| e.to_string())?,
+        );
         req.headers_mut().insert(
             "Connectionuse",
             HeaderValue::from_static(CONNECTION_USE_MSG),
@@ -231,7 +232,9 @@ impl FaultProxy {
                     _ = s.cancelled() => break,
                     r = listener.accept() => match r { Ok(c) => c, Err(_) => continue },
                 };
-                let Ok(server) = TcpStream::connect(upstream).await else { continue };
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
                 tokio::spawn(pump(cr, sw, f.clone(), s.clone()));

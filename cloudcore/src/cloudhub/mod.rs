@@ -13,7 +13,7 @@ use crate::metrics::{HubMetrics, ReasonLabel};
 use dashmap::DashMap;
 use kubeedge_shared::resource::trim_node_prefix;
 use kubeedge_shared::{CodecError, FrameCodec, Message};
-use queue::{Enqueued, NodeQueue, QueueFull, QueueLimits};
+use queue::{AckedMessage, Enqueued, NodeQueue, QueueFull, QueueLimits};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -119,6 +119,15 @@ pub(crate) struct Inner {
     metrics: HubMetrics,
     next_session: AtomicU64,
     shutdown: CancellationToken,
+    acks: std::sync::Mutex<Option<mpsc::Sender<Acked>>>,
+}
+
+/// A delivery the edge confirmed (for controllers that record delivery state, e.g. the
+/// ObjectSync compatibility mode for KubeEdge edges).
+#[derive(Debug, Clone)]
+pub struct Acked {
+    pub node: String,
+    pub message: AckedMessage,
 }
 
 /// Handle to the running hub; cheap to clone.
@@ -148,6 +157,7 @@ impl CloudHub {
             metrics,
             next_session: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
+            acks: std::sync::Mutex::new(None),
         });
         tokio::spawn(server::accept_loop(inner.clone(), listener, tls));
         tracing::info!(%local_addr, "cloudhub listening");
@@ -239,6 +249,15 @@ impl CloudHub {
         }
     }
 
+    /// Starts reporting every matched ACK on the returned channel (one consumer; a later call
+    /// replaces the earlier). When the consumer falls `capacity` behind, reports are dropped
+    /// and counted in `cloudhub_messages_dropped{reason="ack_report"}`.
+    pub fn subscribe_acks(&self, capacity: usize) -> mpsc::Receiver<Acked> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        *self.inner.acks.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
+    }
+
     /// Stops accepting and ends every session.
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();
@@ -248,5 +267,22 @@ impl CloudHub {
 impl Inner {
     fn next_session_id(&self) -> u64 {
         self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn notify_acked(&self, node: &str, message: AckedMessage) {
+        let guard = self.acks.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tx) = guard.as_ref() else { return };
+        let report = Acked {
+            node: node.to_string(),
+            message,
+        };
+        if tx.try_send(report).is_err() {
+            self.metrics
+                .messages_dropped
+                .get_or_create(&ReasonLabel {
+                    reason: "ack_report",
+                })
+                .inc();
+        }
     }
 }

@@ -101,6 +101,18 @@ struct State {
     next_retry: Option<Instant>,
 }
 
+/// A message the edge acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckedMessage {
+    pub msg_id: String,
+    /// `metadata.uid` of the object carried, when there was one.
+    pub uid: Option<String>,
+    /// The header's `resourceversion` (0 when absent).
+    pub resource_version: u64,
+    pub resource_type: String,
+    pub is_delete: bool,
+}
+
 /// A frame ready to be written.
 pub struct Outgoing {
     pub frame: Utf8Bytes,
@@ -302,9 +314,9 @@ impl NodeQueue {
             .min(l.max_backoff)
     }
 
-    /// Matches an ACK (`parent_msg_id`). Returns the resource type of the acknowledged
-    /// message, or `None` for an ACK that matches nothing in flight (duplicate or late).
-    pub fn ack(&self, parent_id: &str) -> Option<String> {
+    /// Matches an ACK (`parent_msg_id`). Returns what was acknowledged, or `None` for an ACK
+    /// that matches nothing in flight (duplicate or late).
+    pub fn ack(&self, parent_id: &str) -> Option<AckedMessage> {
         let mut st = self.lock();
         let f = st.inflight.remove(parent_id)?;
         if let Some(uid) = &f.entry.uid
@@ -318,7 +330,14 @@ impl NodeQueue {
         self.metrics.queued_messages.dec();
         self.metrics.queued_bytes.dec_by(f.entry.size() as i64);
         self.notify.notify_one();
-        Some(f.entry.resource_type)
+        let e = f.entry;
+        Some(AckedMessage {
+            msg_id: e.msg_id,
+            uid: e.uid,
+            resource_version: e.rv,
+            resource_type: e.resource_type,
+            is_delete: e.is_delete,
+        })
     }
 
     /// After a session is replaced: everything in flight goes back to the front of the queue
@@ -482,7 +501,10 @@ mod tests {
         assert_eq!(again[0].frame, first[0].frame, "same msg_id on resend");
         // tries == 2 reached the backoff threshold: 10ms * 2^1
         assert_eq!(next, Some(t1 + Duration::from_millis(20)));
-        assert_eq!(q.ack(m.id()).as_deref(), Some("pod"));
+        let acked = q.ack(m.id()).unwrap();
+        assert_eq!(acked.resource_type, "pod");
+        assert_eq!(acked.uid.as_deref(), Some("u"));
+        assert_eq!(acked.resource_version, 1);
         assert_eq!(q.ack(m.id()), None, "duplicate ACK matches nothing");
         assert!(q.is_empty());
     }

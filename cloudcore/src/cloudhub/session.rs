@@ -154,12 +154,13 @@ async fn read_loop(
         match msg.route.operation {
             Operation::Keepalive => deadline = Instant::now() + interval,
             Operation::Response => match queue.ack(&msg.header.parent_id) {
-                Some(resource_type) => {
+                Some(acked) => {
                     inner
                         .metrics
                         .messages_acked
-                        .get_or_create(&HubMetrics::resource(&resource_type))
+                        .get_or_create(&HubMetrics::resource(&acked.resource_type))
                         .inc();
+                    inner.notify_acked(node, acked);
                 }
                 None => {
                     inner.metrics.unmatched_acks.inc();

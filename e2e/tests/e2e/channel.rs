@@ -28,7 +28,10 @@ fn pod(name: &str, uid: &str, rv: u64, op: Operation) -> Message {
 async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + WAIT;
     while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -49,7 +52,9 @@ async fn next_link(rx: &mut broadcast::Receiver<LinkEvent>) -> LinkEvent {
 
 async fn connected_raw(pki: &Pki, hub: &CloudHub, node: &str) -> RawEdge {
     let tls = pki.edge_tls(&pki.node_cert(node).unwrap()).unwrap();
-    let edge = RawEdge::connect(hub.local_addr(), node, tls).await.expect("connects");
+    let edge = RawEdge::connect(hub.local_addr(), node, tls)
+        .await
+        .expect("connects");
     let hub2 = hub.clone();
     let node = node.to_string();
     wait_until("session registered", move || hub2.is_connected(&node)).await;
@@ -61,21 +66,34 @@ async fn edge_and_cloud_exchange_messages_and_acks() {
     let pki = Pki::new().unwrap();
     let (hub, mut upstream, metrics) = start_hub(&pki, test_hub_config()).await.unwrap();
     let mut hub_events = hub.subscribe();
-    let (edge, mut inbound) = start_edge(&pki, test_edge_config(hub.local_addr(), "edge-1")).unwrap();
+    let (edge, mut inbound) =
+        start_edge(&pki, test_edge_config(hub.local_addr(), "edge-1")).unwrap();
     match next_event(&mut hub_events).await {
         NodeEvent::Connected { node, .. } => assert_eq!(node, "edge-1"),
         other => panic!("unexpected {other:?}"),
     }
 
     // Downstream: the node prefix is stripped on the wire, the edge ACKs, the queue empties.
+    let mut acks = hub.subscribe_acks(16);
     let msg = pod("web-0", "u1", 10, Operation::Insert);
     assert_eq!(hub.send("edge-1", msg.clone()).unwrap(), Enqueued::Queued);
-    let got = tokio::time::timeout(WAIT, inbound.recv()).await.unwrap().unwrap();
+    let got = tokio::time::timeout(WAIT, inbound.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.header.id, msg.header.id);
     assert_eq!(got.route.resource, "default/pod/web-0");
     assert_eq!(got.header.resource_version, "10");
     assert_eq!(got.content["metadata"]["uid"], "u1");
     edge.send(Message::ack_for(&got)).await.unwrap();
+    let acked = tokio::time::timeout(WAIT, acks.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(acked.node, "edge-1");
+    assert_eq!(acked.message.msg_id, msg.header.id);
+    assert_eq!(acked.message.uid.as_deref(), Some("u1"));
+    assert_eq!(acked.message.resource_version, 10);
     let h = hub.clone();
     wait_until("ACK processed", move || h.queue_len("edge-1") == Some(0)).await;
     assert_eq!(metrics.unmatched_acks.get(), 0);
@@ -90,7 +108,10 @@ async fn edge_and_cloud_exchange_messages_and_acks() {
     );
     let edge2 = edge.clone();
     let request = tokio::spawn(async move { edge2.request(register, WAIT).await });
-    let up = tokio::time::timeout(WAIT, upstream.recv()).await.unwrap().unwrap();
+    let up = tokio::time::timeout(WAIT, upstream.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(up.node, "edge-1");
     assert_eq!(up.message.route.resource, "node/edge-1/default/node/edge-1");
     let reply = Message::new(
@@ -102,7 +123,10 @@ async fn edge_and_cloud_exchange_messages_and_acks() {
     )
     .with_parent(up.message.header.id.clone());
     hub.send("edge-1", reply).unwrap();
-    let answered = request.await.unwrap().expect("reply delivered to the request");
+    let answered = request
+        .await
+        .unwrap()
+        .expect("reply delivered to the request");
     assert_eq!(answered.content["Object"]["kind"], "Node");
     assert_eq!(answered.route.resource, "default/node/edge-1");
     edge.shutdown();
@@ -124,9 +148,15 @@ async fn certificate_from_another_ca_is_refused() {
     .unwrap();
     let result = match RawEdge::connect(hub.local_addr(), "edge-1", tls).await {
         Err(e) => Err(e),
-        Ok(mut edge) => edge.recv(Duration::from_secs(2)).await.map_err(|e| e.to_string()),
+        Ok(mut edge) => edge
+            .recv(Duration::from_secs(2))
+            .await
+            .map_err(|e| e.to_string()),
     };
-    assert!(result.is_err(), "connection with a foreign certificate must fail");
+    assert!(
+        result.is_err(),
+        "connection with a foreign certificate must fail"
+    );
     assert!(!hub.is_connected("edge-1"));
     let m = metrics.clone();
     wait_until("refusal counted", move || {
@@ -145,7 +175,10 @@ async fn certificate_from_another_ca_is_refused() {
         cert.key_der(),
     )
     .unwrap();
-    let err = RawEdge::connect(hub.local_addr(), "edge-1", wrong_trust).await.err().expect("refused");
+    let err = RawEdge::connect(hub.local_addr(), "edge-1", wrong_trust)
+        .await
+        .err()
+        .expect("refused");
     assert!(err.contains("tls"), "{err}");
 }
 
@@ -154,7 +187,10 @@ async fn certificate_for_another_node_is_refused() {
     let pki = Pki::new().unwrap();
     let (hub, _up, _m) = start_hub(&pki, test_hub_config()).await.unwrap();
     let tls = pki.edge_tls(&pki.node_cert("edge-2").unwrap()).unwrap();
-    let err = RawEdge::connect(hub.local_addr(), "edge-1", tls).await.err().expect("refused");
+    let err = RawEdge::connect(hub.local_addr(), "edge-1", tls)
+        .await
+        .err()
+        .expect("refused");
     assert!(err.contains("403"), "{err}");
     assert!(err.contains("does not belong to node"), "{err}");
     assert!(!hub.is_connected("edge-1"));
@@ -189,7 +225,10 @@ async fn missing_keepalive_ends_the_session() {
     let (hub, _up, _m) = start_hub(&pki, cfg).await.unwrap();
     let mut events = hub.subscribe();
     let mut edge = connected_raw(&pki, &hub, "edge-1").await;
-    assert!(matches!(next_event(&mut events).await, NodeEvent::Connected { .. }));
+    assert!(matches!(
+        next_event(&mut events).await,
+        NodeEvent::Connected { .. }
+    ));
     // Keepalives hold the session...
     for _ in 0..4 {
         edge.keepalive().await.unwrap();
@@ -215,14 +254,24 @@ async fn newer_connection_replaces_the_older_and_inherits_unacked_messages() {
     let mut first = connected_raw(&pki, &hub, "edge-1").await;
     let msg = pod("a", "ua", 1, Operation::Insert);
     hub.send("edge-1", msg.clone()).unwrap();
-    let got = first.recv(WAIT).await.unwrap().expect("first session gets the message");
+    let got = first
+        .recv(WAIT)
+        .await
+        .unwrap()
+        .expect("first session gets the message");
     assert_eq!(got.header.id, msg.header.id);
 
     // Not ACKed: the replacing session receives it again, with the same msg_id.
     let tls = pki.edge_tls(&pki.node_cert("edge-1").unwrap()).unwrap();
-    let mut second = RawEdge::connect(hub.local_addr(), "edge-1", tls).await.unwrap();
+    let mut second = RawEdge::connect(hub.local_addr(), "edge-1", tls)
+        .await
+        .unwrap();
     assert!(first.closed_within(WAIT).await, "older session is closed");
-    let again = second.recv(WAIT).await.unwrap().expect("re-sent on the new session");
+    let again = second
+        .recv(WAIT)
+        .await
+        .unwrap()
+        .expect("re-sent on the new session");
     assert_eq!(again.header.id, msg.header.id);
     second.keepalive().await.unwrap();
     assert!(hub.is_connected("edge-1"));
@@ -238,7 +287,11 @@ async fn withheld_ack_gets_the_same_message_again_until_acked() {
     hub.send("edge-1", msg.clone()).unwrap();
     let first = edge.recv(WAIT).await.unwrap().unwrap();
     edge.keepalive().await.unwrap();
-    let second = edge.recv(WAIT).await.unwrap().expect("resent without an ACK");
+    let second = edge
+        .recv(WAIT)
+        .await
+        .unwrap()
+        .expect("resent without an ACK");
     assert_eq!(first.header.id, second.header.id);
     assert_eq!(first, second);
     edge.ack(&second).await.unwrap();
@@ -247,16 +300,25 @@ async fn withheld_ack_gets_the_same_message_again_until_acked() {
     edge.ack(&second).await.unwrap();
     edge.ack(&first).await.unwrap();
     let m = metrics.clone();
-    wait_until("duplicate ACKs counted", move || m.unmatched_acks.get() >= 2).await;
+    wait_until("duplicate ACKs counted", move || {
+        m.unmatched_acks.get() >= 2
+    })
+    .await;
     assert_eq!(hub.queue_len("edge-1"), Some(0));
     assert!(
-        edge.recv(Duration::from_millis(900)).await.unwrap().is_none(),
+        edge.recv(Duration::from_millis(900))
+            .await
+            .unwrap()
+            .is_none(),
         "no resend after the ACK"
     );
     // The session still works.
     let next = pod("b", "ub", 1, Operation::Insert);
     hub.send("edge-1", next.clone()).unwrap();
-    assert_eq!(edge.recv(WAIT).await.unwrap().unwrap().header.id, next.header.id);
+    assert_eq!(
+        edge.recv(WAIT).await.unwrap().unwrap().header.id,
+        next.header.id
+    );
 }
 
 #[tokio::test]
@@ -271,16 +333,34 @@ async fn pending_updates_of_one_object_collapse_to_the_newest() {
     let got = edge.recv(WAIT).await.unwrap().unwrap();
     assert_eq!(got.header.id, blocker.header.id);
     // With the window full these wait in the queue, where they collapse.
-    assert_eq!(hub.send("edge-1", pod("b", "ub", 5, Operation::Update)).unwrap(), Enqueued::Queued);
-    assert_eq!(hub.send("edge-1", pod("b", "ub", 7, Operation::Update)).unwrap(), Enqueued::Collapsed);
-    assert_eq!(hub.send("edge-1", pod("b", "ub", 6, Operation::Update)).unwrap(), Enqueued::Stale);
+    assert_eq!(
+        hub.send("edge-1", pod("b", "ub", 5, Operation::Update))
+            .unwrap(),
+        Enqueued::Queued
+    );
+    assert_eq!(
+        hub.send("edge-1", pod("b", "ub", 7, Operation::Update))
+            .unwrap(),
+        Enqueued::Collapsed
+    );
+    assert_eq!(
+        hub.send("edge-1", pod("b", "ub", 6, Operation::Update))
+            .unwrap(),
+        Enqueued::Stale
+    );
     edge.ack(&got).await.unwrap();
     let b = edge.recv(WAIT).await.unwrap().unwrap();
     assert_eq!(b.route.resource, "default/pod/b");
     assert_eq!(b.header.resource_version, "7");
     edge.ack(&b).await.unwrap();
     edge.keepalive().await.unwrap();
-    assert!(edge.recv(Duration::from_millis(500)).await.unwrap().is_none(), "older versions never sent");
+    assert!(
+        edge.recv(Duration::from_millis(500))
+            .await
+            .unwrap()
+            .is_none(),
+        "older versions never sent"
+    );
 }
 
 #[tokio::test]
@@ -307,7 +387,10 @@ async fn edge_reconnects_after_cloudhub_restarts() {
     wait_until("reconnected", move || h.is_connected("edge-1")).await;
     let msg = pod("a", "ua", 3, Operation::Insert);
     hub2.send("edge-1", msg.clone()).unwrap();
-    let got = tokio::time::timeout(WAIT, inbound.recv()).await.unwrap().unwrap();
+    let got = tokio::time::timeout(WAIT, inbound.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.header.id, msg.header.id);
     edge.shutdown();
 }
@@ -325,7 +408,10 @@ async fn half_open_link_is_detected_by_both_sides() {
     let (edge, _inbound) = start_edge(&pki, edge_cfg).unwrap();
     let mut link = edge.subscribe();
     assert_eq!(next_link(&mut link).await, LinkEvent::Connected);
-    assert!(matches!(next_event(&mut hub_events).await, NodeEvent::Connected { .. }));
+    assert!(matches!(
+        next_event(&mut hub_events).await,
+        NodeEvent::Connected { .. }
+    ));
     // Several heartbeats pass: the link is healthy.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(edge.is_connected() && hub.is_connected("edge-1"));
@@ -334,7 +420,10 @@ async fn half_open_link_is_detected_by_both_sides() {
     let started = tokio::time::Instant::now();
     match next_link(&mut link).await {
         LinkEvent::Disconnected { reason } => {
-            assert!(reason.contains("presumed dead") || reason.contains("timed out"), "{reason}")
+            assert!(
+                reason.contains("presumed dead") || reason.contains("timed out"),
+                "{reason}"
+            )
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -343,7 +432,11 @@ async fn half_open_link_is_detected_by_both_sides() {
         other => panic!("unexpected {other:?}"),
     }
     // Both configured well under the 45 s target (1.5 s here); allow scheduling slack.
-    assert!(started.elapsed() < Duration::from_secs(8), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
     edge.shutdown();
 }
 
@@ -360,33 +453,64 @@ async fn oversized_and_malformed_frames_affect_only_their_own_connection() {
     for junk in ["{", "[]", "{}", "\"OK\"", "{\"header\":5}"] {
         bad.send_frame(WsMessage::Text(junk.into())).await.unwrap();
     }
-    bad.send_frame(WsMessage::Binary(vec![0xff, 0xfe, 0x00].into())).await.unwrap();
+    bad.send_frame(WsMessage::Binary(vec![0xff, 0xfe, 0x00].into()))
+        .await
+        .unwrap();
     let m = metrics.clone();
-    wait_until("malformed frames counted", move || m.malformed_frames.get() >= 6).await;
+    wait_until("malformed frames counted", move || {
+        m.malformed_frames.get() >= 6
+    })
+    .await;
     assert!(hub.is_connected("bad"));
     // Unknown operations pass upstream for the controllers to reject, with the node prefix.
-    let odd = Message::new("edged", Group::Meta, Operation::from("frobnicate"), "default/pod/x", json!(null));
+    let odd = Message::new(
+        "edged",
+        Group::Meta,
+        Operation::from("frobnicate"),
+        "default/pod/x",
+        json!(null),
+    );
     bad.send(&odd).await.unwrap();
-    let up = tokio::time::timeout(WAIT, upstream.recv()).await.unwrap().unwrap();
-    assert_eq!(up.message.route.operation, Operation::Other("frobnicate".into()));
+    let up = tokio::time::timeout(WAIT, upstream.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        up.message.route.operation,
+        Operation::Other("frobnicate".into())
+    );
     // A source claiming to be a cloud module is dropped (anti-loop).
-    let spoof = Message::new("edgecontroller", Group::Resource, Operation::Insert, "default/pod/x", json!(null));
+    let spoof = Message::new(
+        "edgecontroller",
+        Group::Resource,
+        Operation::Insert,
+        "default/pod/x",
+        json!(null),
+    );
     bad.send(&spoof).await.unwrap();
 
     // An oversized frame ends that session only.
     let huge = "x".repeat(100 * 1024);
     let _ = bad.send_frame(WsMessage::Text(huge.into())).await;
-    assert!(bad.closed_within(WAIT).await, "oversized frame closes the offending connection");
+    assert!(
+        bad.closed_within(WAIT).await,
+        "oversized frame closes the offending connection"
+    );
     let h = hub.clone();
     wait_until("bad session gone", move || !h.is_connected("bad")).await;
 
     good.keepalive().await.unwrap();
     let msg = pod("a", "ua", 1, Operation::Insert);
     hub.send("good", msg.clone()).unwrap();
-    assert_eq!(good.recv(WAIT).await.unwrap().unwrap().header.id, msg.header.id);
+    assert_eq!(
+        good.recv(WAIT).await.unwrap().unwrap().header.id,
+        msg.header.id
+    );
     assert!(hub.is_connected("good"));
     assert!(
-        tokio::time::timeout(Duration::from_millis(300), upstream.recv()).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(300), upstream.recv())
+            .await
+            .is_err(),
         "spoofed message was not forwarded"
     );
 }
@@ -399,18 +523,25 @@ async fn connections_beyond_the_node_limit_are_refused() {
     let (hub, _up, _m) = start_hub(&pki, cfg).await.unwrap();
     let _first = connected_raw(&pki, &hub, "edge-1").await;
     let tls = pki.edge_tls(&pki.node_cert("edge-2").unwrap()).unwrap();
-    let err = RawEdge::connect(hub.local_addr(), "edge-2", tls).await.err().expect("refused");
+    let err = RawEdge::connect(hub.local_addr(), "edge-2", tls)
+        .await
+        .err()
+        .expect("refused");
     assert!(err.contains("503"), "{err}");
     // The same node may still replace its own session at the limit.
     let tls = pki.edge_tls(&pki.node_cert("edge-1").unwrap()).unwrap();
-    RawEdge::connect(hub.local_addr(), "edge-1", tls).await.expect("replacement allowed");
+    RawEdge::connect(hub.local_addr(), "edge-1", tls)
+        .await
+        .expect("replacement allowed");
 }
 
 #[tokio::test]
 async fn sending_to_an_unknown_node_is_an_error() {
     let pki = Pki::new().unwrap();
     let (hub, _up, _m) = start_hub(&pki, test_hub_config()).await.unwrap();
-    let err = hub.send("nobody", pod("a", "u", 1, Operation::Insert)).unwrap_err();
+    let err = hub
+        .send("nobody", pod("a", "u", 1, Operation::Insert))
+        .unwrap_err();
     assert!(err.to_string().contains("not connected"));
 }
 
@@ -418,9 +549,18 @@ async fn sending_to_an_unknown_node_is_an_error() {
 async fn edge_requests_fail_fast_when_offline() {
     let pki = Pki::new().unwrap();
     // Nothing listens on this port.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let (edge, _in) = start_edge(&pki, test_edge_config(addr, "edge-1")).unwrap();
-    let q = Message::new("edged", Group::Meta, Operation::Query, "default/configmap/c", json!(null));
+    let q = Message::new(
+        "edged",
+        Group::Meta,
+        Operation::Query,
+        "default/configmap/c",
+        json!(null),
+    );
     let err = edge.request(q, Duration::from_secs(1)).await.unwrap_err();
     assert!(err.to_string().contains("not connected"), "{err}");
     edge.shutdown();
