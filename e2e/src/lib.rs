@@ -1,3 +1,7 @@
 //! End-to-end harness for kubeedge-rs: fixtures, local control plane, runtime, benchmarks.
 
 pub mod channel;
+pub mod containerd;
+pub mod images;
+pub mod process;
+pub mod registry;
