@@ -5,6 +5,7 @@
 //! `reference/kubeedge-protocol.md` §1–§3.
 
 pub mod codec;
+pub mod config;
 pub mod constants;
 pub mod content;
 pub mod message;
