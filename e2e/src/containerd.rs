@@ -762,7 +762,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   sandbox_image = "{PAUSE_IMAGE}"
   # This machine withholds CAP_SYS_RESOURCE: without this every RunPodSandbox fails.
   restrict_oom_score_adj = true
-  # Port 0: several instances on one machine must not share the streaming port.
+  # A random port (the default, made explicit): concurrent instances must not collide.
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 

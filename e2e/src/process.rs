@@ -1,7 +1,8 @@
 //! Child processes that must not outlive the test process, and cleaning up after them.
 //!
-//! [`spawn_tied`] starts a child with `PR_SET_PDEATHSIG = SIGKILL`, so the kernel kills it when
-//! the test process dies for any reason (a failed assertion that aborts, SIGKILL, Ctrl-C).
+//! [`spawn_tied`] starts a child in a process group of its own with `PR_SET_PDEATHSIG =
+//! SIGKILL`, so the kernel kills it when the test process dies for any reason (an abort,
+//! SIGKILL, Ctrl-C), while Ctrl-C itself reaches only the test process.
 //! The death signal fires when the *thread* that forked the child exits, not the process; test
 //! threads end as soon as their test does, so every child is forked by one dedicated spawner
 //! thread that lives as long as the process.
@@ -44,7 +45,8 @@ pub fn spawn_tied(command: Command) -> io::Result<Child> {
 
 fn spawn_with_death_signal(command: &mut Command) -> io::Result<Child> {
     let parent = std::process::id() as libc::pid_t;
-    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid) are made.
+    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, setpgid)
+    // are made.
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(
@@ -60,6 +62,12 @@ fn spawn_with_death_signal(command: &mut Command) -> io::Result<Child> {
             // The parent may have died before prctl took effect.
             if libc::getppid() != parent {
                 return Err(io::Error::other("parent exited during spawn"));
+            }
+            // A process group of its own: Ctrl-C in a terminal signals the foreground group,
+            // and the harness, not the terminal, decides when its children stop (after the
+            // pods are removed through them).
+            if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
             }
             Ok(())
         });

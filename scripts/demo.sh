@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The local demo: installs what it needs (scripts/setup.sh), then runs e2e's local-demo binary
+# (private containerd + local registry today; control plane, cloudcore and edgecore as they
+# land). Ctrl-C stops it and removes everything it started. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/demo.sh needs root (it installs packages and runs containerd). Run it as:" >&2
+  echo "    sudo bash scripts/demo.sh" >&2
+  exit 1
+fi
+bash scripts/setup.sh
+echo "[demo] building (release) and starting local-demo..."
+exec cargo run --release -p e2e --bin local-demo -- "$@"
