@@ -1,4 +1,8 @@
 //! cloudcore: the cloud side of kubeedge-rs.
 
+pub mod app;
+pub mod certs;
 pub mod cloudhub;
+pub mod config;
+pub mod http;
 pub mod metrics;

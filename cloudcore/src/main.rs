@@ -1,1 +1,92 @@
-fn main() {}
+//! cloudcore: the cloud side of kubeedge-rs.
+
+use clap::Parser;
+use cloudcore::config::{CloudCoreConfig, DEFAULT_CONFIG_PATH};
+use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
+
+/// The cloud part of kubeedge-rs: serves edge nodes over cloudhub (WSS :10000) and syncs
+/// them with the Kubernetes API. Reads KubeEdge's cloudcore.yaml.
+#[derive(Parser)]
+#[command(name = "cloudcore", version)]
+struct Args {
+    /// Config file in KubeEdge's CloudCore layout.
+    #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+    /// Print the full default configuration and exit.
+    #[arg(long)]
+    defaultconfig: bool,
+    /// Print a minimal configuration and exit.
+    #[arg(long)]
+    minconfig: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    if args.defaultconfig {
+        print!("{}", CloudCoreConfig::default_config().to_yaml());
+        return std::process::ExitCode::SUCCESS;
+    }
+    if args.minconfig {
+        print!("{}", CloudCoreConfig::minimal_yaml());
+        return std::process::ExitCode::SUCCESS;
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    kubeedge_shared::tls::install_default_provider();
+    let cfg = match CloudCoreConfig::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cloudcore: {e}");
+            eprintln!("(print a starting point with `cloudcore --defaultconfig`)");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cloudcore: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        let shutdown = CancellationToken::new();
+        let s = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            s.cancel();
+        });
+        cloudcore::app::run(cfg, shutdown).await
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("cloudcore: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

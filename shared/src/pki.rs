@@ -107,6 +107,23 @@ impl CertificateAuthority {
         })
     }
 
+    /// Loads a CA from DER forms (KubeEdge's `casecret`: `cadata` = certificate DER,
+    /// `cakeydata` = key DER; PKCS#8 and SEC1 keys are accepted).
+    pub fn from_der(cert_der: &[u8], key_der: &[u8]) -> Result<Self, PkiError> {
+        let key = key_from_der(key_der)?;
+        let cert_der = CertificateDer::from(cert_der.to_vec());
+        let issuer = Issuer::from_ca_cert_der(&cert_der, key_from_der(key_der)?)?;
+        Ok(CertificateAuthority {
+            issuer,
+            cert: IssuedCert {
+                cert_pem: pem_encode("CERTIFICATE", &cert_der),
+                cert_der,
+                key_pem: key.serialize_pem(),
+                key_pkcs8_der: key.serialize_der(),
+            },
+        })
+    }
+
     /// A server certificate for cloudhub: SANs are IPs or DNS names (empty entries skipped).
     pub fn issue_server(&self, sans: &[&str], days: i64) -> Result<IssuedCert, PkiError> {
         let key = new_key()?;
@@ -205,6 +222,42 @@ pub fn node_csr(node: &str) -> Result<(Vec<u8>, KeyPair), PkiError> {
     Ok((csr.der().to_vec(), key))
 }
 
+fn key_from_der(der: &[u8]) -> Result<KeyPair, PkiError> {
+    use rustls_pki_types::PrivateSec1KeyDer;
+    KeyPair::try_from(der)
+        .or_else(|_| {
+            let sec1 = PrivateKeyDer::Sec1(PrivateSec1KeyDer::from(der.to_vec()));
+            KeyPair::try_from(&sec1)
+        })
+        .map_err(|e| PkiError::Invalid(format!("CA key: {e}")))
+}
+
+/// PEM armour for a DER body.
+pub fn pem_encode(label: &str, der: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::with_capacity(der.len().div_ceil(3) * 4);
+    for chunk in der.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                b64.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
 fn pem_body(pem: &str) -> Option<Vec<u8>> {
     use rustls_pki_types::pem::PemObject;
     CertificateDer::pem_slice_iter(pem.as_bytes())
@@ -232,6 +285,19 @@ mod tests {
     fn garbage_csr_is_an_error() {
         let ca = CertificateAuthority::generate().unwrap();
         assert!(ca.sign_csr(b"not a csr", 365).is_err());
+    }
+
+    #[test]
+    fn ca_round_trips_through_der_and_pem_encoding_matches() {
+        let ca = CertificateAuthority::generate().unwrap();
+        assert_eq!(
+            pem_encode("CERTIFICATE", &ca.cert.cert_der),
+            ca.cert.cert_pem.replace("\r\n", "\n")
+        );
+        let again =
+            CertificateAuthority::from_der(&ca.cert.cert_der, &ca.cert.key_pkcs8_der).unwrap();
+        assert_eq!(again.cert.cert_der, ca.cert.cert_der);
+        assert!(CertificateAuthority::from_der(&ca.cert.cert_der, b"junk").is_err());
     }
 
     #[test]

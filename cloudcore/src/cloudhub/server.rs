@@ -74,6 +74,8 @@ fn refused(inner: &Inner, reason: &'static str) {
         .inc();
 }
 
+// tungstenite's callback type fixes the (large) error response type.
+#[allow(clippy::result_large_err)]
 async fn handshake(
     inner: &Arc<Inner>,
     acceptor: TlsAcceptor,

@@ -1,0 +1,641 @@
+//! cloudcore's configuration file, in KubeEdge's `CloudCore` layout (reference §7.1).
+//!
+//! A KubeEdge `cloudcore.yaml` (apiVersion `cloudcore.config.kubeedge.io/v1alpha1` or
+//! `v1alpha2`) loads unchanged; settings of kubeedge-rs's own have distinct names and are
+//! ignored by KubeEdge.
+
+use crate::cloudhub::HubConfig;
+use crate::cloudhub::queue::QueueLimits;
+use kubeedge_shared::config::{ConfigError, from_yaml_str, load_yaml, to_yaml};
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/kubeedge/config/cloudcore.yaml";
+pub const API_VERSION: &str = "cloudcore.config.kubeedge.io/v1alpha2";
+const ACCEPTED_API_VERSIONS: [&str; 2] = [
+    "cloudcore.config.kubeedge.io/v1alpha1",
+    "cloudcore.config.kubeedge.io/v1alpha2",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CloudCoreConfig {
+    pub api_version: String,
+    pub kind: String,
+    pub common_config: CommonConfig,
+    #[serde(rename = "kubeAPIConfig")]
+    pub kube_api_config: KubeApiConfig,
+    pub modules: Modules,
+    pub feature_gates: std::collections::BTreeMap<String, bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CommonConfig {
+    pub tunnel_port: u16,
+    pub monitor_server: MonitorServer,
+    /// kubeedge-rs: `/healthz` and `/readyz` (also served on the monitor address).
+    pub health_bind_address: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MonitorServer {
+    pub bind_address: String,
+    pub enable_profiling: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct KubeApiConfig {
+    pub master: String,
+    pub kube_config: String,
+    pub content_type: String,
+    pub qps: f32,
+    pub burst: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Modules {
+    pub cloud_hub: CloudHubConfig,
+    pub edge_controller: EdgeControllerConfig,
+    pub device_controller: Enable,
+    pub sync_controller: Enable,
+    pub dynamic_controller: Enable,
+    pub cloud_stream: CloudStreamConfig,
+    pub router: RouterConfig,
+    pub node_upgrade_job_controller: Enable,
+    pub iptables_manager: IptablesManagerConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Enable {
+    pub enable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CloudHubConfig {
+    pub enable: bool,
+    /// Seconds without a keepalive before a session is dropped.
+    pub keepalive_interval: u64,
+    pub node_limit: usize,
+    #[serde(rename = "tlsCAFile")]
+    pub tls_ca_file: String,
+    #[serde(rename = "tlsCAKeyFile")]
+    pub tls_ca_key_file: String,
+    pub tls_cert_file: String,
+    pub tls_private_key_file: String,
+    pub write_timeout: u64,
+    pub advertise_address: Vec<String>,
+    pub dns_names: Vec<String>,
+    pub edge_cert_signing_duration: u64,
+    pub token_refresh_duration: u64,
+    pub websocket: Listener,
+    pub quic: QuicConfig,
+    pub https: Listener,
+    pub unixsocket: UnixSocket,
+    /// kubeedge-rs: accept KubeEdge ≤ v1.15 edge certificates with the shared CN
+    /// `kubeedge.io` (their identity then rests on the `node_id` header alone).
+    pub allow_legacy_certificates: bool,
+    /// kubeedge-rs: largest message frame accepted or sent, bytes.
+    pub max_message_bytes: usize,
+    /// kubeedge-rs: per-node queue bounds and ACK window.
+    pub node_queue: NodeQueueConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NodeQueueConfig {
+    pub max_messages: usize,
+    pub max_bytes: usize,
+    pub ack_window: usize,
+    /// Seconds between resends of an unacknowledged message (KubeEdge: 5).
+    pub ack_retry_interval: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Listener {
+    pub enable: bool,
+    pub address: String,
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct QuicConfig {
+    pub enable: bool,
+    pub address: String,
+    pub port: u16,
+    pub max_incoming_streams: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct UnixSocket {
+    pub enable: bool,
+    pub address: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct EdgeControllerConfig {
+    pub enable: bool,
+    pub node_update_frequency: u64,
+    pub buffer: serde_json::Value,
+    pub load: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CloudStreamConfig {
+    pub enable: bool,
+    pub stream_port: u16,
+    pub tunnel_port: u16,
+    #[serde(rename = "tlsTunnelCAFile")]
+    pub tls_tunnel_ca_file: String,
+    pub tls_tunnel_cert_file: String,
+    pub tls_tunnel_private_key_file: String,
+    #[serde(rename = "tlsStreamCAFile")]
+    pub tls_stream_ca_file: String,
+    pub tls_stream_cert_file: String,
+    pub tls_stream_private_key_file: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RouterConfig {
+    pub enable: bool,
+    pub address: String,
+    pub port: u16,
+    pub rest_timeout: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct IptablesManagerConfig {
+    pub enable: bool,
+    pub mode: String,
+}
+
+impl Default for CloudCoreConfig {
+    fn default() -> Self {
+        CloudCoreConfig {
+            api_version: API_VERSION.to_string(),
+            kind: "CloudCore".to_string(),
+            common_config: CommonConfig::default(),
+            kube_api_config: KubeApiConfig::default(),
+            modules: Modules::default(),
+            feature_gates: Default::default(),
+        }
+    }
+}
+
+impl Default for CommonConfig {
+    fn default() -> Self {
+        CommonConfig {
+            tunnel_port: 10350,
+            monitor_server: MonitorServer::default(),
+            health_bind_address: String::new(),
+        }
+    }
+}
+
+impl Default for MonitorServer {
+    fn default() -> Self {
+        MonitorServer {
+            bind_address: "127.0.0.1:9091".into(),
+            enable_profiling: false,
+        }
+    }
+}
+
+impl Default for KubeApiConfig {
+    fn default() -> Self {
+        KubeApiConfig {
+            master: String::new(),
+            kube_config: String::new(),
+            content_type: "application/vnd.kubernetes.protobuf".into(),
+            qps: 5000.0,
+            burst: 10000,
+        }
+    }
+}
+
+impl Default for Modules {
+    fn default() -> Self {
+        let on = Enable { enable: true };
+        let off = Enable { enable: false };
+        Modules {
+            cloud_hub: CloudHubConfig::default(),
+            edge_controller: EdgeControllerConfig::default(),
+            device_controller: on.clone(),
+            sync_controller: on,
+            dynamic_controller: off.clone(),
+            cloud_stream: CloudStreamConfig::default(),
+            router: RouterConfig::default(),
+            node_upgrade_job_controller: off,
+            iptables_manager: IptablesManagerConfig::default(),
+        }
+    }
+}
+
+impl Default for Enable {
+    fn default() -> Self {
+        Enable { enable: true }
+    }
+}
+
+impl Default for CloudHubConfig {
+    fn default() -> Self {
+        use kubeedge_shared::constants::*;
+        let queue = QueueLimits::default();
+        CloudHubConfig {
+            enable: true,
+            keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL_SECS,
+            node_limit: DEFAULT_NODE_LIMIT,
+            tls_ca_file: "/etc/kubeedge/ca/rootCA.crt".into(),
+            tls_ca_key_file: "/etc/kubeedge/ca/rootCA.key".into(),
+            tls_cert_file: "/etc/kubeedge/certs/server.crt".into(),
+            tls_private_key_file: "/etc/kubeedge/certs/server.key".into(),
+            write_timeout: 30,
+            advertise_address: Vec::new(),
+            dns_names: Vec::new(),
+            edge_cert_signing_duration: 365,
+            token_refresh_duration: 12,
+            websocket: Listener {
+                enable: true,
+                address: "0.0.0.0".into(),
+                port: DEFAULT_CLOUDHUB_PORT,
+            },
+            quic: QuicConfig::default(),
+            https: Listener {
+                enable: true,
+                address: "0.0.0.0".into(),
+                port: DEFAULT_CLOUDHUB_HTTPS_PORT,
+            },
+            unixsocket: UnixSocket::default(),
+            allow_legacy_certificates: false,
+            max_message_bytes: kubeedge_shared::codec::DEFAULT_MAX_FRAME_BYTES,
+            node_queue: NodeQueueConfig {
+                max_messages: queue.max_messages,
+                max_bytes: queue.max_bytes,
+                ack_window: queue.window,
+                ack_retry_interval: queue.retry_interval.as_secs(),
+            },
+        }
+    }
+}
+
+impl Default for NodeQueueConfig {
+    fn default() -> Self {
+        CloudHubConfig::default().node_queue
+    }
+}
+
+impl Default for Listener {
+    fn default() -> Self {
+        Listener {
+            enable: false,
+            address: "0.0.0.0".into(),
+            port: 0,
+        }
+    }
+}
+
+impl Default for QuicConfig {
+    fn default() -> Self {
+        QuicConfig {
+            enable: false,
+            address: "0.0.0.0".into(),
+            port: 10001,
+            max_incoming_streams: 10000,
+        }
+    }
+}
+
+impl Default for UnixSocket {
+    fn default() -> Self {
+        UnixSocket {
+            enable: true,
+            address: "unix:///var/lib/kubeedge/kubeedge.sock".into(),
+        }
+    }
+}
+
+impl Default for EdgeControllerConfig {
+    fn default() -> Self {
+        EdgeControllerConfig {
+            enable: true,
+            node_update_frequency: 10,
+            buffer: serde_json::Value::Object(Default::default()),
+            load: serde_json::Value::Object(Default::default()),
+        }
+    }
+}
+
+impl Default for CloudStreamConfig {
+    fn default() -> Self {
+        CloudStreamConfig {
+            enable: false,
+            stream_port: 10003,
+            tunnel_port: 10004,
+            tls_tunnel_ca_file: "/etc/kubeedge/ca/rootCA.crt".into(),
+            tls_tunnel_cert_file: "/etc/kubeedge/certs/server.crt".into(),
+            tls_tunnel_private_key_file: "/etc/kubeedge/certs/server.key".into(),
+            tls_stream_ca_file: "/etc/kubeedge/ca/streamCA.crt".into(),
+            tls_stream_cert_file: "/etc/kubeedge/certs/stream.crt".into(),
+            tls_stream_private_key_file: "/etc/kubeedge/certs/stream.key".into(),
+        }
+    }
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            enable: false,
+            address: "0.0.0.0".into(),
+            port: 9443,
+            rest_timeout: 60,
+        }
+    }
+}
+
+impl Default for IptablesManagerConfig {
+    fn default() -> Self {
+        IptablesManagerConfig {
+            enable: true,
+            mode: "internal".into(),
+        }
+    }
+}
+
+impl CloudCoreConfig {
+    /// The full default configuration, with this host's address advertised.
+    pub fn default_config() -> Self {
+        let mut c = CloudCoreConfig::default();
+        c.modules.cloud_hub.advertise_address = vec![local_ip().to_string()];
+        c
+    }
+
+    /// The `--minconfig` subset: what an operator usually sets.
+    pub fn minimal_yaml() -> String {
+        let c = CloudCoreConfig::default_config();
+        let min = serde_json::json!({
+            "apiVersion": c.api_version,
+            "kind": c.kind,
+            "kubeAPIConfig": {"kubeConfig": c.kube_api_config.kube_config, "master": ""},
+            "modules": {"cloudHub": {
+                "advertiseAddress": c.modules.cloud_hub.advertise_address,
+                "nodeLimit": c.modules.cloud_hub.node_limit,
+                "websocket": {"enable": true, "address": "0.0.0.0", "port": c.modules.cloud_hub.websocket.port},
+                "https": {"enable": true, "address": "0.0.0.0", "port": c.modules.cloud_hub.https.port},
+            }},
+        });
+        to_yaml(&min)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let c: CloudCoreConfig = load_yaml(path)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let c: CloudCoreConfig = from_yaml_str(text, "<inline>")?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn to_yaml(&self) -> String {
+        to_yaml(self)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !ACCEPTED_API_VERSIONS.contains(&self.api_version.as_str()) {
+            return Err(ConfigError::invalid(
+                "apiVersion",
+                format!(
+                    "must be one of {ACCEPTED_API_VERSIONS:?}, got {:?}",
+                    self.api_version
+                ),
+            ));
+        }
+        if self.kind != "CloudCore" {
+            return Err(ConfigError::invalid(
+                "kind",
+                format!("must be CloudCore, got {:?}", self.kind),
+            ));
+        }
+        let hub = &self.modules.cloud_hub;
+        if hub.enable {
+            if hub.advertise_address.is_empty() {
+                return Err(ConfigError::invalid(
+                    "modules.cloudHub.advertiseAddress",
+                    "required: the IP addresses edges dial (they go into the server certificate)",
+                ));
+            }
+            for (i, a) in hub.advertise_address.iter().enumerate() {
+                if a.parse::<IpAddr>().is_err() {
+                    return Err(ConfigError::invalid(
+                        &format!("modules.cloudHub.advertiseAddress[{i}]"),
+                        format!("{a:?} is not an IP address"),
+                    ));
+                }
+            }
+            if hub.keepalive_interval == 0 {
+                return Err(ConfigError::invalid(
+                    "modules.cloudHub.keepaliveInterval",
+                    "must be > 0 seconds",
+                ));
+            }
+            if hub.node_limit == 0 {
+                return Err(ConfigError::invalid(
+                    "modules.cloudHub.nodeLimit",
+                    "must be > 0",
+                ));
+            }
+            if hub.websocket.enable {
+                listen_addr(&hub.websocket, "modules.cloudHub.websocket")?;
+            }
+            if hub.max_message_bytes < 64 * 1024 {
+                return Err(ConfigError::invalid(
+                    "modules.cloudHub.maxMessageBytes",
+                    "must be at least 65536",
+                ));
+            }
+            if hub.node_queue.ack_window == 0 || hub.node_queue.max_messages == 0 {
+                return Err(ConfigError::invalid(
+                    "modules.cloudHub.nodeQueue",
+                    "ackWindow and maxMessages must be > 0",
+                ));
+            }
+            if hub.quic.enable {
+                return Err(ConfigError::invalid(
+                    "modules.cloudHub.quic.enable",
+                    "QUIC is not supported (KubeEdge's gQUIC is not interoperable); use websocket",
+                ));
+            }
+        }
+        if !self.common_config.monitor_server.bind_address.is_empty()
+            && self
+                .common_config
+                .monitor_server
+                .bind_address
+                .parse::<SocketAddr>()
+                .is_err()
+        {
+            return Err(ConfigError::invalid(
+                "commonConfig.monitorServer.bindAddress",
+                "must be host:port, e.g. 127.0.0.1:9091",
+            ));
+        }
+        Ok(())
+    }
+
+    /// cloudhub settings from this file.
+    pub fn hub_config(&self) -> Result<HubConfig, ConfigError> {
+        let hub = &self.modules.cloud_hub;
+        let q = &hub.node_queue;
+        Ok(HubConfig {
+            listen: listen_addr(&hub.websocket, "modules.cloudHub.websocket")?,
+            keepalive_interval: Duration::from_secs(hub.keepalive_interval),
+            node_limit: hub.node_limit,
+            allow_legacy_cn: hub.allow_legacy_certificates,
+            max_frame_bytes: hub.max_message_bytes,
+            queue: QueueLimits {
+                max_messages: q.max_messages,
+                max_bytes: q.max_bytes,
+                window: q.ack_window,
+                retry_interval: Duration::from_secs(q.ack_retry_interval.max(1)),
+                ..QueueLimits::default()
+            },
+            write_timeout: Duration::from_secs(hub.write_timeout.clamp(1, 60)),
+            ..HubConfig::default()
+        })
+    }
+}
+
+fn listen_addr(l: &Listener, path: &str) -> Result<SocketAddr, ConfigError> {
+    let ip: IpAddr = l.address.parse().map_err(|_| {
+        ConfigError::invalid(
+            &format!("{path}.address"),
+            format!("{:?} is not an IP address", l.address),
+        )
+    })?;
+    Ok(SocketAddr::new(ip, l.port))
+}
+
+/// The address of the interface that routes outward, or loopback.
+pub fn local_ip() -> IpAddr {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            // No packet is sent: connect() on UDP only selects the route.
+            s.connect("192.0.2.1:9")?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KUBEEDGE_HELM_CONFIG: &str = r#"
+apiVersion: cloudcore.config.kubeedge.io/v1alpha2
+kind: CloudCore
+kubeAPIConfig:
+  kubeConfig: ""
+  master: ""
+modules:
+  cloudHub:
+    advertiseAddress:
+    - 10.0.0.5
+    dnsNames:
+    - cloudcore.kubeedge.svc
+    nodeLimit: 1000
+    tlsCAFile: /etc/kubeedge/ca/rootCA.crt
+    tlsCertFile: /etc/kubeedge/certs/edge.crt
+    tlsPrivateKeyFile: /etc/kubeedge/certs/edge.key
+    unixsocket:
+      address: unix:///var/lib/kubeedge/kubeedge.sock
+      enable: true
+    websocket:
+      address: 0.0.0.0
+      enable: true
+      port: 10000
+    quic:
+      address: 0.0.0.0
+      enable: false
+      maxIncomingStreams: 10000
+      port: 10001
+    https:
+      address: 0.0.0.0
+      enable: true
+      port: 10002
+  cloudStream:
+    enable: true
+    streamPort: 10003
+    tunnelPort: 10004
+  dynamicController:
+    enable: false
+  router:
+    enable: false
+  iptablesManager:
+    enable: true
+    mode: external
+"#;
+
+    #[test]
+    fn kubeedge_helm_config_loads() {
+        let c = CloudCoreConfig::from_yaml(KUBEEDGE_HELM_CONFIG).unwrap();
+        assert_eq!(c.modules.cloud_hub.advertise_address, vec!["10.0.0.5"]);
+        assert_eq!(c.modules.cloud_hub.node_limit, 1000);
+        assert!(c.modules.cloud_stream.enable);
+        assert_eq!(c.modules.cloud_hub.keepalive_interval, 30, "default kept");
+        let hub = c.hub_config().unwrap();
+        assert_eq!(hub.listen.port(), 10000);
+    }
+
+    #[test]
+    fn default_config_round_trips() {
+        let c = CloudCoreConfig::default_config();
+        let back = CloudCoreConfig::from_yaml(&c.to_yaml()).unwrap();
+        assert_eq!(back, c);
+        let min = CloudCoreConfig::from_yaml(&CloudCoreConfig::minimal_yaml()).unwrap();
+        assert_eq!(
+            min.modules.cloud_hub.advertise_address,
+            c.modules.cloud_hub.advertise_address
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = CloudCoreConfig::from_yaml("kind: CloudCore\napiVersion: cloudcore.config.kubeedge.io/v1alpha1\nmodules:\n  cloudHub:\n    nodeLimit: many\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("modules.cloudHub.nodeLimit"), "{e}");
+        let e = CloudCoreConfig::from_yaml(
+            "kind: CloudCore\napiVersion: cloudcore.config.kubeedge.io/v1alpha1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("advertiseAddress"), "{e}");
+        let e = CloudCoreConfig::from_yaml(
+            "kind: EdgeCore\napiVersion: cloudcore.config.kubeedge.io/v1alpha1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("kind"), "{e}");
+        let e = CloudCoreConfig::from_yaml("kind: CloudCore\napiVersion: cloudcore.config.kubeedge.io/v1alpha1\nmodules:\n  cloudHub:\n    advertiseAddress: [not-an-ip]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("advertiseAddress[0]"), "{e}");
+    }
+}
