@@ -1,6 +1,8 @@
 //! End-to-end harness for kubeedge-rs: fixtures, local control plane, runtime, benchmarks.
 
+pub mod apiserver;
 pub mod channel;
+pub mod cluster;
 pub mod containerd;
 pub mod images;
 pub mod process;

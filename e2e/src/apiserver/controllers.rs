@@ -1,0 +1,300 @@
+//! The controllers a real control plane runs next to the apiserver, reduced to what clients of
+//! this server observe: node lifecycle (lease-based health, Unknown conditions, unreachable
+//! taints, pods marked not ready), namespace termination, per-namespace defaults (the `default`
+//! ServiceAccount, `kube-root-ca.crt`), and periodic watch bookmarks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::meta::{now_time, set_path};
+use super::state::State;
+use super::store::Mutation;
+use super::verbs::{self, DeleteOptions};
+
+pub fn spawn_all(st: &Arc<State>, cancel: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+    vec![
+        tokio::spawn(bookmarks(st.clone(), cancel.clone())),
+        tokio::spawn(node_lifecycle(st.clone(), cancel.clone())),
+        tokio::spawn(namespaces(st.clone(), cancel.clone())),
+    ]
+}
+
+async fn bookmarks(st: Arc<State>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(st.config.bookmark_interval);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {
+                for t in st.store.tables() {
+                    t.send_bookmarks();
+                }
+            }
+        }
+    }
+}
+
+const NODE_CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+const NOT_READY: &str = "node.kubernetes.io/not-ready";
+
+/// What the controller last saw of a node's heartbeats.
+struct Health {
+    probe: Instant,
+    lease_renew: Option<String>,
+    ready_heartbeat: Option<String>,
+}
+
+async fn node_lifecycle(st: Arc<State>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(st.config.node_monitor_period);
+    let mut health: HashMap<String, Health> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => monitor_nodes(&st, &mut health),
+        }
+    }
+}
+
+fn ready_condition(node: &Value) -> Option<&Value> {
+    node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+}
+
+fn monitor_nodes(st: &State, health: &mut HashMap<String, Health>) {
+    let nodes_info = st.core("nodes");
+    let nodes = st.table(&nodes_info);
+    let leases = match st.resources.lookup("coordination.k8s.io", "v1", "leases") {
+        Some(i) => st.table(&i),
+        None => return,
+    };
+    let now = Instant::now();
+    let grace = st.config.node_monitor_grace_period;
+    let all = nodes.all();
+    health.retain(|name, _| all.iter().any(|n| n.name() == name));
+    for node in all {
+        let name = node.name().to_string();
+        let renew = leases
+            .get(&("kube-node-lease".to_string(), name.clone()))
+            .and_then(|l| l.value["spec"]["renewTime"].as_str().map(str::to_string));
+        let heartbeat = ready_condition(&node.value)
+            .and_then(|c| c["lastHeartbeatTime"].as_str().map(str::to_string));
+        let h = health.entry(name.clone()).or_insert_with(|| Health {
+            probe: now,
+            lease_renew: renew.clone(),
+            ready_heartbeat: heartbeat.clone(),
+        });
+        if h.lease_renew != renew || h.ready_heartbeat != heartbeat {
+            h.probe = now;
+            h.lease_renew = renew;
+            h.ready_heartbeat = heartbeat;
+        }
+        let stale = now.duration_since(h.probe) > grace;
+        let ready =
+            ready_condition(&node.value).and_then(|c| c["status"].as_str().map(str::to_string));
+        if stale && ready.as_deref() != Some("Unknown") {
+            tracing::info!(node = %name, "node stopped posting status; marking its conditions Unknown");
+            mark_unknown(st, &name);
+            mark_pods_not_ready(st, &name);
+        }
+        reconcile_taints(st, &name);
+    }
+}
+
+fn mark_unknown(st: &State, name: &str) {
+    let info = st.core("nodes");
+    let now = now_time();
+    let res = st
+        .table(&info)
+        .mutate(&(String::new(), name.to_string()), |cur| {
+            let Some(cur) = cur else {
+                return Ok(Mutation::Unchanged);
+            };
+            let mut v = cur.value.clone();
+            let created = v["metadata"]["creationTimestamp"].clone();
+            let mut conditions = v["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for ty in NODE_CONDITIONS {
+                match conditions.iter_mut().find(|c| c["type"] == ty) {
+                    Some(c) => {
+                        if c["status"] != "Unknown" {
+                            c["status"] = json!("Unknown");
+                            c["reason"] = json!("NodeStatusUnknown");
+                            c["message"] = json!("Kubelet stopped posting node status.");
+                            c["lastTransitionTime"] = json!(now);
+                        }
+                    }
+                    None => conditions.push(json!({
+                        "type": ty,
+                        "status": "Unknown",
+                        "reason": "NodeStatusNeverUpdated",
+                        "message": "Kubelet never posted node status.",
+                        "lastHeartbeatTime": created,
+                        "lastTransitionTime": now,
+                    })),
+                }
+            }
+            set_path(&mut v, &["status", "conditions"], Value::Array(conditions));
+            Ok(Mutation::Put(v))
+        });
+    if let Err(e) = res {
+        tracing::warn!(node = name, error = %e, "marking node Unknown");
+    }
+}
+
+/// Sets the pods' Ready condition to False (`MarkPodsNotReady`).
+fn mark_pods_not_ready(st: &State, node: &str) {
+    let info = st.core("pods");
+    let table = st.table(&info);
+    let now = now_time();
+    for pod in table.all() {
+        if pod.value["spec"]["nodeName"].as_str() != Some(node) {
+            continue;
+        }
+        let _ = table.mutate(&pod.key(), |cur| {
+            let Some(cur) = cur else {
+                return Ok(Mutation::Unchanged);
+            };
+            let mut v = cur.value.clone();
+            let Some(conds) = v["status"]["conditions"].as_array_mut() else {
+                return Ok(Mutation::Unchanged);
+            };
+            let mut changed = false;
+            for c in conds
+                .iter_mut()
+                .filter(|c| c["type"] == "Ready" && c["status"] != "False")
+            {
+                c["status"] = json!("False");
+                c["lastTransitionTime"] = json!(now);
+                changed = true;
+            }
+            Ok(if changed {
+                Mutation::Put(v)
+            } else {
+                Mutation::Unchanged
+            })
+        });
+    }
+}
+
+/// `node.kubernetes.io/unreachable` for Unknown, `not-ready` for False, none when Ready.
+fn reconcile_taints(st: &State, name: &str) {
+    let info = st.core("nodes");
+    let now = now_time();
+    let _ = st
+        .table(&info)
+        .mutate(&(String::new(), name.to_string()), |cur| {
+            let Some(cur) = cur else {
+                return Ok(Mutation::Unchanged);
+            };
+            let ready = ready_condition(&cur.value).and_then(|c| c["status"].as_str());
+            let wanted = match ready {
+                Some("True") => None,
+                Some("False") => Some(NOT_READY),
+                Some(_) => Some(UNREACHABLE),
+                None => None,
+            };
+            let taints = cur.value["spec"]["taints"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let mut next: Vec<Value> = taints
+                .iter()
+                .filter(|t| {
+                    let k = t["key"].as_str().unwrap_or_default();
+                    (k != UNREACHABLE && k != NOT_READY) || Some(k) == wanted
+                })
+                .cloned()
+                .collect();
+            if let Some(key) = wanted {
+                for effect in ["NoSchedule", "NoExecute"] {
+                    if !next
+                        .iter()
+                        .any(|t| t["key"] == key && t["effect"] == effect)
+                    {
+                        let mut t = json!({"key": key, "effect": effect});
+                        if effect == "NoExecute" {
+                            t["timeAdded"] = json!(now);
+                        }
+                        next.push(t);
+                    }
+                }
+            }
+            if next == taints {
+                return Ok(Mutation::Unchanged);
+            }
+            let mut v = cur.value.clone();
+            if next.is_empty() {
+                super::meta::remove_path(&mut v, &["spec", "taints"]);
+            } else {
+                set_path(&mut v, &["spec", "taints"], Value::Array(next));
+            }
+            Ok(Mutation::Put(v))
+        });
+}
+
+async fn namespaces(st: Arc<State>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(st.config.namespace_sync_period);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => sync_namespaces(&st),
+        }
+    }
+}
+
+fn sync_namespaces(st: &State) {
+    let ns_info = st.core("namespaces");
+    for ns in st.table(&ns_info).all() {
+        let name = ns.name().to_string();
+        if ns.value["metadata"]["deletionTimestamp"].is_null() {
+            verbs::ensure_namespace_defaults(st, &name);
+            continue;
+        }
+        let mut remaining = 0usize;
+        for info in st.resources.all().iter().filter(|i| i.namespaced) {
+            // Versions share a table: only visit each group/resource once.
+            if st
+                .resources
+                .lookup_any_version(&info.group, &info.plural)
+                .is_some_and(|p| p.version != info.version)
+            {
+                continue;
+            }
+            let table = st.table(info);
+            for obj in table.in_namespace(&name) {
+                remaining += 1;
+                if obj.value["metadata"]["deletionTimestamp"].is_null() {
+                    let _ = verbs::delete(st, info, &name, obj.name(), &DeleteOptions::default());
+                }
+            }
+        }
+        if remaining == 0 {
+            let _ = st
+                .table(&ns_info)
+                .mutate(&(String::new(), name.clone()), |cur| {
+                    let Some(cur) = cur else {
+                        return Ok(Mutation::Unchanged);
+                    };
+                    let finalizers = cur.value["metadata"]["finalizers"]
+                        .as_array()
+                        .is_some_and(|f| !f.is_empty());
+                    if finalizers {
+                        let mut v = cur.value.clone();
+                        set_path(&mut v, &["spec", "finalizers"], json!([]));
+                        return Ok(Mutation::Put(v));
+                    }
+                    Ok(Mutation::Remove)
+                });
+        }
+    }
+}

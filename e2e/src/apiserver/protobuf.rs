@@ -1,0 +1,305 @@
+//! Decoding of `application/vnd.kubernetes.protobuf` request bodies for the kinds kubectl's
+//! typed clients send that way (`kubectl create configmap|secret|namespace|serviceaccount|token`).
+//! Responses are always JSON, which those clients accept.
+//!
+//! The envelope is `k8s\0` + `runtime.Unknown{typeMeta, raw}`; `raw` is the object's protobuf
+//! encoding, decoded here with small per-type field tables.
+
+use base64::Engine;
+use serde_json::{Map, Value, json};
+
+const MAGIC: &[u8] = b"k8s\x00";
+
+#[derive(Clone, Copy)]
+enum F {
+    Str,
+    Int,
+    Bool,
+    /// bytes rendered as base64 (Go `[]byte`).
+    Bytes,
+    Time,
+    Msg(&'static [(u32, &'static str, F, bool)]),
+    MapStrStr,
+    MapStrBytes,
+}
+
+type Schema = &'static [(u32, &'static str, F, bool)];
+
+const OWNER_REF: Schema = &[
+    (1, "kind", F::Str, false),
+    (3, "name", F::Str, false),
+    (4, "uid", F::Str, false),
+    (5, "apiVersion", F::Str, false),
+    (6, "controller", F::Bool, false),
+    (7, "blockOwnerDeletion", F::Bool, false),
+];
+const OBJECT_META: Schema = &[
+    (1, "name", F::Str, false),
+    (2, "generateName", F::Str, false),
+    (3, "namespace", F::Str, false),
+    (5, "uid", F::Str, false),
+    (6, "resourceVersion", F::Str, false),
+    (7, "generation", F::Int, false),
+    (8, "creationTimestamp", F::Time, false),
+    (9, "deletionTimestamp", F::Time, false),
+    (10, "deletionGracePeriodSeconds", F::Int, false),
+    (11, "labels", F::MapStrStr, false),
+    (12, "annotations", F::MapStrStr, false),
+    (13, "ownerReferences", F::Msg(OWNER_REF), true),
+    (14, "finalizers", F::Str, true),
+];
+const CONFIG_MAP: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "data", F::MapStrStr, false),
+    (3, "binaryData", F::MapStrBytes, false),
+    (4, "immutable", F::Bool, false),
+];
+const SECRET: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "data", F::MapStrBytes, false),
+    (3, "type", F::Str, false),
+    (4, "stringData", F::MapStrStr, false),
+    (5, "immutable", F::Bool, false),
+];
+const NAMESPACE_SPEC: Schema = &[(1, "finalizers", F::Str, true)];
+const NAMESPACE: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "spec", F::Msg(NAMESPACE_SPEC), false),
+];
+const OBJECT_REF: Schema = &[
+    (1, "kind", F::Str, false),
+    (2, "namespace", F::Str, false),
+    (3, "name", F::Str, false),
+    (4, "uid", F::Str, false),
+    (5, "apiVersion", F::Str, false),
+    (6, "resourceVersion", F::Str, false),
+    (7, "fieldPath", F::Str, false),
+];
+const LOCAL_REF: Schema = &[(1, "name", F::Str, false)];
+const SERVICE_ACCOUNT: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "secrets", F::Msg(OBJECT_REF), true),
+    (3, "imagePullSecrets", F::Msg(LOCAL_REF), true),
+    (4, "automountServiceAccountToken", F::Bool, false),
+];
+const BOUND_REF: Schema = &[
+    (1, "kind", F::Str, false),
+    (2, "apiVersion", F::Str, false),
+    (3, "name", F::Str, false),
+    (4, "uid", F::Str, false),
+];
+const TOKEN_REQUEST_SPEC: Schema = &[
+    (1, "audiences", F::Str, true),
+    (3, "boundObjectRef", F::Msg(BOUND_REF), false),
+    (4, "expirationSeconds", F::Int, false),
+];
+const TOKEN_REQUEST: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "spec", F::Msg(TOKEN_REQUEST_SPEC), false),
+];
+const TYPE_META: Schema = &[(1, "apiVersion", F::Str, false), (2, "kind", F::Str, false)];
+const UNKNOWN: Schema = &[
+    (1, "typeMeta", F::Msg(TYPE_META), false),
+    (2, "raw", F::Bytes, false),
+];
+
+fn schema_for(kind: &str) -> Option<Schema> {
+    Some(match kind {
+        "ConfigMap" => CONFIG_MAP,
+        "Secret" => SECRET,
+        "Namespace" => NAMESPACE,
+        "ServiceAccount" => SERVICE_ACCOUNT,
+        "TokenRequest" => TOKEN_REQUEST,
+        _ => return None,
+    })
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut out = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *self.buf.get(self.pos).ok_or("truncated varint")?;
+            self.pos += 1;
+            out |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(out);
+            }
+        }
+        Err("varint too long".into())
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let len = usize::try_from(self.varint()?).map_err(|_| "length overflow")?;
+        let end = self.pos.checked_add(len).ok_or("length overflow")?;
+        let s = self.buf.get(self.pos..end).ok_or("truncated field")?;
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn skip(&mut self, wire: u64) -> Result<(), String> {
+        match wire {
+            0 => self.varint().map(|_| ()),
+            1 => {
+                self.pos += 8;
+                Ok(())
+            }
+            2 => self.bytes().map(|_| ()),
+            5 => {
+                self.pos += 4;
+                Ok(())
+            }
+            w => Err(format!("unsupported wire type {w}")),
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.pos >= self.buf.len()
+    }
+}
+
+fn utf8(b: &[u8]) -> Result<String, String> {
+    String::from_utf8(b.to_vec()).map_err(|_| "invalid UTF-8 in string field".to_string())
+}
+
+/// Go writes zero values of non-pointer fields; JSON would omit them (`omitempty`).
+fn decode_time(b: &[u8]) -> Result<Value, String> {
+    let mut r = Reader { buf: b, pos: 0 };
+    let (mut secs, mut nanos) = (0i64, 0i64);
+    while !r.done() {
+        let key = r.varint()?;
+        match (key >> 3, key & 7) {
+            (1, 0) => secs = r.varint()? as i64,
+            (2, 0) => nanos = r.varint()? as i64,
+            (_, w) => r.skip(w)?,
+        }
+    }
+    if secs == 0 && nanos == 0 {
+        return Ok(Value::Null);
+    }
+    let t = time::OffsetDateTime::from_unix_timestamp(secs).map_err(|e| e.to_string())?
+        + time::Duration::nanoseconds(nanos);
+    Ok(json!(super::meta::format_time(t)))
+}
+
+fn decode_map_entry(b: &[u8]) -> Result<(String, &[u8]), String> {
+    let mut r = Reader { buf: b, pos: 0 };
+    let (mut k, mut v): (String, &[u8]) = (String::new(), &[]);
+    while !r.done() {
+        let key = r.varint()?;
+        match (key >> 3, key & 7) {
+            (1, 2) => k = utf8(r.bytes()?)?,
+            (2, 2) => v = r.bytes()?,
+            (_, w) => r.skip(w)?,
+        }
+    }
+    Ok((k, v))
+}
+
+fn decode_msg(b: &[u8], schema: Schema) -> Result<Value, String> {
+    let mut r = Reader { buf: b, pos: 0 };
+    let mut out = Map::new();
+    while !r.done() {
+        let key = r.varint()?;
+        let (num, wire) = (key >> 3, key & 7);
+        let Some((_, name, ty, repeated)) = schema.iter().find(|(n, ..)| u64::from(*n) == num)
+        else {
+            r.skip(wire)?;
+            continue;
+        };
+        let value = match (ty, wire) {
+            (F::Str, 2) => json!(utf8(r.bytes()?)?),
+            (F::Int, 0) => json!(r.varint()? as i64),
+            (F::Bool, 0) => json!(r.varint()? != 0),
+            (F::Bytes, 2) => json!(base64::engine::general_purpose::STANDARD.encode(r.bytes()?)),
+            (F::Time, 2) => decode_time(r.bytes()?)?,
+            (F::Msg(s), 2) => decode_msg(r.bytes()?, s)?,
+            (F::MapStrStr, 2) => {
+                let (k, v) = decode_map_entry(r.bytes()?)?;
+                let entry = out.entry(name.to_string()).or_insert_with(|| json!({}));
+                entry[k] = json!(utf8(v)?);
+                continue;
+            }
+            (F::MapStrBytes, 2) => {
+                let (k, v) = decode_map_entry(r.bytes()?)?;
+                let entry = out.entry(name.to_string()).or_insert_with(|| json!({}));
+                entry[k] = json!(base64::engine::general_purpose::STANDARD.encode(v));
+                continue;
+            }
+            (_, w) => {
+                r.skip(w)?;
+                continue;
+            }
+        };
+        let zero = value.is_null()
+            || value.as_str() == Some("")
+            || (*name == "generation" && value.as_i64() == Some(0));
+        if zero && !*repeated {
+            continue;
+        }
+        if *repeated {
+            match out.entry(name.to_string()).or_insert_with(|| json!([])) {
+                Value::Array(a) => a.push(value),
+                other => *other = json!([value]),
+            }
+        } else {
+            out.insert(name.to_string(), value);
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+/// Decodes a protobuf request body into the JSON object it stands for.
+pub fn decode(body: &[u8]) -> Result<Value, String> {
+    let rest = body
+        .strip_prefix(MAGIC)
+        .ok_or("missing k8s protobuf envelope")?;
+    let unknown = decode_msg(rest, UNKNOWN)?;
+    let kind = unknown["typeMeta"]["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let api_version = unknown["typeMeta"]["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let schema = schema_for(&kind)
+        .ok_or_else(|| format!("protobuf bodies for kind {kind:?} are not supported; send JSON"))?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(unknown["raw"].as_str().unwrap_or_default())
+        .map_err(|e| e.to_string())?;
+    let mut obj = decode_msg(&raw, schema)?;
+    obj["apiVersion"] = json!(api_version);
+    obj["kind"] = json!(kind);
+    Ok(obj)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(num: u32, payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![((num << 3) | 2) as u8, payload.len() as u8];
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn decodes_a_config_map_envelope() {
+        let meta = field(1, b"cfg");
+        let entry = [field(1, b"k"), field(2, b"v")].concat();
+        let raw = [field(1, &meta), field(2, &entry)].concat();
+        let tm = [field(1, b"v1"), field(2, b"ConfigMap")].concat();
+        let body = [MAGIC.to_vec(), field(1, &tm), field(2, &raw)].concat();
+        let obj = decode(&body).unwrap();
+        assert_eq!(obj["kind"], "ConfigMap");
+        assert_eq!(obj["metadata"]["name"], "cfg");
+        assert_eq!(obj["data"]["k"], "v");
+        assert!(decode(b"k8s\x00\xff").is_err());
+        assert!(decode(b"nope").is_err());
+    }
+}

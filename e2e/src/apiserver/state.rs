@@ -1,0 +1,84 @@
+//! Everything a request handler or a controller needs: the store, the kind registry, token
+//! issuing, the cluster CA and the server's knobs.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio::sync::watch;
+
+use super::Config;
+use super::resources::{Registry, ResourceInfo};
+use super::store::{Store, StoreConfig, Table};
+use super::tokens::TokenIssuer;
+
+pub struct State {
+    pub store: Store,
+    pub resources: Registry,
+    pub tokens: TokenIssuer,
+    pub admin_token: String,
+    pub ca_pem: String,
+    pub config: Config,
+    /// `true` while new watches are held back (a test knob to force relists).
+    pub watch_gate: watch::Sender<bool>,
+    next_cluster_ip: AtomicU32,
+    next_node_port: AtomicU32,
+}
+
+impl State {
+    pub fn new(config: Config, tokens: TokenIssuer, admin_token: String, ca_pem: String) -> Self {
+        let store = Store::new(StoreConfig {
+            history_limit: config.history_limit,
+            watch_capacity: config.watch_capacity,
+        });
+        Self {
+            store,
+            resources: Registry::new(),
+            tokens,
+            admin_token,
+            ca_pem,
+            config,
+            watch_gate: watch::channel(false).0,
+            next_cluster_ip: AtomicU32::new(10),
+            next_node_port: AtomicU32::new(30000),
+        }
+    }
+
+    pub fn table(&self, info: &ResourceInfo) -> std::sync::Arc<Table> {
+        self.store.table(&info.group, &info.plural)
+    }
+
+    pub fn core(&self, plural: &str) -> std::sync::Arc<ResourceInfo> {
+        match self.resources.lookup("", "v1", plural) {
+            Some(i) => i,
+            // Built-ins are always registered; fall back to a harmless placeholder.
+            None => std::sync::Arc::new(ResourceInfo {
+                group: String::new(),
+                version: "v1".into(),
+                plural: plural.into(),
+                singular: plural.into(),
+                kind: plural.into(),
+                namespaced: true,
+                short_names: vec![],
+                categories: vec![],
+                subresources: vec![],
+                custom: false,
+                printer_columns: vec![],
+                returns_deleted_object: false,
+                allow_create_on_update: false,
+                allow_unconditional_update: true,
+                tracks_generation: false,
+                name_rule: super::resources::NameRule::Subdomain,
+                selectable_fields: vec![],
+            }),
+        }
+    }
+
+    /// Next ClusterIP from 10.96.0.0/12 (10.96.0.1 is the `kubernetes` service).
+    pub fn allocate_cluster_ip(&self) -> String {
+        let n = self.next_cluster_ip.fetch_add(1, Ordering::SeqCst) % (1 << 20);
+        format!("10.{}.{}.{}", 96 + (n >> 16), (n >> 8) & 0xff, n & 0xff)
+    }
+
+    pub fn allocate_node_port(&self) -> u32 {
+        30000 + (self.next_node_port.fetch_add(1, Ordering::SeqCst) - 30000) % 2768
+    }
+}

@@ -1,0 +1,185 @@
+//! Where e2e tests get a Kubernetes API: a real cluster when `E2E_KUBECONFIG` names a
+//! kubeconfig, otherwise the in-memory API server started in-process (one per call, so tests do
+//! not share state).
+//!
+//! Tests talk to the cluster only through the API (kube-rs and `kubectl`), use their own
+//! namespaces, and skip cleanly — with a printed reason — when they rely on in-memory-only
+//! knobs (shortened node grace period, forced history compaction).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+
+use crate::apiserver::{ApiServer, Config};
+
+/// The environment variable naming a real cluster's kubeconfig.
+pub const KUBECONFIG_ENV: &str = "E2E_KUBECONFIG";
+
+pub struct TestCluster {
+    client: Client,
+    kubeconfig: PathBuf,
+    server: Option<ApiServer>,
+    kubectl_cache: PathBuf,
+}
+
+/// Output of one kubectl run.
+#[derive(Debug, Clone)]
+pub struct KubectlOutput {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// A real cluster from `E2E_KUBECONFIG`, or a fresh in-memory server with test timers.
+pub async fn connect() -> anyhow::Result<TestCluster> {
+    connect_with(Config::for_tests()).await
+}
+
+/// Like [`connect`]; `config` applies only to the in-memory server.
+pub async fn connect_with(config: Config) -> anyhow::Result<TestCluster> {
+    match std::env::var_os(KUBECONFIG_ENV) {
+        Some(path) if !path.is_empty() => real(PathBuf::from(path)).await,
+        _ => in_memory(config).await,
+    }
+}
+
+/// The in-memory server, or `None` (after printing why the test is skipped) when the tests run
+/// against a real cluster. For tests that need in-memory-only knobs.
+pub async fn connect_in_memory_only(
+    config: Config,
+    needs: &str,
+) -> anyhow::Result<Option<TestCluster>> {
+    if std::env::var_os(KUBECONFIG_ENV).is_some_and(|p| !p.is_empty()) {
+        println!("SKIPPED on a real cluster ({KUBECONFIG_ENV} is set): this test needs {needs}");
+        return Ok(None);
+    }
+    in_memory(config).await.map(Some)
+}
+
+fn cache_dir() -> PathBuf {
+    let mut n = [0u8; 6];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut n);
+    let suffix: String = n.iter().map(|b| format!("{b:02x}")).collect();
+    std::env::temp_dir().join(format!("e2e-kubectl-cache-{}-{suffix}", std::process::id()))
+}
+
+async fn in_memory(config: Config) -> anyhow::Result<TestCluster> {
+    let server = ApiServer::start(config).await?;
+    Ok(TestCluster {
+        client: server.client()?,
+        kubeconfig: server.kubeconfig_path().to_path_buf(),
+        server: Some(server),
+        kubectl_cache: cache_dir(),
+    })
+}
+
+async fn real(path: PathBuf) -> anyhow::Result<TestCluster> {
+    let kc = kube::config::Kubeconfig::read_from(&path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .context("kubeconfig")?;
+    Ok(TestCluster {
+        client: Client::try_from(cfg)?,
+        kubeconfig: path,
+        server: None,
+        kubectl_cache: cache_dir(),
+    })
+}
+
+impl TestCluster {
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The in-memory server, when that is what the tests run against.
+    pub fn in_memory(&self) -> Option<&ApiServer> {
+        self.server.as_ref()
+    }
+
+    pub fn is_real(&self) -> bool {
+        self.server.is_none()
+    }
+
+    /// `kubectl` pointed at this cluster (own discovery cache dir).
+    pub fn kubectl(&self) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new("kubectl");
+        c.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&self.kubectl_cache)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        c
+    }
+
+    /// Runs kubectl with `args` (and `stdin`), with a 60 s limit.
+    pub async fn kubectl_run(
+        &self,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> anyhow::Result<KubectlOutput> {
+        use tokio::io::AsyncWriteExt;
+        let mut cmd = self.kubectl();
+        cmd.args(args);
+        if stdin.is_some() {
+            cmd.stdin(Stdio::piped());
+        }
+        let mut child = cmd.spawn().context("spawning kubectl")?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input.as_bytes()).await?;
+            drop(pipe);
+        }
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .context("kubectl timed out")??;
+        Ok(KubectlOutput {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// Creates a namespace `<prefix>-xxxxx` and waits for its `default` ServiceAccount (which a
+    /// real cluster creates asynchronously).
+    pub async fn temp_namespace(&self, prefix: &str) -> anyhow::Result<String> {
+        let api: Api<Namespace> = Api::all(self.client());
+        let mut ns = Namespace::default();
+        ns.metadata.generate_name = Some(format!("{prefix}-"));
+        ns.metadata.labels =
+            Some([("e2e.kubeedge-rs/test".to_string(), "true".to_string())].into());
+        let created = api.create(&PostParams::default(), &ns).await?;
+        let name = created.metadata.name.context("namespace without a name")?;
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client(), &name);
+        for _ in 0..100 {
+            if sas.get_opt("default").await?.is_some() {
+                return Ok(name);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("namespace {name} has no default service account after 10 s")
+    }
+
+    /// Best-effort namespace deletion (tests call it at the end; on a real cluster it matters).
+    pub async fn delete_namespace(&self, name: &str) {
+        let api: Api<Namespace> = Api::all(self.client());
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.kubectl_cache);
+    }
+}
