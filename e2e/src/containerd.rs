@@ -188,12 +188,10 @@ impl Containerd {
                 Ok(instance)
             }
             Err(e) => {
-                // Whatever start_in set up before failing was dropped on its way out; the
-                // directory remains (kept only if the log explains the failure).
-                if std::env::var_os("E2E_KEEP_FAILED").is_none() {
-                    delete_bridge(&bridge_name(slot));
-                    cleanup_dir(&dir);
-                }
+                // start_in stopped what it had started on its way out (errors carry the tail
+                // of the relevant log); the directory and a bridge may remain.
+                delete_bridge(&bridge_name(slot));
+                cleanup_dir(&dir);
                 Err(e)
             }
         }

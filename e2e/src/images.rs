@@ -35,6 +35,7 @@ pub const BUSYBOX_BINARY: &str = "/bin/busybox";
 pub const REQUIRED_APPLETS: &[&str] = &[
     "sh", "sleep", "cat", "echo", "ls", "env", "nc", "wget", "id", "hostname", "true", "false",
     "test", "ps", "mkdir", "touch", "httpd", "grep", "date", "kill", "wc", "head", "tail", "rm",
+    "ip", "ping",
 ];
 
 const PAUSE_SOURCE: &str = include_str!("../images/pause.c");

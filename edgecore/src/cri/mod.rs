@@ -186,6 +186,61 @@ mod tests {
         assert!(err.to_string().contains("none.sock"), "{err}");
     }
 
+    /// A fake runtime: the generated server with default stubs answers UNIMPLEMENTED for
+    /// every RPC it does not override. The pattern for testing edged without containerd.
+    struct FakeRuntime;
+
+    #[tonic::async_trait]
+    impl api::runtime_service_server::RuntimeService for FakeRuntime {
+        async fn version(
+            &self,
+            request: tonic::Request<api::VersionRequest>,
+        ) -> Result<tonic::Response<api::VersionResponse>, tonic::Status> {
+            Ok(tonic::Response::new(api::VersionResponse {
+                version: request.into_inner().version,
+                runtime_name: "fake".into(),
+                runtime_version: "0.0.1".into(),
+                runtime_api_version: "v1".into(),
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn client_talks_to_a_fake_runtime_over_a_unix_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("cri.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        // Without tonic's `router` feature a server serves one service; the generated
+        // server answers UNIMPLEMENTED for paths it does not know.
+        let server = tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
+            api::runtime_service_server::RuntimeServiceServer::new(FakeRuntime),
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+        ));
+
+        let client = CriClient::connect(&format!("unix://{}", socket.display()))
+            .await
+            .unwrap();
+        assert_eq!(client.socket(), socket);
+        let version = client.version().await.unwrap();
+        assert_eq!(version.version, API_VERSION);
+        assert_eq!(version.runtime_name, "fake");
+
+        let status = client
+            .runtime()
+            .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+        // The image service is not served at all.
+        let status = client
+            .image()
+            .list_images(api::ListImagesRequest { filter: None })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+        server.abort();
+    }
+
     #[tokio::test]
     async fn lazy_client_reports_unavailable_when_nothing_listens() {
         let client = CriClient::connect_lazy("/nonexistent/kubeedge-rs/cri.sock").unwrap();
