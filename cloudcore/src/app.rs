@@ -54,7 +54,7 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
         .await?;
     }
 
-    let (hub, mut upstream) = CloudHub::bind(cfg.hub_config()?, certs.server_tls()?, hub_metrics)
+    let (hub, upstream) = CloudHub::bind(cfg.hub_config()?, certs.server_tls()?, hub_metrics)
         .await
         .with_context(|| {
             format!(
@@ -64,19 +64,8 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
                     .unwrap_or_default()
             )
         })?;
-    ready.set_ready();
-    tracing::info!(addr = %hub.local_addr(), "cloudcore running");
-
-    // Until the edge controllers are attached, upstream messages are logged and dropped.
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            m = upstream.recv() => match m {
-                Some(up) => tracing::debug!(node = %up.node, resource = %up.message.route.resource, op = %up.message.route.operation, "upstream message (no controller attached)"),
-                None => break,
-            }
-        }
-    }
+    tracing::info!(addr = %hub.local_addr(), "cloudcore running; ready once informers sync");
+    crate::controller::run(client, hub.clone(), upstream, ready, shutdown).await;
     hub.shutdown();
     Ok(())
 }

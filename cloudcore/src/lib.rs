@@ -4,5 +4,6 @@ pub mod app;
 pub mod certs;
 pub mod cloudhub;
 pub mod config;
+pub mod controller;
 pub mod http;
 pub mod metrics;

@@ -2,3 +2,4 @@
 
 pub mod cri;
 pub mod edgehub;
+pub mod metamanager;

@@ -34,21 +34,22 @@ pub struct Status {
 /// `*errors.StatusError` as `encoding/json` writes it: `{"ErrStatus":{…}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusError {
+    /// Boxed: keeps `Result<_, StatusError>` small.
     #[serde(rename = "ErrStatus")]
-    pub err_status: Status,
+    pub err_status: Box<Status>,
 }
 
 impl StatusError {
     pub fn new(code: i32, reason: &str, message: impl Into<String>) -> Self {
         StatusError {
-            err_status: Status {
+            err_status: Box::new(Status {
                 metadata: Map::new(),
                 status: "Failure".into(),
                 message: message.into(),
                 reason: reason.into(),
                 details: None,
                 code,
-            },
+            }),
         }
     }
 

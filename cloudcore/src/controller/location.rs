@@ -1,0 +1,163 @@
+//! LocationCache: which edge nodes need which configmap and secret.
+//!
+//! Unlike KubeEdge's, entries go away when the pods that caused them do (or their node is
+//! deleted), so a configmap change is never sent to a node that no longer uses it.
+
+use super::refs::PodRefs;
+use std::collections::{BTreeSet, HashMap};
+
+/// `namespace/name` of a namespaced object.
+pub type ObjectKey = (String, String);
+
+#[derive(Default)]
+pub struct LocationCache {
+    /// pod key → (node, what it references)
+    pods: HashMap<ObjectKey, (String, PodRefs)>,
+    /// configmap key → node → number of pods on that node referencing it
+    configmaps: HashMap<ObjectKey, HashMap<String, u32>>,
+    secrets: HashMap<ObjectKey, HashMap<String, u32>>,
+}
+
+fn add(map: &mut HashMap<ObjectKey, HashMap<String, u32>>, key: ObjectKey, node: &str) {
+    *map.entry(key)
+        .or_default()
+        .entry(node.to_string())
+        .or_default() += 1;
+}
+
+fn remove(map: &mut HashMap<ObjectKey, HashMap<String, u32>>, key: &ObjectKey, node: &str) {
+    if let Some(nodes) = map.get_mut(key) {
+        if let Some(n) = nodes.get_mut(node) {
+            *n -= 1;
+            if *n == 0 {
+                nodes.remove(node);
+            }
+        }
+        if nodes.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
+impl LocationCache {
+    /// Records (or replaces) what a pod on `node` references.
+    pub fn set_pod(&mut self, pod: ObjectKey, node: &str, refs: PodRefs) {
+        self.remove_pod(&pod);
+        let ns = pod.0.clone();
+        for cm in &refs.configmaps {
+            add(&mut self.configmaps, (ns.clone(), cm.clone()), node);
+        }
+        for s in &refs.secrets {
+            add(&mut self.secrets, (ns.clone(), s.clone()), node);
+        }
+        self.pods.insert(pod, (node.to_string(), refs));
+    }
+
+    pub fn remove_pod(&mut self, pod: &ObjectKey) {
+        let Some((node, refs)) = self.pods.remove(pod) else {
+            return;
+        };
+        for cm in &refs.configmaps {
+            remove(&mut self.configmaps, &(pod.0.clone(), cm.clone()), &node);
+        }
+        for s in &refs.secrets {
+            remove(&mut self.secrets, &(pod.0.clone(), s.clone()), &node);
+        }
+    }
+
+    /// Forgets every pod of a deleted node.
+    pub fn remove_node(&mut self, node: &str) {
+        let pods: Vec<ObjectKey> = self
+            .pods
+            .iter()
+            .filter(|(_, (n, _))| n == node)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for p in pods {
+            self.remove_pod(&p);
+        }
+    }
+
+    pub fn configmap_nodes(&self, key: &ObjectKey) -> BTreeSet<String> {
+        self.configmaps
+            .get(key)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn secret_nodes(&self, key: &ObjectKey) -> BTreeSet<String> {
+        self.secrets
+            .get(key)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Configmaps and secrets `node` needs (for a resync).
+    pub fn node_objects(&self, node: &str) -> (BTreeSet<ObjectKey>, BTreeSet<ObjectKey>) {
+        let mut cms = BTreeSet::new();
+        let mut secrets = BTreeSet::new();
+        for ((ns, _), (n, refs)) in &self.pods {
+            if n == node {
+                cms.extend(refs.configmaps.iter().map(|c| (ns.clone(), c.clone())));
+                secrets.extend(refs.secrets.iter().map(|s| (ns.clone(), s.clone())));
+            }
+        }
+        (cms, secrets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refs(cms: &[&str], secrets: &[&str]) -> PodRefs {
+        PodRefs {
+            configmaps: cms.iter().map(|s| s.to_string()).collect(),
+            secrets: secrets.iter().map(|s| s.to_string()).collect(),
+            service_account: None,
+        }
+    }
+
+    fn k(ns: &str, n: &str) -> ObjectKey {
+        (ns.into(), n.into())
+    }
+
+    #[test]
+    fn entries_follow_pods() {
+        let mut lc = LocationCache::default();
+        lc.set_pod(k("ns", "p1"), "edge-1", refs(&["cfg"], &["s"]));
+        lc.set_pod(k("ns", "p2"), "edge-1", refs(&["cfg"], &[]));
+        lc.set_pod(k("ns", "p3"), "edge-2", refs(&["cfg"], &[]));
+        assert_eq!(lc.configmap_nodes(&k("ns", "cfg")).len(), 2);
+        assert!(
+            lc.configmap_nodes(&k("other", "cfg")).is_empty(),
+            "namespaced"
+        );
+        lc.remove_pod(&k("ns", "p1"));
+        assert!(
+            lc.configmap_nodes(&k("ns", "cfg")).contains("edge-1"),
+            "p2 still uses it"
+        );
+        assert!(lc.secret_nodes(&k("ns", "s")).is_empty());
+        lc.remove_pod(&k("ns", "p2"));
+        assert_eq!(
+            lc.configmap_nodes(&k("ns", "cfg"))
+                .into_iter()
+                .collect::<Vec<_>>(),
+            ["edge-2"]
+        );
+        lc.remove_node("edge-2");
+        assert!(lc.configmap_nodes(&k("ns", "cfg")).is_empty());
+    }
+
+    #[test]
+    fn updating_a_pod_replaces_its_references() {
+        let mut lc = LocationCache::default();
+        lc.set_pod(k("ns", "p"), "edge-1", refs(&["old"], &[]));
+        lc.set_pod(k("ns", "p"), "edge-1", refs(&["new"], &[]));
+        assert!(lc.configmap_nodes(&k("ns", "old")).is_empty());
+        assert_eq!(lc.configmap_nodes(&k("ns", "new")).len(), 1);
+        let (cms, _) = lc.node_objects("edge-1");
+        assert_eq!(cms.into_iter().collect::<Vec<_>>(), [k("ns", "new")]);
+    }
+}

@@ -1,0 +1,464 @@
+//! Upstream: what edges ask of the cluster (reference §4.2), answered in KubeEdge's shapes.
+
+use super::rest::{
+    self, Kind, MERGE_PATCH, STRATEGIC_PATCH, call_retrying, status_error, with_type_meta,
+};
+use crate::cloudhub::{CloudHub, Upstream};
+use http::Method;
+use kubeedge_shared::content::{self, ObjectResp, StatusError};
+use kubeedge_shared::operation::source;
+use kubeedge_shared::{Group, Message, Operation, ResourcePath};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// Handles upstream messages with bounded concurrency per class of operation.
+#[derive(Clone)]
+pub struct UpstreamHandler {
+    client: kube::Client,
+    hub: CloudHub,
+    status: Arc<Semaphore>,
+    queries: Arc<Semaphore>,
+    writes: Arc<Semaphore>,
+}
+
+/// What the handler did with a message (for tests and logs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    Replied,
+    /// Not for this handler (e.g. the inventory), returned to the caller.
+    NotMine,
+    Dropped(String),
+}
+
+impl UpstreamHandler {
+    pub fn new(client: kube::Client, hub: CloudHub, concurrency: usize) -> Self {
+        let c = concurrency.max(1);
+        UpstreamHandler {
+            client,
+            hub,
+            status: Arc::new(Semaphore::new(c)),
+            queries: Arc::new(Semaphore::new(c)),
+            writes: Arc::new(Semaphore::new((c / 4).max(1))),
+        }
+    }
+
+    fn semaphore(&self, ty: &str) -> &Semaphore {
+        match ty {
+            "nodestatus" | "nodepatch" | "podstatus" | "podpatch" | "lease" => &self.status,
+            "configmap"
+            | "secret"
+            | "persistentvolume"
+            | "persistentvolumeclaim"
+            | "volumeattachment"
+            | "serviceaccounttoken"
+            | "node" => &self.queries,
+            _ => &self.writes,
+        }
+    }
+
+    /// Spawns the handling of one message; gives back the messages it does not handle.
+    pub fn dispatch(&self, up: Upstream) -> Result<(), Box<Upstream>> {
+        let Ok(path) = ResourcePath::parse_internal(&up.message.route.resource) else {
+            tracing::warn!(node = %up.node, resource = %up.message.route.resource, "malformed resource path from edge; dropped");
+            return Ok(());
+        };
+        if path.resource_type == "inventory" {
+            return Err(Box::new(up));
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let permit = this.semaphore(&path.resource_type).acquire().await;
+            if permit.is_err() {
+                return;
+            }
+            let started = std::time::Instant::now();
+            let outcome = this.handle(&up, &path).await;
+            tracing::debug!(node = %up.node, resource = %up.message.route.resource, op = %up.message.route.operation, ?outcome, elapsed = ?started.elapsed(), "upstream handled");
+        });
+        Ok(())
+    }
+
+    pub async fn handle(&self, up: &Upstream, path: &ResourcePath) -> Handled {
+        let msg = &up.message;
+        let ns = path.namespace.as_deref();
+        let name = path.name.as_deref();
+        let op = &msg.route.operation;
+        let reply = match (path.resource_type.as_str(), op) {
+            ("node", Operation::Insert) => self.create(Kind::Node, None, msg).await,
+            ("node", Operation::Query) => self.query(Kind::Node, None, name).await,
+            ("node", Operation::Update) => self.node_update(name, msg).await,
+            ("nodestatus", Operation::Update) => self.node_status_update(name, msg).await,
+            ("nodepatch", Operation::Patch) => self.patch_status(Kind::Node, None, name, msg).await,
+            ("podpatch", Operation::Patch) => self.patch_status(Kind::Pod, ns, name, msg).await,
+            ("podstatus", Operation::Update) => self.pod_status_update(&up.node, ns, msg).await,
+            ("pod", Operation::Insert) => self.create(Kind::Pod, ns, msg).await,
+            ("pod", Operation::Delete) => self.pod_delete(ns, name, msg).await,
+            ("configmap", Operation::Query) => self.query(Kind::ConfigMap, ns, name).await,
+            ("secret", Operation::Query) => self.query(Kind::Secret, ns, name).await,
+            ("persistentvolume", Operation::Query) => {
+                self.query(Kind::PersistentVolume, None, name).await
+            }
+            ("persistentvolumeclaim", Operation::Query) => {
+                self.query(Kind::PersistentVolumeClaim, ns, name).await
+            }
+            ("volumeattachment", Operation::Query) => {
+                self.query(Kind::VolumeAttachment, None, name).await
+            }
+            ("serviceaccounttoken", Operation::Query) => self.token(ns, name, msg).await,
+            ("lease", Operation::Insert) => {
+                self.create(Kind::Lease, ns, msg).await.map(wrap_object)
+            }
+            ("lease", Operation::Update) => self.lease_update(ns, name, msg).await,
+            ("lease", Operation::Query) => self.query(Kind::Lease, ns, name).await.map(wrap_object),
+            ("event", Operation::Insert | Operation::Update | Operation::Patch) => {
+                self.event(ns, msg).await
+            }
+            (ty, op) => {
+                tracing::warn!(node = %up.node, resource_type = ty, operation = %op, "unsupported upstream operation; dropped");
+                return Handled::Dropped(format!("unsupported {ty}/{op}"));
+            }
+        };
+        let (content, rv) = match reply {
+            Reply::Ok(c, rv) => (c, rv),
+        };
+        let mut response = Message::new(
+            source::EDGE_CONTROLLER,
+            Group::Resource,
+            Operation::Response,
+            msg.route.resource.clone(),
+            content,
+        )
+        .with_parent(msg.header.id.clone());
+        if let Some(rv) = rv {
+            response.header.resource_version = rv;
+        }
+        match self.hub.send(&up.node, response) {
+            Ok(_) => Handled::Replied,
+            Err(e) => Handled::Dropped(format!("reply not sent: {e}")),
+        }
+    }
+
+    async fn create(&self, kind: Kind, ns: Option<&str>, msg: &Message) -> Reply {
+        let body = match object_content(msg, kind) {
+            Ok(b) => b,
+            Err(e) => return Reply::object_err(*e),
+        };
+        let p = rest::path(kind, ns, None, None);
+        match call_retrying(
+            &self.client,
+            Method::POST,
+            &p,
+            "application/json",
+            Some(&body),
+        )
+        .await
+        {
+            Ok(obj) => Reply::object(with_type_meta(obj, kind)),
+            Err(e) => Reply::object_err(status_error(&e)),
+        }
+    }
+
+    /// A bare object (or a StatusError) with its RV: KubeEdge's query reply.
+    async fn query(&self, kind: Kind, ns: Option<&str>, name: Option<&str>) -> Reply {
+        let Some(name) = name else {
+            return Reply::bare(
+                StatusError::new(400, "BadRequest", "query needs a name").to_value(),
+                None,
+            );
+        };
+        let p = rest::path(kind, ns, Some(name), None);
+        match call_retrying(&self.client, Method::GET, &p, "application/json", None).await {
+            Ok(obj) => {
+                let rv = resource_version(&obj);
+                Reply::bare(with_type_meta(obj, kind), rv)
+            }
+            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+        }
+    }
+
+    async fn patch_status(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: Option<&str>,
+        msg: &Message,
+    ) -> Reply {
+        let Some(name) = name else {
+            return Reply::object_err(StatusError::new(400, "BadRequest", "patch needs a name"));
+        };
+        let patch = match content::content_json(&msg.content) {
+            Ok(p) => p,
+            Err(e) => {
+                return Reply::object_err(StatusError::new(
+                    400,
+                    "BadRequest",
+                    format!("patch is not JSON: {e}"),
+                ));
+            }
+        };
+        let p = rest::path(kind, ns, Some(name), Some("status"));
+        match call_retrying(
+            &self.client,
+            Method::PATCH,
+            &p,
+            STRATEGIC_PATCH,
+            Some(&patch),
+        )
+        .await
+        {
+            Ok(obj) => {
+                let rv = resource_version(&obj);
+                Reply::object(with_type_meta(obj, kind)).with_rv(rv)
+            }
+            Err(e) => Reply::object_err(status_error(&e)),
+        }
+    }
+
+    /// `node`/`update`: labels and annotations merged into the existing node.
+    async fn node_update(&self, name: Option<&str>, msg: &Message) -> Reply {
+        let Some(name) = name else { return Reply::ok() };
+        let Ok(node) = content::content_json(&msg.content) else {
+            return Reply::bare(json!("node update is not JSON"), None);
+        };
+        let patch = json!({"metadata": {
+            "labels": node["metadata"]["labels"],
+            "annotations": node["metadata"]["annotations"],
+        }});
+        let p = rest::path(Kind::Node, None, Some(name), None);
+        match call_retrying(
+            &self.client,
+            Method::PATCH,
+            &p,
+            STRATEGIC_PATCH,
+            Some(&patch),
+        )
+        .await
+        {
+            Ok(obj) => Reply::ok().with_rv(resource_version(&obj)),
+            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+        }
+    }
+
+    /// Deprecated `nodestatus`/`update`: the status replaces the node's.
+    async fn node_status_update(&self, name: Option<&str>, msg: &Message) -> Reply {
+        let Some(name) = name else { return Reply::ok() };
+        let Ok(req) = content::content_json(&msg.content) else {
+            return Reply::bare(json!("nodestatus is not JSON"), None);
+        };
+        let status = req
+            .get("Status")
+            .or_else(|| req.get("status"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let p = rest::path(Kind::Node, None, Some(name), Some("status"));
+        match call_retrying(
+            &self.client,
+            Method::PATCH,
+            &p,
+            MERGE_PATCH,
+            Some(&json!({"status": status})),
+        )
+        .await
+        {
+            Ok(obj) => Reply::ok().with_rv(resource_version(&obj)),
+            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+        }
+    }
+
+    /// Legacy `podstatus`/`update`: one `{UID, Name, Status}` or an array of them.
+    async fn pod_status_update(&self, node: &str, ns: Option<&str>, msg: &Message) -> Reply {
+        let Ok(body) = content::content_json(&msg.content) else {
+            return Reply::bare(json!("podstatus is not JSON"), None);
+        };
+        let items = match body {
+            Value::Array(a) => a,
+            other => vec![other],
+        };
+        for item in items {
+            let (Some(name), Some(uid)) = (item["Name"].as_str(), item["UID"].as_str()) else {
+                continue;
+            };
+            let p = rest::path(Kind::Pod, ns, Some(name), Some("status"));
+            let patch = json!({"metadata": {"uid": uid}, "status": item["Status"]});
+            if let Err(e) =
+                call_retrying(&self.client, Method::PATCH, &p, MERGE_PATCH, Some(&patch)).await
+            {
+                tracing::debug!(node, pod = name, error = %e, "legacy pod status update failed");
+            }
+        }
+        Reply::ok()
+    }
+
+    /// `pod`/`delete`: a string content is the UID (old edges); otherwise DeleteOptions.
+    async fn pod_delete(&self, ns: Option<&str>, name: Option<&str>, msg: &Message) -> Reply {
+        let Some(name) = name else { return Reply::ok() };
+        let options = match &msg.content {
+            Value::String(uid) if !uid.trim_start().starts_with('{') => {
+                json!({"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+            }
+            other => {
+                content::content_json(other).unwrap_or_else(|_| json!({"gracePeriodSeconds": 0}))
+            }
+        };
+        let p = rest::path(Kind::Pod, ns, Some(name), None);
+        match call_retrying(
+            &self.client,
+            Method::DELETE,
+            &p,
+            "application/json",
+            Some(&options),
+        )
+        .await
+        {
+            Ok(_) => Reply::ok(),
+            Err(e) if rest::is_not_found(&e) => Reply::ok(),
+            // A UID precondition failing means the pod was recreated: nothing to delete.
+            Err(kube::Error::Api(s)) if s.code == 409 => Reply::ok(),
+            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+        }
+    }
+
+    async fn lease_update(&self, ns: Option<&str>, name: Option<&str>, msg: &Message) -> Reply {
+        let Some(name) = name else {
+            return Reply::object_err(StatusError::new(
+                400,
+                "BadRequest",
+                "lease update needs a name",
+            ));
+        };
+        let body = match object_content(msg, Kind::Lease) {
+            Ok(b) => b,
+            Err(e) => return Reply::object_err(*e),
+        };
+        let p = rest::path(Kind::Lease, ns, Some(name), None);
+        match call_retrying(
+            &self.client,
+            Method::PUT,
+            &p,
+            "application/json",
+            Some(&body),
+        )
+        .await
+        {
+            Ok(obj) => Reply::object(with_type_meta(obj, Kind::Lease)),
+            Err(e) => Reply::object_err(status_error(&e)),
+        }
+    }
+
+    async fn token(&self, ns: Option<&str>, name: Option<&str>, msg: &Message) -> Reply {
+        let Some(name) = name else {
+            return Reply::bare(
+                StatusError::new(400, "BadRequest", "token request needs a service account")
+                    .to_value(),
+                None,
+            );
+        };
+        let body = content::content_json(&msg.content).unwrap_or(Value::Null);
+        let body = if body.is_object() {
+            body
+        } else {
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}})
+        };
+        let p = rest::path(Kind::ServiceAccount, ns, Some(name), Some("token"));
+        match call_retrying(
+            &self.client,
+            Method::POST,
+            &p,
+            "application/json",
+            Some(&body),
+        )
+        .await
+        {
+            Ok(tr) => Reply::bare(tr, None),
+            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+        }
+    }
+
+    async fn event(&self, ns: Option<&str>, msg: &Message) -> Reply {
+        let body = match object_content(msg, Kind::Event) {
+            Ok(b) => b,
+            Err(e) => return Reply::bare(e.to_value(), None),
+        };
+        let ns = ns
+            .or_else(|| body["metadata"]["namespace"].as_str())
+            .unwrap_or("default")
+            .to_string();
+        let p = rest::path(Kind::Event, Some(&ns), None, None);
+        match call_retrying(
+            &self.client,
+            Method::POST,
+            &p,
+            "application/json",
+            Some(&body),
+        )
+        .await
+        {
+            Ok(_) => Reply::ok(),
+            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+        }
+    }
+}
+
+/// A reply: content plus the resourceversion header to stamp.
+enum Reply {
+    Ok(Value, Option<String>),
+}
+
+impl Reply {
+    fn ok() -> Self {
+        Reply::Ok(content::ok(), None)
+    }
+    fn bare(v: Value, rv: Option<String>) -> Self {
+        Reply::Ok(v, rv)
+    }
+    fn object(obj: Value) -> Self {
+        Reply::Ok(ObjectResp::object(obj).to_value(), None)
+    }
+    fn object_err(e: StatusError) -> Self {
+        Reply::Ok(ObjectResp::error(e).to_value(), None)
+    }
+    fn with_rv(self, rv: Option<String>) -> Self {
+        let Reply::Ok(v, old) = self;
+        Reply::Ok(v, rv.or(old))
+    }
+    fn map(self, f: impl FnOnce(Value) -> Value) -> Self {
+        let Reply::Ok(v, rv) = self;
+        Reply::Ok(f(v), rv)
+    }
+}
+
+/// Lease replies are always `ObjectResp`; a bare object or StatusError is wrapped.
+fn wrap_object(v: Value) -> Value {
+    if ObjectResp::from_content(&v).is_some() {
+        return v;
+    }
+    match StatusError::from_content(&v) {
+        Some(e) => ObjectResp::error(e).to_value(),
+        None => ObjectResp::object(v).to_value(),
+    }
+}
+
+fn object_content(msg: &Message, kind: Kind) -> Result<Value, Box<StatusError>> {
+    let v = content::content_json(&msg.content).map_err(|e| {
+        Box::new(StatusError::new(
+            400,
+            "BadRequest",
+            format!("content is not JSON: {e}"),
+        ))
+    })?;
+    if !v.is_object() {
+        return Err(Box::new(StatusError::new(
+            400,
+            "BadRequest",
+            "content must be an object",
+        )));
+    }
+    Ok(with_type_meta(v, kind))
+}
+
+fn resource_version(obj: &Value) -> Option<String> {
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .map(str::to_string)
+}

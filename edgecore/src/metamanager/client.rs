@@ -1,0 +1,426 @@
+//! [`MetaClient`]: what edged calls instead of a Kubernetes client. Each call becomes the
+//! message KubeEdge's kubelet bridge sends to metamanager (`source: edged`, `group: meta`,
+//! reference §5.5), and the reply is read back into a typed result.
+
+use super::store::StoreError;
+use super::{EdgedRequest, MetaManagerConfig};
+use crate::edgehub::HubError;
+use kubeedge_shared::content::{self, ObjectResp, StatusError};
+use kubeedge_shared::operation::source;
+use kubeedge_shared::{Group, Message, Operation, ResourcePath};
+use serde_json::Value;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Namespace of node leases.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MetaError {
+    /// The request needs the API server and the cloud is unreachable.
+    #[error("failed to process remote: not connected")]
+    NotConnected,
+    /// The link failed while waiting (disconnect, timeout).
+    #[error("failed to process remote: {0}")]
+    Link(String),
+    #[error("{resource} not found")]
+    NotFound { resource: String },
+    /// The API server refused (as relayed by the cloud), e.g. `AlreadyExists`, `Conflict`.
+    #[error("{}: {} ({})", .0.err_status.reason, .0.err_status.message, .0.err_status.code)]
+    Api(StatusError),
+    /// The cloud answered with an error text.
+    #[error("the cloud reported an error: {0}")]
+    Remote(String),
+    #[error("unexpected reply for {resource}: {detail}")]
+    Malformed { resource: String, detail: String },
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("metamanager is not running")]
+    Stopped,
+}
+
+impl MetaError {
+    /// The cloud could not be asked (as opposed to: it answered no).
+    pub fn is_link_failure(&self) -> bool {
+        matches!(self, MetaError::NotConnected | MetaError::Link(_))
+    }
+}
+
+impl From<HubError> for MetaError {
+    fn from(e: HubError) -> Self {
+        match e {
+            HubError::NotConnected => MetaError::NotConnected,
+            HubError::Disconnected | HubError::Timeout(_) => MetaError::Link(e.to_string()),
+            HubError::Shutdown => MetaError::Stopped,
+        }
+    }
+}
+
+/// edged's handle to the metamanager; cheap to clone. Objects are Kubernetes JSON.
+#[derive(Clone)]
+pub struct MetaClient {
+    requests: mpsc::Sender<EdgedRequest>,
+    node_name: Arc<str>,
+    node_namespace: Arc<str>,
+}
+
+impl MetaClient {
+    pub(crate) fn new(requests: mpsc::Sender<EdgedRequest>, config: &MetaManagerConfig) -> Self {
+        MetaClient {
+            requests,
+            node_name: config.node_name.as_str().into(),
+            node_namespace: config.node_namespace.as_str().into(),
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Sends one request message and waits for its reply.
+    async fn call(
+        &self,
+        op: Operation,
+        resource: String,
+        content: Value,
+    ) -> Result<Message, MetaError> {
+        let msg = Message::new(source::EDGED, Group::Meta, op, resource, content);
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(EdgedRequest { msg, reply })
+            .await
+            .map_err(|_| MetaError::Stopped)?;
+        let reply = rx.await.map_err(|_| MetaError::Stopped)??;
+        if reply.route.operation == Operation::Error {
+            return Err(MetaError::Remote(text_of(&reply.content)));
+        }
+        Ok(reply)
+    }
+
+    fn node_path(&self, resource_type: &str) -> String {
+        format!("{}/{resource_type}/{}", self.node_namespace, self.node_name)
+    }
+
+    /// One object: from the cloud when connected for the types KubeEdge queries remotely
+    /// (configmap, secret, pv, pvc, volumeattachment, node, lease), else from the database.
+    pub async fn get(&self, path: &ResourcePath) -> Result<Value, MetaError> {
+        let resource = path.to_wire();
+        let reply = self
+            .call(Operation::Query, resource.clone(), Value::Null)
+            .await?;
+        let mut objects = objects_of(&reply.content, &resource)?;
+        if objects.is_empty() {
+            return Err(MetaError::NotFound { resource });
+        }
+        Ok(objects.swap_remove(0))
+    }
+
+    /// Every stored object of a type (all namespaces), from the database. Stored values that
+    /// are not JSON are skipped (and logged).
+    pub async fn list(&self, resource_type: &str) -> Result<Vec<Value>, MetaError> {
+        let resource = format!("{}/{resource_type}", self.node_namespace);
+        let reply = self
+            .call(Operation::Query, resource.clone(), Value::Null)
+            .await?;
+        objects_of(&reply.content, &resource)
+    }
+
+    pub async fn get_pod(&self, namespace: &str, name: &str) -> Result<Value, MetaError> {
+        self.get(&ResourcePath::new(Some(namespace), "pod", Some(name)))
+            .await
+    }
+
+    /// The pods in the database (what edged runs at start, also while offline).
+    pub async fn list_pods(&self) -> Result<Vec<Value>, MetaError> {
+        self.list("pod").await
+    }
+
+    pub async fn get_configmap(&self, namespace: &str, name: &str) -> Result<Value, MetaError> {
+        self.get(&ResourcePath::new(Some(namespace), "configmap", Some(name)))
+            .await
+    }
+
+    pub async fn get_secret(&self, namespace: &str, name: &str) -> Result<Value, MetaError> {
+        self.get(&ResourcePath::new(Some(namespace), "secret", Some(name)))
+            .await
+    }
+
+    pub async fn get_persistent_volume(&self, name: &str) -> Result<Value, MetaError> {
+        self.get(&ResourcePath::new(None, "persistentvolume", Some(name)))
+            .await
+    }
+
+    pub async fn get_persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Value, MetaError> {
+        self.get(&ResourcePath::new(
+            Some(namespace),
+            "persistentvolumeclaim",
+            Some(name),
+        ))
+        .await
+    }
+
+    pub async fn get_volume_attachment(&self, name: &str) -> Result<Value, MetaError> {
+        self.get(&ResourcePath::new(None, "volumeattachment", Some(name)))
+            .await
+    }
+
+    /// This node's Node object.
+    pub async fn get_node(&self) -> Result<Value, MetaError> {
+        self.get(&ResourcePath::parse(&self.node_path("node")).map_err(bad)?)
+            .await
+    }
+
+    /// This node's Lease.
+    pub async fn get_lease(&self) -> Result<Value, MetaError> {
+        self.get(&ResourcePath::new(
+            Some(LEASE_NAMESPACE),
+            "lease",
+            Some(&self.node_name),
+        ))
+        .await
+    }
+
+    /// Creates the Node object (`insert` `<ns>/node/<node>`). An existing node gives
+    /// `Err(MetaError::Api(e))` with `e.reason() == "AlreadyExists"`; then use [`Self::get_node`].
+    pub async fn register_node(&self, node: Value) -> Result<Value, MetaError> {
+        let resource = self.node_path("node");
+        let reply = self.call(Operation::Insert, resource.clone(), node).await?;
+        object_of(&reply.content, &resource)
+    }
+
+    /// Replaces labels/annotations of the Node (`update`; kept locally, sent to the cloud
+    /// without waiting).
+    pub async fn update_node(&self, node: Value) -> Result<(), MetaError> {
+        let resource = self.node_path("node");
+        let reply = self.call(Operation::Update, resource.clone(), node).await?;
+        ok_of(&reply.content, &resource)
+    }
+
+    /// Strategic-merge patch of the Node status (`patch` `<ns>/nodepatch/<node>`). Returns the
+    /// patched Node.
+    pub async fn patch_node_status(&self, patch: &Value) -> Result<Value, MetaError> {
+        let resource = self.node_path("nodepatch");
+        let reply = self
+            .call(
+                Operation::Patch,
+                resource.clone(),
+                content::patch_content(patch),
+            )
+            .await?;
+        object_of(&reply.content, &resource)
+    }
+
+    /// Strategic-merge patch of a pod's status (`patch` `<ns>/podpatch/<name>`). Returns the
+    /// patched Pod (also stored, if the pod is still in the database).
+    pub async fn patch_pod_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value, MetaError> {
+        let resource = format!("{namespace}/podpatch/{name}");
+        let reply = self
+            .call(
+                Operation::Patch,
+                resource.clone(),
+                content::patch_content(patch),
+            )
+            .await?;
+        object_of(&reply.content, &resource)
+    }
+
+    /// Deletes a pod at the API server (`delete` `<ns>/pod/<name>` with `DeleteOptions`, e.g.
+    /// grace period 0 and a UID precondition). The database row goes when the cloud confirms
+    /// the deletion with its own `delete` message.
+    pub async fn delete_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        options: Value,
+    ) -> Result<(), MetaError> {
+        let resource = format!("{namespace}/pod/{name}");
+        let reply = self
+            .call(Operation::Delete, resource.clone(), options)
+            .await?;
+        ok_of(&reply.content, &resource)
+    }
+
+    /// Creates a mirror pod for a static pod (`insert` `<ns>/pod/<name>`).
+    pub async fn create_mirror_pod(&self, pod: Value) -> Result<Value, MetaError> {
+        let (ns, name) = namespaced_name(&pod)?;
+        let resource = format!("{ns}/pod/{name}");
+        let reply = self.call(Operation::Insert, resource.clone(), pod).await?;
+        object_of(&reply.content, &resource)
+    }
+
+    pub async fn create_lease(&self, lease: Value) -> Result<Value, MetaError> {
+        self.write_lease(Operation::Insert, lease).await
+    }
+
+    /// Renews the node lease (`update` `kube-node-lease/lease/<node>`, answered by the cloud).
+    pub async fn update_lease(&self, lease: Value) -> Result<Value, MetaError> {
+        self.write_lease(Operation::Update, lease).await
+    }
+
+    async fn write_lease(&self, op: Operation, lease: Value) -> Result<Value, MetaError> {
+        let name = lease
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or(&self.node_name)
+            .to_string();
+        let resource = format!("{LEASE_NAMESPACE}/lease/{name}");
+        let reply = self.call(op, resource.clone(), lease).await?;
+        object_of(&reply.content, &resource)
+    }
+
+    /// A service-account token (`query` `<ns>/serviceaccounttoken/<sa>` with a `TokenRequest`);
+    /// needs the cloud. Returns the `TokenRequest` with its status filled.
+    pub async fn request_service_account_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        token_request: Value,
+    ) -> Result<Value, MetaError> {
+        let resource = format!("{namespace}/serviceaccounttoken/{service_account}");
+        let reply = self
+            .call(Operation::Query, resource.clone(), token_request)
+            .await?;
+        let mut objects = objects_of(&reply.content, &resource)?;
+        if objects.is_empty() {
+            return Err(MetaError::NotFound { resource });
+        }
+        Ok(objects.swap_remove(0))
+    }
+}
+
+fn bad(e: kubeedge_shared::ResourceError) -> MetaError {
+    MetaError::BadRequest(e.to_string())
+}
+
+fn namespaced_name(obj: &Value) -> Result<(String, String), MetaError> {
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| MetaError::BadRequest("object has no metadata.name".into()))?;
+    let ns = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    Ok((ns.to_string(), name.to_string()))
+}
+
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A `StatusError` in a reply becomes `NotFound` (404) or `Api`.
+fn api_error(e: StatusError, resource: &str) -> MetaError {
+    if e.code() == 404 {
+        MetaError::NotFound {
+            resource: resource.to_string(),
+        }
+    } else {
+        MetaError::Api(e)
+    }
+}
+
+/// The objects of a query reply: a JSON array of JSON strings (database), a bare object
+/// (cloud), an `ObjectResp` (lease queries) or a `StatusError`.
+fn objects_of(content: &Value, resource: &str) -> Result<Vec<Value>, MetaError> {
+    if let Some(e) = StatusError::from_content(content) {
+        return Err(api_error(e, resource));
+    }
+    if let Some(resp) = ObjectResp::from_content(content) {
+        return match (resp.err, resp.object) {
+            (Some(e), _) => Err(api_error(e, resource)),
+            (None, Some(o)) if o.is_object() => Ok(vec![o]),
+            (None, _) => Ok(Vec::new()),
+        };
+    }
+    match content {
+        Value::Array(items) => Ok(items
+            .iter()
+            .filter_map(|item| match content::content_json(item) {
+                Ok(v) if v.is_object() => Some(v),
+                _ => {
+                    tracing::warn!(resource, "stored value is not a JSON object; skipped");
+                    None
+                }
+            })
+            .collect()),
+        Value::Null => Ok(Vec::new()),
+        Value::Object(_) => Ok(vec![content.clone()]),
+        other => Err(MetaError::Malformed {
+            resource: resource.to_string(),
+            detail: format!("expected objects, got {}", text_of(other)),
+        }),
+    }
+}
+
+/// The object of a create/patch/lease reply (`ObjectResp`), or a bare object.
+fn object_of(content: &Value, resource: &str) -> Result<Value, MetaError> {
+    objects_of(content, resource)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| MetaError::Malformed {
+            resource: resource.to_string(),
+            detail: "reply carries no object".into(),
+        })
+}
+
+/// A reply that must be `"OK"` (or a `StatusError`).
+fn ok_of(content: &Value, resource: &str) -> Result<(), MetaError> {
+    if content::is_ok(content) {
+        return Ok(());
+    }
+    if let Some(e) = StatusError::from_content(content) {
+        return Err(api_error(e, resource));
+    }
+    if let Some(ObjectResp { err: Some(e), .. }) = ObjectResp::from_content(content) {
+        return Err(api_error(e, resource));
+    }
+    Err(MetaError::Remote(text_of(content)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn replies_map_to_results() {
+        let r = "default/configmap/c";
+        assert_eq!(
+            objects_of(&json!([r#"{"a":1}"#, "garbage", r#"{"b":2}"#]), r).unwrap(),
+            vec![json!({"a":1}), json!({"b":2})]
+        );
+        assert_eq!(
+            objects_of(&json!({"a":1}), r).unwrap(),
+            vec![json!({"a":1})]
+        );
+        assert!(matches!(
+            objects_of(&StatusError::not_found("configmaps", "c").to_value(), r),
+            Err(MetaError::NotFound { .. })
+        ));
+        let conflict = StatusError::new(409, "Conflict", "try again");
+        assert!(matches!(
+            object_of(&ObjectResp::error(conflict.clone()).to_value(), r),
+            Err(MetaError::Api(e)) if e == conflict
+        ));
+        assert!(ok_of(&json!("OK"), r).is_ok());
+        assert!(matches!(ok_of(&json!("boom"), r), Err(MetaError::Remote(t)) if t == "boom"));
+        assert!(matches!(
+            object_of(&json!("OK"), r),
+            Err(MetaError::Malformed { .. })
+        ));
+    }
+}

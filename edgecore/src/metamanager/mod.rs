@@ -1,0 +1,197 @@
+//! metamanager: the edge's local source of truth (reference §5.2, §5.3).
+//!
+//! * Objects from the cloud (`insert`/`update`/`delete`, and query replies that carry objects)
+//!   are written to SQLite ([`MetaStore`]); only after the write is durable are they handed to
+//!   edged ([`ObjectChange`] on a bounded channel) and acknowledged to the cloud. A write that
+//!   fails is never acknowledged: the cloud resends, and re-delivery is idempotent.
+//! * edged talks to it through [`MetaClient`] (typed calls; the messages KubeEdge's kubelet
+//!   bridge would send are built inside): reads come from the cloud when it is reachable and
+//!   from the database otherwise; writes that need the API server go to the cloud and fail
+//!   fast while offline.
+//! * On every connect it sends the cloud an inventory of the database (see
+//!   `edgecore/INVENTORY.md`).
+
+mod client;
+mod process;
+pub mod store;
+
+pub use client::{MetaClient, MetaError};
+pub use store::{DeleteOutcome, MetaRecord, MetaStore, StoreError, UpsertOutcome};
+
+use crate::edgehub::{EdgeHub, HubError, LinkEvent};
+use kubeedge_shared::Message;
+use serde_json::Value;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Types edged queries from the cloud when connected (KubeEdge `requireRemoteQuery`).
+pub const REMOTE_QUERY_TYPES: [&str; 8] = [
+    "configmap",
+    "secret",
+    "persistentvolume",
+    "persistentvolumeclaim",
+    "volumeattachment",
+    "node",
+    "serviceaccounttoken",
+    "lease",
+];
+
+#[derive(Debug, Clone)]
+pub struct MetaManagerConfig {
+    /// The node name (`edged.hostnameOverride`).
+    pub node_name: String,
+    /// Namespace token of node resources (`edged.registerNodeNamespace`, default `default`).
+    pub node_namespace: String,
+    /// How long a request to the cloud may wait for its reply (`remoteQueryTimeout`).
+    pub remote_query_timeout: Duration,
+    /// Send the inventory on every connect (the cloud advertises nothing, so this is config).
+    pub inventory_resync: bool,
+    /// Cloud messages being written / awaiting their ACK at once, at most. Beyond it reading
+    /// from edgehub pauses (and with it reading from the cloud).
+    pub max_inflight: usize,
+    /// Capacity of the channel to edged; a full channel pauses processing (never drops).
+    pub edged_capacity: usize,
+    /// edged requests queued for the metamanager, at most.
+    pub request_capacity: usize,
+    /// edged requests being served at once, at most.
+    pub max_concurrent_requests: usize,
+}
+
+impl Default for MetaManagerConfig {
+    fn default() -> Self {
+        MetaManagerConfig {
+            node_name: String::new(),
+            node_namespace: "default".into(),
+            remote_query_timeout: Duration::from_secs(60),
+            inventory_resync: true,
+            max_inflight: 256,
+            edged_capacity: 1024,
+            request_capacity: 256,
+            max_concurrent_requests: 64,
+        }
+    }
+}
+
+/// Kinds of objects edged is told about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ObjectKind {
+    Pod,
+    ConfigMap,
+    Secret,
+}
+
+impl ObjectKind {
+    pub fn from_type_token(t: &str) -> Option<Self> {
+        match t {
+            "pod" => Some(Self::Pod),
+            "configmap" => Some(Self::ConfigMap),
+            "secret" => Some(Self::Secret),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeAction {
+    /// Created or changed (KubeEdge `insert`/`update`; edged treats both as "apply").
+    Upsert,
+    /// Removed from the database. The object may carry only `metadata` (name, namespace, uid),
+    /// as synccontroller's deletes do.
+    Delete,
+}
+
+/// A change of the database that edged acts on. Sent only after the change is durable.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectChange {
+    pub kind: ObjectKind,
+    pub action: ChangeAction,
+    /// `<namespace>/<type>/<name>`, the database key.
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    pub object: Value,
+}
+
+/// What the metamanager needs from the cloud link; [`EdgeHub`] is the real one.
+pub trait CloudLink: Clone + Send + Sync + 'static {
+    fn is_connected(&self) -> bool;
+    fn send(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send;
+    fn request(
+        &self,
+        msg: Message,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Message, HubError>> + Send;
+    fn subscribe(&self) -> broadcast::Receiver<LinkEvent>;
+}
+
+impl CloudLink for EdgeHub {
+    fn is_connected(&self) -> bool {
+        EdgeHub::is_connected(self)
+    }
+
+    fn send(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send {
+        EdgeHub::send(self, msg)
+    }
+
+    fn request(
+        &self,
+        msg: Message,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Message, HubError>> + Send {
+        EdgeHub::request(self, msg, timeout)
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<LinkEvent> {
+        EdgeHub::subscribe(self)
+    }
+}
+
+/// A request from edged: the message KubeEdge's kubelet bridge would send to metamanager
+/// (`source: edged`, `group: meta`) and where to put the answer.
+pub(crate) struct EdgedRequest {
+    pub msg: Message,
+    pub reply: oneshot::Sender<Result<Message, MetaError>>,
+}
+
+/// The running metamanager.
+pub struct MetaManager {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl MetaManager {
+    /// Starts processing `from_cloud` (edgehub's receiver) and edged's requests. Returns the
+    /// client edged uses and the channel of database changes edged consumes.
+    pub fn start<L: CloudLink>(
+        config: MetaManagerConfig,
+        store: MetaStore,
+        link: L,
+        from_cloud: mpsc::Receiver<Message>,
+    ) -> (MetaManager, MetaClient, mpsc::Receiver<ObjectChange>) {
+        let (edged_tx, edged_rx) = mpsc::channel(config.edged_capacity.max(1));
+        let (req_tx, req_rx) = mpsc::channel(config.request_capacity.max(1));
+        let client = MetaClient::new(req_tx, &config);
+        let link_events = link.subscribe();
+        let cancel = CancellationToken::new();
+        let ctx = Arc::new(process::Context::new(config, store, link, edged_tx));
+        let task = tokio::spawn(process::run(
+            ctx,
+            from_cloud,
+            req_rx,
+            link_events,
+            cancel.clone(),
+        ));
+        (MetaManager { cancel, task }, client, edged_rx)
+    }
+
+    /// Stops taking new work, lets writes in progress finish (and be acknowledged when the
+    /// link is up), then returns.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}

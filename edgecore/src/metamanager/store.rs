@@ -1,0 +1,1007 @@
+//! The edge database: KubeEdge's `meta` table (and its `meta_v2` mirror) in SQLite
+//! (reference §5.3).
+//!
+//! One dedicated thread owns the connection; async callers hand it jobs over a bounded channel
+//! and await the result, so SQLite never blocks the async runtime. The thread runs whatever jobs
+//! are queued together in one transaction (group commit: one fsync for a burst of writes), each
+//! job inside its own savepoint so that one failing job does not undo the others. A job's result
+//! is delivered only after `COMMIT` returned, so "Ok" means durable: the journal is WAL with
+//! `synchronous=FULL`, which syncs the WAL on every commit (with `NORMAL` a commit acknowledged
+//! just before a power cut could be lost, and the cloud would never resend it).
+
+use kubeedge_shared::ResourcePath;
+use kubeedge_shared::inventory::InventoryEntry;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// Jobs queued for the database thread, at most. Producers wait (backpressure) beyond it.
+const JOB_QUEUE: usize = 1024;
+/// Jobs run in one transaction, at most.
+const MAX_BATCH: usize = 256;
+
+/// Types that are edge-originated requests or status fragments rather than objects the cloud
+/// keeps in sync: not mirrored into `meta_v2` and not listed in the inventory.
+pub const NON_OBJECT_TYPES: [&str; 5] = [
+    "podpatch",
+    "nodepatch",
+    "podstatus",
+    "nodestatus",
+    "serviceaccounttoken",
+];
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the edge database {path}: {detail}")]
+    Open { path: String, detail: String },
+    #[error("database error: {0}")]
+    Sqlite(String),
+    #[error("the edge database is closed")]
+    Closed,
+    #[error("the edge database failed its integrity check: {0}")]
+    Corrupt(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sqlite(e.to_string())
+    }
+}
+
+/// One row of `meta`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaRecord {
+    /// The wire resource string, e.g. `default/pod/nginx`.
+    pub key: String,
+    /// The type token, e.g. `pod`.
+    pub resource_type: String,
+    /// The object JSON (or, for patch rows, the patch text).
+    pub value: String,
+}
+
+impl MetaRecord {
+    pub fn new(
+        key: impl Into<String>,
+        resource_type: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Self {
+        MetaRecord {
+            key: key.into(),
+            resource_type: resource_type.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// What [`MetaStore::upsert_object`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpsertOutcome {
+    Written,
+    /// The stored copy of the same object (same UID) has a higher resourceVersion: kept.
+    KeptNewer {
+        stored_rv: u64,
+    },
+}
+
+/// What [`MetaStore::replace_if_same_uid`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplaceOutcome {
+    Replaced,
+    /// No row, or a row for another incarnation of the object: nothing written.
+    NotPresent,
+}
+
+/// What [`MetaStore::delete_pod`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted,
+    Absent,
+    /// The stored pod is another incarnation (different UID): kept.
+    UidMismatch {
+        stored_uid: String,
+    },
+}
+
+type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+type Work = Box<dyn FnOnce(&Connection) -> (bool, Completion) + Send>;
+
+enum Job {
+    Run(Work),
+    Close(oneshot::Sender<()>),
+}
+
+/// Handle to the edge database; cheap to clone.
+#[derive(Clone)]
+pub struct MetaStore {
+    jobs: mpsc::Sender<Job>,
+    path: Arc<PathBuf>,
+}
+
+impl MetaStore {
+    /// Opens (creating if needed) the database at `path` and its tables, on a thread of its own.
+    pub async fn open(path: impl AsRef<Path>) -> Result<MetaStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let (jobs, rx) = mpsc::channel(JOB_QUEUE);
+        let (opened_tx, opened_rx) = oneshot::channel();
+        let thread_path = path.clone();
+        std::thread::Builder::new()
+            .name("metastore".into())
+            .spawn(move || match open_connection(&thread_path) {
+                Ok(conn) => {
+                    let _ = opened_tx.send(Ok(()));
+                    run_jobs(conn, rx);
+                }
+                Err(e) => {
+                    let _ = opened_tx.send(Err(e));
+                }
+            })
+            .map_err(|e| StoreError::Open {
+                path: path.display().to_string(),
+                detail: format!("cannot start the database thread: {e}"),
+            })?;
+        opened_rx.await.map_err(|_| StoreError::Closed)??;
+        Ok(MetaStore {
+            jobs,
+            path: Arc::new(path),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Queues `f` (waiting while the queue is full) and returns where its result will arrive,
+    /// after the transaction it ran in committed. Jobs run in the order they were queued.
+    pub(crate) async fn submit<T, F>(
+        &self,
+        f: F,
+    ) -> Result<oneshot::Receiver<Result<T, StoreError>>, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let work: Work = Box::new(move |conn| {
+            let result = f(conn);
+            let ok = result.is_ok();
+            let done: Completion = Box::new(move |commit| {
+                let _ = tx.send(commit.and(result));
+            });
+            (ok, done)
+        });
+        self.jobs
+            .send(Job::Run(work))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        Ok(rx)
+    }
+
+    /// Runs `f` on the database thread and returns its result once committed.
+    pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.submit(f)
+            .await?
+            .await
+            .map_err(|_| StoreError::Closed)?
+    }
+
+    /// `INSERT OR REPLACE` of one row, as KubeEdge writes it.
+    pub async fn upsert(&self, record: MetaRecord) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            upsert_row(conn, &record)?;
+            mirror_v2(conn, &record)
+        })
+        .await
+    }
+
+    /// Upserts an object received from the cloud, unless the stored copy of the same object
+    /// (same UID) carries a newer resourceVersion (a late re-delivery must not roll it back).
+    pub async fn upsert_object(&self, record: MetaRecord) -> Result<UpsertOutcome, StoreError> {
+        self.call(move |conn| upsert_object_in(conn, &record)).await
+    }
+
+    /// Writes `record` only over a stored row for the same object (same UID). Used for objects
+    /// the cloud returns after an edge patch: if the pod was deleted meanwhile, it stays deleted.
+    pub async fn replace_if_same_uid(
+        &self,
+        record: MetaRecord,
+    ) -> Result<ReplaceOutcome, StoreError> {
+        self.call(move |conn| replace_if_same_uid_in(conn, &record))
+            .await
+    }
+
+    /// Deletes a row by key. True when there was one.
+    pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let key = key.to_string();
+        self.call(move |conn| delete_key_in(conn, &key)).await
+    }
+
+    /// KubeEdge's pod delete: removes `<ns>/pod/<name>` only when the stored pod has `uid`
+    /// (a delete for an older incarnation must not remove the newer one), and with it the
+    /// `<ns>/podpatch/<name>` row. A stored value that is not JSON is removed: a corrupt copy of
+    /// an object the cloud says is gone has no use.
+    pub async fn delete_pod(
+        &self,
+        key: &str,
+        uid: Option<&str>,
+    ) -> Result<DeleteOutcome, StoreError> {
+        let key = key.to_string();
+        let uid = uid.map(str::to_string);
+        self.call(move |conn| delete_pod_in(conn, &key, uid.as_deref()))
+            .await
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let key = key.to_string();
+        self.call(move |conn| stored_value(conn, &key)).await
+    }
+
+    /// Every row of one type, ordered by key.
+    pub async fn list_type(&self, resource_type: &str) -> Result<Vec<MetaRecord>, StoreError> {
+        let ty = resource_type.to_string();
+        self.call(move |conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT key, type, value FROM meta WHERE type = ?1 ORDER BY key")?;
+            let rows = stmt.query_map([ty], record_from_row)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// metamanager's local query (reference §5.2): a 3-token path gives that row, a 2-token
+    /// path every row of the type (all namespaces, as KubeEdge does). Returns the stored values.
+    pub async fn query(&self, path: &ResourcePath) -> Result<Vec<String>, StoreError> {
+        match &path.name {
+            Some(_) => Ok(self.get(&path.to_wire()).await?.into_iter().collect()),
+            None => Ok(self
+                .list_type(&path.resource_type)
+                .await?
+                .into_iter()
+                .map(|r| r.value)
+                .collect()),
+        }
+    }
+
+    /// Every stored object the cloud keeps in sync (all types but [`NON_OBJECT_TYPES`],
+    /// `node` and `lease`, which the edge itself writes), with its UID and resourceVersion.
+    /// Rows whose value is not a JSON object with a UID are left out: the cloud then sends
+    /// those objects again, which repairs them.
+    pub async fn inventory(&self) -> Result<Vec<InventoryEntry>, StoreError> {
+        self.call(|conn| {
+            let mut stmt = conn.prepare_cached("SELECT key, type, value FROM meta ORDER BY key")?;
+            let rows = stmt.query_map([], record_from_row)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let r = row?;
+                if NON_OBJECT_TYPES.contains(&r.resource_type.as_str())
+                    || r.resource_type == "node"
+                    || r.resource_type == "lease"
+                {
+                    continue;
+                }
+                let Ok(v) = serde_json::from_str::<Value>(&r.value) else {
+                    tracing::warn!(key = %r.key, "stored value is not JSON; left out of the inventory");
+                    continue;
+                };
+                let Some(uid) = v.pointer("/metadata/uid").and_then(Value::as_str) else {
+                    tracing::warn!(key = %r.key, "stored object has no metadata.uid; left out of the inventory");
+                    continue;
+                };
+                out.push(InventoryEntry {
+                    resource_type: r.resource_type,
+                    key: r.key,
+                    uid: uid.to_string(),
+                    resource_version: v
+                        .pointer("/metadata/resourceVersion")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Number of rows in `meta`.
+    pub async fn count(&self) -> Result<u64, StoreError> {
+        self.call(|conn| {
+            Ok(conn.query_row("SELECT count(*) FROM meta", [], |r| r.get::<_, i64>(0))? as u64)
+        })
+        .await
+    }
+
+    /// `PRAGMA integrity_check`.
+    pub async fn integrity_check(&self) -> Result<(), StoreError> {
+        self.call(|conn| integrity_check(conn)).await
+    }
+
+    /// Finishes the queued jobs and closes the database (checkpointing the WAL). Later calls
+    /// on any clone fail with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.jobs.send(Job::Close(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    let fail = |detail: String| StoreError::Open {
+        path: path.display().to_string(),
+        detail,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    let conn = Connection::open(path).map_err(|e| fail(e.to_string()))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| fail(e.to_string()))?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(|e| fail(format!("cannot switch to WAL: {e}")))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(fail(format!("journal mode is {mode}, WAL is required")));
+    }
+    conn.execute_batch(
+        r#"PRAGMA synchronous=FULL;
+           CREATE TABLE IF NOT EXISTS "meta" (
+               "key" varchar(256) NOT NULL PRIMARY KEY,
+               "type" varchar(32) NOT NULL DEFAULT '',
+               "value" text NOT NULL DEFAULT ''
+           );
+           CREATE INDEX IF NOT EXISTS "meta_type" ON "meta" ("type");
+           CREATE TABLE IF NOT EXISTS "meta_v2" (
+               "key" varchar(256) NOT NULL PRIMARY KEY,
+               "groupversionresource" varchar(256) NOT NULL DEFAULT '',
+               "namespace" varchar(256) NOT NULL DEFAULT '',
+               "name" varchar(256) NOT NULL DEFAULT '',
+               "resourceversion" integer unsigned NOT NULL DEFAULT 0,
+               "value" text NOT NULL DEFAULT ''
+           );"#,
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    integrity_check(&conn).map_err(|e| fail(e.to_string()))?;
+    Ok(conn)
+}
+
+fn integrity_check(conn: &Connection) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare("PRAGMA quick_check")?;
+    let problems = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    if problems.len() == 1 && problems[0] == "ok" {
+        Ok(())
+    } else {
+        Err(StoreError::Corrupt(problems.join("; ")))
+    }
+}
+
+fn run_jobs(conn: Connection, mut rx: mpsc::Receiver<Job>) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut work = Vec::new();
+        let mut close = None;
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            match job {
+                Job::Run(w) => work.push(w),
+                Job::Close(tx) => {
+                    close = Some(tx);
+                    break;
+                }
+            }
+            if work.len() < MAX_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !work.is_empty() {
+            run_batch(&conn, work);
+        }
+        if let Some(tx) = close {
+            rx.close();
+            // Jobs queued behind the close are dropped: their callers see `Closed`.
+            while rx.try_recv().is_ok() {}
+            drop(conn);
+            let _ = tx.send(());
+            return;
+        }
+    }
+}
+
+fn run_batch(conn: &Connection, work: Vec<Work>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        tracing::error!(error = %e, "cannot begin a database transaction");
+        // Dropping the jobs unrun makes their callers see an error.
+        return;
+    }
+    let mut completions = Vec::with_capacity(work.len());
+    let mut aborted = None;
+    for w in work {
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            aborted = Some(StoreError::from(e));
+            break;
+        }
+        let (ok, done) = w(conn);
+        completions.push(done);
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (I/O error, disk full): nothing of this
+            // batch is durable.
+            aborted = Some(StoreError::Sqlite(
+                "transaction rolled back by SQLite".into(),
+            ));
+            break;
+        }
+        let end = if ok {
+            conn.execute_batch("RELEASE job")
+        } else {
+            conn.execute_batch("ROLLBACK TO job; RELEASE job")
+        };
+        if let Err(e) = end {
+            aborted = Some(StoreError::from(e));
+            break;
+        }
+    }
+    let outcome = match aborted {
+        Some(e) => Err(e),
+        None => conn.execute_batch("COMMIT").map_err(StoreError::from),
+    };
+    if let Err(e) = &outcome {
+        tracing::error!(error = %e, "database transaction failed; its writes are not acknowledged");
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+    }
+    for done in completions {
+        done(outcome.clone());
+    }
+}
+
+fn record_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MetaRecord> {
+    Ok(MetaRecord {
+        key: row.get(0)?,
+        resource_type: row.get(1)?,
+        value: row.get(2)?,
+    })
+}
+
+fn stored_value(conn: &Connection, key: &str) -> Result<Option<String>, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT value FROM meta WHERE key = ?1")?;
+    Ok(stmt
+        .query_row([key], |r| r.get::<_, String>(0))
+        .optional()?)
+}
+
+fn upsert_row(conn: &Connection, r: &MetaRecord) -> Result<(), StoreError> {
+    let mut stmt =
+        conn.prepare_cached("INSERT OR REPLACE INTO meta (key, type, value) VALUES (?1, ?2, ?3)")?;
+    stmt.execute(params![r.key, r.resource_type, r.value])?;
+    Ok(())
+}
+
+pub(crate) fn delete_key_in(conn: &Connection, key: &str) -> Result<bool, StoreError> {
+    if let Some(old) = stored_value(conn, key)? {
+        unmirror_v2(conn, &old)?;
+    }
+    let mut stmt = conn.prepare_cached("DELETE FROM meta WHERE key = ?1")?;
+    Ok(stmt.execute([key])? > 0)
+}
+
+pub(crate) fn upsert_object_in(
+    conn: &Connection,
+    r: &MetaRecord,
+) -> Result<UpsertOutcome, StoreError> {
+    if let Some(stored) = stored_value(conn, &r.key)?
+        && let (Ok(old), Ok(new)) = (
+            serde_json::from_str::<Value>(&stored),
+            serde_json::from_str::<Value>(&r.value),
+        )
+        && uid_of(&old).is_some()
+        && uid_of(&old) == uid_of(&new)
+        && let (Some(old_rv), Some(new_rv)) = (rv_of(&old), rv_of(&new))
+        && old_rv > new_rv
+    {
+        return Ok(UpsertOutcome::KeptNewer { stored_rv: old_rv });
+    }
+    upsert_row(conn, r)?;
+    mirror_v2(conn, r)?;
+    Ok(UpsertOutcome::Written)
+}
+
+pub(crate) fn delete_pod_in(
+    conn: &Connection,
+    key: &str,
+    uid: Option<&str>,
+) -> Result<DeleteOutcome, StoreError> {
+    let Some(stored) = stored_value(conn, key)? else {
+        return Ok(DeleteOutcome::Absent);
+    };
+    if let Ok(v) = serde_json::from_str::<Value>(&stored) {
+        let stored_uid = uid_of(&v).unwrap_or_default();
+        if uid.unwrap_or_default() != stored_uid {
+            return Ok(DeleteOutcome::UidMismatch {
+                stored_uid: stored_uid.to_string(),
+            });
+        }
+    }
+    delete_key_in(conn, key)?;
+    if let Some(patch_key) = podpatch_key(key) {
+        delete_key_in(conn, &patch_key)?;
+    }
+    Ok(DeleteOutcome::Deleted)
+}
+
+pub(crate) fn replace_if_same_uid_in(
+    conn: &Connection,
+    r: &MetaRecord,
+) -> Result<ReplaceOutcome, StoreError> {
+    let Some(uid) = uid_of_json(&r.value) else {
+        return Ok(ReplaceOutcome::NotPresent);
+    };
+    match stored_value(conn, &r.key)? {
+        Some(stored) if uid_of_json(&stored).as_deref() == Some(uid.as_str()) => {
+            upsert_row(conn, r)?;
+            mirror_v2(conn, r)?;
+            Ok(ReplaceOutcome::Replaced)
+        }
+        _ => Ok(ReplaceOutcome::NotPresent),
+    }
+}
+
+/// `<ns>/pod/<name>` → `<ns>/podpatch/<name>`.
+pub fn podpatch_key(pod_key: &str) -> Option<String> {
+    let mut p = ResourcePath::parse(pod_key).ok()?;
+    (p.resource_type == "pod" && p.name.is_some()).then(|| {
+        p.resource_type = "podpatch".into();
+        p.to_wire()
+    })
+}
+
+fn uid_of(v: &Value) -> Option<&str> {
+    v.pointer("/metadata/uid").and_then(Value::as_str)
+}
+
+fn uid_of_json(s: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(s).ok()?;
+    uid_of(&v).map(str::to_string)
+}
+
+fn rv_of(v: &Value) -> Option<u64> {
+    v.pointer("/metadata/resourceVersion")?
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+/// The `meta_v2` row of an object (KubeEdge's MetaServer layout): key
+/// `/<group or core>/<version>/<plural>/<ns or null>/<name>`, GVR as Go prints it.
+struct V2Row {
+    key: String,
+    gvr: String,
+    namespace: String,
+    name: String,
+    resource_version: u64,
+}
+
+fn v2_row(v: &Value) -> Option<V2Row> {
+    let api_version = v.get("apiVersion")?.as_str()?;
+    let kind = v.get("kind")?.as_str()?;
+    let name = v.pointer("/metadata/name")?.as_str()?;
+    let namespace = v
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let plural = kind_to_resource(kind);
+    let ns_token = if namespace.is_empty() {
+        "null"
+    } else {
+        namespace
+    };
+    Some(V2Row {
+        key: format!(
+            "/{}/{version}/{plural}/{ns_token}/{name}",
+            if group.is_empty() { "core" } else { group }
+        ),
+        gvr: format!("{group}/{version}, Resource={plural}"),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        resource_version: rv_of(v).unwrap_or(0),
+    })
+}
+
+/// KubeEdge's `UnsafeKindToResource`: naive pluralisation of the lower-cased kind.
+fn kind_to_resource(kind: &str) -> String {
+    let k = kind.to_ascii_lowercase();
+    if k == "endpoints" {
+        k
+    } else if k.ends_with('s') {
+        format!("{k}es")
+    } else if let Some(stem) = k.strip_suffix('y') {
+        format!("{stem}ies")
+    } else {
+        format!("{k}s")
+    }
+}
+
+fn mirror_v2(conn: &Connection, r: &MetaRecord) -> Result<(), StoreError> {
+    if NON_OBJECT_TYPES.contains(&r.resource_type.as_str()) {
+        return Ok(());
+    }
+    let Ok(v) = serde_json::from_str::<Value>(&r.value) else {
+        return Ok(());
+    };
+    let Some(row) = v2_row(&v) else { return Ok(()) };
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR REPLACE INTO meta_v2 (key, groupversionresource, namespace, name, resourceversion, value)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    stmt.execute(params![
+        row.key,
+        row.gvr,
+        row.namespace,
+        row.name,
+        row.resource_version as i64,
+        r.value
+    ])?;
+    Ok(())
+}
+
+fn unmirror_v2(conn: &Connection, stored: &str) -> Result<(), StoreError> {
+    let Ok(v) = serde_json::from_str::<Value>(stored) else {
+        return Ok(());
+    };
+    if let Some(row) = v2_row(&v) {
+        let mut stmt = conn.prepare_cached("DELETE FROM meta_v2 WHERE key = ?1")?;
+        stmt.execute([row.key])?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    async fn store() -> (tempfile::TempDir, MetaStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = MetaStore::open(dir.path().join("sub/edgecore.db"))
+            .await
+            .unwrap();
+        (dir, s)
+    }
+
+    fn pod(name: &str, uid: &str, rv: &str) -> MetaRecord {
+        MetaRecord::new(
+            format!("default/pod/{name}"),
+            "pod",
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": "default", "uid": uid, "resourceVersion": rv}})
+            .to_string(),
+        )
+    }
+
+    #[tokio::test]
+    async fn upsert_replaces_and_get_returns_the_latest() {
+        let (_d, s) = store().await;
+        s.upsert(pod("a", "u1", "1")).await.unwrap();
+        s.upsert(pod("a", "u1", "2")).await.unwrap();
+        let v: Value =
+            serde_json::from_str(&s.get("default/pod/a").await.unwrap().unwrap()).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "2");
+        assert_eq!(s.count().await.unwrap(), 1);
+        assert_eq!(s.get("default/pod/missing").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn tables_have_kubeedge_layout_and_wal_is_on() {
+        let (d, s) = store().await;
+        s.upsert(pod("a", "u1", "7")).await.unwrap();
+        let conn = Connection::open(d.path().join("sub/edgecore.db")).unwrap();
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        let cols = |t: &str| -> Vec<String> {
+            let mut st = conn.prepare(&format!("PRAGMA table_info({t})")).unwrap();
+            st.query_map([], |r| r.get::<_, String>(1))
+                .unwrap()
+                .map(|c| c.unwrap())
+                .collect()
+        };
+        assert_eq!(cols("meta"), ["key", "type", "value"]);
+        assert_eq!(
+            cols("meta_v2"),
+            [
+                "key",
+                "groupversionresource",
+                "namespace",
+                "name",
+                "resourceversion",
+                "value"
+            ]
+        );
+        let (key, gvr, rv): (String, String, i64) = conn
+            .query_row(
+                "SELECT key, groupversionresource, resourceversion FROM meta_v2",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(key, "/core/v1/pods/default/a");
+        assert_eq!(gvr, "/v1, Resource=pods");
+        assert_eq!(rv, 7);
+    }
+
+    #[tokio::test]
+    async fn stale_redelivery_does_not_roll_an_object_back() {
+        let (_d, s) = store().await;
+        assert_eq!(
+            s.upsert_object(pod("a", "u1", "10")).await.unwrap(),
+            UpsertOutcome::Written
+        );
+        assert_eq!(
+            s.upsert_object(pod("a", "u1", "9")).await.unwrap(),
+            UpsertOutcome::KeptNewer { stored_rv: 10 }
+        );
+        // Same version again (a re-delivery) and a new incarnation are written.
+        assert_eq!(
+            s.upsert_object(pod("a", "u1", "10")).await.unwrap(),
+            UpsertOutcome::Written
+        );
+        assert_eq!(
+            s.upsert_object(pod("a", "u2", "3")).await.unwrap(),
+            UpsertOutcome::Written
+        );
+        let v: Value =
+            serde_json::from_str(&s.get("default/pod/a").await.unwrap().unwrap()).unwrap();
+        assert_eq!(v["metadata"]["uid"], "u2");
+    }
+
+    #[tokio::test]
+    async fn pod_delete_requires_the_stored_uid_and_drops_the_podpatch_row() {
+        let (_d, s) = store().await;
+        s.upsert(pod("a", "u1", "1")).await.unwrap();
+        s.upsert(MetaRecord::new(
+            "default/podpatch/a",
+            "podpatch",
+            r#"{"status":{}}"#,
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            s.delete_pod("default/pod/a", Some("other")).await.unwrap(),
+            DeleteOutcome::UidMismatch {
+                stored_uid: "u1".into()
+            }
+        );
+        assert_eq!(
+            s.delete_pod("default/pod/a", None).await.unwrap(),
+            DeleteOutcome::UidMismatch {
+                stored_uid: "u1".into()
+            }
+        );
+        assert!(s.get("default/pod/a").await.unwrap().is_some());
+        assert_eq!(
+            s.delete_pod("default/pod/a", Some("u1")).await.unwrap(),
+            DeleteOutcome::Deleted
+        );
+        assert_eq!(s.get("default/pod/a").await.unwrap(), None);
+        assert_eq!(s.get("default/podpatch/a").await.unwrap(), None);
+        assert_eq!(
+            s.delete_pod("default/pod/a", Some("u1")).await.unwrap(),
+            DeleteOutcome::Absent
+        );
+        assert_eq!(s.count().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn queries_by_two_and_three_token_paths() {
+        let (_d, s) = store().await;
+        s.upsert(pod("a", "u1", "1")).await.unwrap();
+        s.upsert(pod("b", "u2", "1")).await.unwrap();
+        s.upsert(MetaRecord::new(
+            "other/pod/c",
+            "pod",
+            r#"{"metadata":{"uid":"u3"}}"#,
+        ))
+        .await
+        .unwrap();
+        s.upsert(MetaRecord::new(
+            "default/configmap/cm",
+            "configmap",
+            r#"{"data":{}}"#,
+        ))
+        .await
+        .unwrap();
+        let all_pods = s
+            .query(&ResourcePath::parse("default/pod").unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            all_pods.len(),
+            3,
+            "2-token queries list the type in every namespace"
+        );
+        let one = s
+            .query(&ResourcePath::parse("default/pod/b").unwrap())
+            .await
+            .unwrap();
+        assert_eq!(one.len(), 1);
+        assert!(one[0].contains("\"u2\""));
+        assert!(
+            s.query(&ResourcePath::parse("default/pod/zz").unwrap())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            s.list_type("configmap").await.unwrap()[0].key,
+            "default/configmap/cm"
+        );
+    }
+
+    #[tokio::test]
+    async fn corrupt_values_do_not_break_reads_deletes_or_the_inventory() {
+        let (_d, s) = store().await;
+        s.upsert(MetaRecord::new("default/pod/bad", "pod", "{not json"))
+            .await
+            .unwrap();
+        s.upsert(MetaRecord::new(
+            "default/configmap/nouid",
+            "configmap",
+            r#"{"metadata":{}}"#,
+        ))
+        .await
+        .unwrap();
+        s.upsert(pod("good", "u1", "5")).await.unwrap();
+        s.upsert(MetaRecord::new(
+            "default/podpatch/good",
+            "podpatch",
+            "patch text",
+        ))
+        .await
+        .unwrap();
+        s.upsert(MetaRecord::new(
+            "default/node/edge-1",
+            "node",
+            r#"{"metadata":{"uid":"n"}}"#,
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            s.query(&ResourcePath::parse("default/pod").unwrap())
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        let inv = s.inventory().await.unwrap();
+        assert_eq!(
+            inv,
+            vec![InventoryEntry {
+                resource_type: "pod".into(),
+                key: "default/pod/good".into(),
+                uid: "u1".into(),
+                resource_version: "5".into(),
+            }]
+        );
+        // Overwriting a corrupt row and deleting one both work.
+        assert_eq!(
+            s.upsert_object(pod("bad", "u9", "1")).await.unwrap(),
+            UpsertOutcome::Written
+        );
+        s.upsert(MetaRecord::new("default/pod/bad", "pod", "garbage"))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.delete_pod("default/pod/bad", Some("u9")).await.unwrap(),
+            DeleteOutcome::Deleted
+        );
+        s.integrity_check().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn replace_if_same_uid_never_resurrects_a_deleted_pod() {
+        let (_d, s) = store().await;
+        assert_eq!(
+            s.replace_if_same_uid(pod("a", "u1", "2")).await.unwrap(),
+            ReplaceOutcome::NotPresent
+        );
+        assert_eq!(s.get("default/pod/a").await.unwrap(), None);
+        s.upsert(pod("a", "u1", "1")).await.unwrap();
+        assert_eq!(
+            s.replace_if_same_uid(pod("a", "u2", "2")).await.unwrap(),
+            ReplaceOutcome::NotPresent
+        );
+        assert_eq!(
+            s.replace_if_same_uid(pod("a", "u1", "2")).await.unwrap(),
+            ReplaceOutcome::Replaced
+        );
+        assert!(
+            s.get("default/pod/a")
+                .await
+                .unwrap()
+                .unwrap()
+                .contains("\"2\"")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_job_does_not_undo_the_others_in_its_batch() {
+        let (d, s) = store().await;
+        let conn = Connection::open(d.path().join("sub/edgecore.db")).unwrap();
+        conn.execute_batch(
+            "CREATE TRIGGER refuse BEFORE INSERT ON meta WHEN NEW.key = 'default/pod/bad'
+             BEGIN SELECT RAISE(ABORT, 'refused by test trigger'); END;",
+        )
+        .unwrap();
+        drop(conn);
+        // Hold the database thread so that the writes below queue up and share a transaction.
+        let blocker = s
+            .submit(|_| {
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let mut rxs = Vec::new();
+        for name in ["a", "bad", "b"] {
+            let r = pod(name, "u", "1");
+            rxs.push(
+                s.submit(move |c| {
+                    upsert_row(c, &r)?;
+                    mirror_v2(c, &r)
+                })
+                .await
+                .unwrap(),
+            );
+        }
+        blocker.await.unwrap().unwrap();
+        let results: Vec<_> = futures_util::future::join_all(rxs).await;
+        assert!(results[0].as_ref().unwrap().is_ok());
+        let err = results[1].as_ref().unwrap().as_ref().unwrap_err();
+        assert!(err.to_string().contains("refused by test trigger"), "{err}");
+        assert!(results[2].as_ref().unwrap().is_ok());
+        assert!(s.get("default/pod/a").await.unwrap().is_some());
+        assert!(s.get("default/pod/b").await.unwrap().is_some());
+        assert!(s.get("default/pod/bad").await.unwrap().is_none());
+        // The failed row left no meta_v2 mirror behind either.
+        let conn = Connection::open(d.path().join("sub/edgecore.db")).unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM meta_v2", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 2);
+    }
+
+    #[tokio::test]
+    async fn closed_store_refuses_jobs_and_reopens_with_the_data() {
+        let (d, s) = store().await;
+        s.upsert(pod("a", "u1", "1")).await.unwrap();
+        s.close().await;
+        assert!(matches!(
+            s.get("default/pod/a").await,
+            Err(StoreError::Closed)
+        ));
+        let again = MetaStore::open(d.path().join("sub/edgecore.db"))
+            .await
+            .unwrap();
+        assert!(again.get("default/pod/a").await.unwrap().is_some());
+    }
+
+    #[test]
+    fn kinds_pluralise_like_kubeedge() {
+        assert_eq!(kind_to_resource("Pod"), "pods");
+        assert_eq!(kind_to_resource("Endpoints"), "endpoints");
+        assert_eq!(kind_to_resource("Ingress"), "ingresses");
+        assert_eq!(kind_to_resource("NetworkPolicy"), "networkpolicies");
+        assert_eq!(podpatch_key("ns/pod/x").as_deref(), Some("ns/podpatch/x"));
+        assert_eq!(podpatch_key("ns/configmap/x"), None);
+    }
+}
