@@ -319,7 +319,7 @@ impl MetaStore {
 
     /// `PRAGMA integrity_check`.
     pub async fn integrity_check(&self) -> Result<(), StoreError> {
-        self.call(|conn| integrity_check(conn)).await
+        self.call(integrity_check).await
     }
 
     /// Finishes the queued jobs and closes the database (checkpointing the WAL). Later calls
