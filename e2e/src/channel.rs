@@ -121,6 +121,16 @@ impl RawEdge {
         node: &str,
         tls: Arc<rustls::ClientConfig>,
     ) -> Result<RawEdge, String> {
+        Self::connect_with(addr, node, tls, &[]).await
+    }
+
+    /// Like `connect`, advertising kubeedge-rs capabilities (e.g. `inventory-resync`).
+    pub async fn connect_with(
+        addr: SocketAddr,
+        node: &str,
+        tls: Arc<rustls::ClientConfig>,
+        capabilities: &[&str],
+    ) -> Result<RawEdge, String> {
         let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let name =
             rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
@@ -141,6 +151,12 @@ impl RawEdge {
             HeaderValue::from_static(CONNECTION_USE_MSG),
         );
         let _ = (HEADER_NODE_ID, HEADER_CONNECTION_USE);
+        if !capabilities.is_empty() {
+            req.headers_mut().insert(
+                kubeedge_shared::constants::HEADER_CAPABILITIES,
+                HeaderValue::from_str(&capabilities.join(",")).map_err(|e| e.to_string())?,
+            );
+        }
         let (ws, _) = tokio_tungstenite::client_async(req, stream)
             .await
             .map_err(|e| match e {

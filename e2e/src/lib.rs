@@ -2,6 +2,7 @@
 
 pub mod apiserver;
 pub mod channel;
+pub mod cloud;
 pub mod cluster;
 pub mod containerd;
 pub mod images;

@@ -2,3 +2,4 @@
 
 mod channel;
 mod containerd_smoke;
+mod controllers;
