@@ -22,6 +22,7 @@ pub const KUBECONFIG_ENV: &str = "E2E_KUBECONFIG";
 
 pub struct TestCluster {
     client: Client,
+    config: kube::Config,
     kubeconfig: PathBuf,
     server: Option<ApiServer>,
     kubectl_cache: PathBuf,
@@ -70,8 +71,10 @@ fn cache_dir() -> PathBuf {
 
 async fn in_memory(config: Config) -> anyhow::Result<TestCluster> {
     let server = ApiServer::start(config).await?;
+    let config = server.kube_config()?;
     Ok(TestCluster {
-        client: server.client()?,
+        client: Client::try_from(config.clone())?,
+        config,
         kubeconfig: server.kubeconfig_path().to_path_buf(),
         server: Some(server),
         kubectl_cache: cache_dir(),
@@ -85,7 +88,8 @@ async fn real(path: PathBuf) -> anyhow::Result<TestCluster> {
         .await
         .context("kubeconfig")?;
     Ok(TestCluster {
-        client: Client::try_from(cfg)?,
+        client: Client::try_from(cfg.clone())?,
+        config: cfg,
         kubeconfig: path,
         server: None,
         kubectl_cache: cache_dir(),
@@ -95,6 +99,11 @@ async fn real(path: PathBuf) -> anyhow::Result<TestCluster> {
 impl TestCluster {
     pub fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// The client configuration (e.g. to build a client with other credentials).
+    pub fn kube_config(&self) -> kube::Config {
+        self.config.clone()
     }
 
     pub fn kubeconfig(&self) -> &Path {

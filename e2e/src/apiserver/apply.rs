@@ -92,11 +92,9 @@ pub fn apply(
             }
         }
         let mut to_merge = applied.clone();
-        if let Value::Object(m) = &mut to_merge {
-            if let Some(Value::Object(md)) = m.get_mut("metadata") {
-                md.remove("managedFields");
-                md.remove("resourceVersion");
-            }
+        if let Some(Value::Object(md)) = to_merge.get_mut("metadata") {
+            md.remove("managedFields");
+            md.remove("resourceVersion");
         }
         if info.custom {
             patch::merge_patch(&mut obj, &to_merge);

@@ -165,7 +165,11 @@ fn mark_pods_not_ready(st: &State, node: &str) {
                 return Ok(Mutation::Unchanged);
             };
             let mut v = cur.value.clone();
-            let Some(conds) = v["status"]["conditions"].as_array_mut() else {
+            let Some(conds) = v
+                .get_mut("status")
+                .and_then(|s| s.get_mut("conditions"))
+                .and_then(Value::as_array_mut)
+            else {
                 return Ok(Mutation::Unchanged);
             };
             let mut changed = false;

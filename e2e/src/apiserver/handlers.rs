@@ -679,16 +679,13 @@ async fn start_watch(
         .to_string();
     let enc = watch::EventEncoder::new(info.clone(), output, include);
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(watch::run(
-        st,
+    let req = watch::WatchRequest {
         info,
         ns,
         filter,
         params,
-        enc,
-        tx,
-        ctx.cancel.clone(),
-    ));
+    };
+    tokio::spawn(watch::run(st, req, enc, tx, ctx.cancel.clone()));
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await

@@ -46,7 +46,7 @@ impl Filter {
         for f in &fields {
             let supported = f.path == "metadata.name"
                 || f.path == "metadata.namespace"
-                || info.selectable_fields.iter().any(|s| *s == f.path);
+                || info.selectable_fields.contains(&f.path);
             if !supported {
                 return Err(ApiError::bad_request(format!(
                     "field label not supported: {}",

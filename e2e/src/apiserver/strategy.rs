@@ -104,6 +104,21 @@ pub fn prepare_create(info: &ResourceInfo, obj: &mut Value, now: &str) {
         remove_path(obj, &["status"]);
     }
     default_kind(info, obj);
+    if !info.custom {
+        strip_nulls(obj);
+    }
+}
+
+/// Typed (built-in) objects cannot hold JSON nulls: decoding into Go structs drops them.
+pub fn strip_nulls(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(strip_nulls);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
 }
 
 /// Kind-specific defaults (the scheme defaulters).
@@ -119,10 +134,8 @@ fn default_kind(info: &ResourceInfo, obj: &mut Value) {
             }
             set_path(obj, &["status", "phase"], json!("Active"));
         }
-        "Secret" => {
-            if obj["type"].as_str().is_none_or(str::is_empty) {
-                obj["type"] = json!("Opaque");
-            }
+        "Secret" if obj["type"].as_str().is_none_or(str::is_empty) => {
+            obj["type"] = json!("Opaque");
         }
         "PersistentVolume" => {
             if obj["spec"]["persistentVolumeReclaimPolicy"].is_null() {
@@ -143,10 +156,8 @@ fn default_kind(info: &ResourceInfo, obj: &mut Value) {
             }
             set_path(obj, &["status", "phase"], json!("Pending"));
         }
-        "Service" => {
-            if !obj["status"].is_object() {
-                set_path(obj, &["status", "loadBalancer"], json!({}));
-            }
+        "Service" if !obj["status"].is_object() => {
+            set_path(obj, &["status", "loadBalancer"], json!({}));
         }
         "CustomResourceDefinition" => {
             if obj["spec"]["conversion"].is_null() {
@@ -208,7 +219,7 @@ fn default_container(c: &mut Value) {
     if c["resources"].is_null() {
         c["resources"] = json!({});
     }
-    if let Some(ports) = c["ports"].as_array_mut() {
+    if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
         for p in ports {
             if p.is_object() && p["protocol"].is_null() {
                 p["protocol"] = json!("TCP");
@@ -250,7 +261,7 @@ fn default_pod(pod: &mut Value) {
     }
     spec["serviceAccount"] = spec["serviceAccountName"].clone();
     for list in ["containers", "initContainers", "ephemeralContainers"] {
-        if let Some(cs) = spec[list].as_array_mut() {
+        if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
             cs.iter_mut().for_each(default_container);
         }
     }
@@ -348,7 +359,11 @@ pub fn add_service_account_volume(pod: &mut Value, automount: bool) {
     volumes.push(volume);
     pod["spec"]["volumes"] = Value::Array(volumes);
     for list in ["containers", "initContainers"] {
-        if let Some(cs) = pod["spec"][list].as_array_mut() {
+        if let Some(cs) = pod
+            .get_mut("spec")
+            .and_then(|s| s.get_mut(list))
+            .and_then(Value::as_array_mut)
+        {
             for c in cs.iter_mut().filter(|c| c.is_object()) {
                 let mut mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
                 mounts.push(json!({"name": vol_name, "readOnly": true, "mountPath": MOUNT}));
@@ -421,6 +436,9 @@ pub fn prepare_update(
     }
     if info.kind == "Secret" {
         fold_string_data(new);
+    }
+    if !info.custom {
+        strip_nulls(new);
     }
     if info.tracks_generation && subresource.is_none() {
         let strip = |v: &Value| {
@@ -559,7 +577,7 @@ fn validate_pod(pod: &Value, old: Option<&Value>) -> Vec<Cause> {
         let normalize = |s: &Value| {
             let mut s = s.clone();
             for list in ["containers", "initContainers"] {
-                if let Some(cs) = s[list].as_array_mut() {
+                if let Some(cs) = s.get_mut(list).and_then(Value::as_array_mut) {
                     for c in cs.iter_mut().filter(|c| c.is_object()) {
                         c["image"] = Value::Null;
                     }
@@ -628,7 +646,7 @@ fn validate_config_map(cm: &Value, old: Option<&Value>) -> Vec<Cause> {
                 for (k, v) in m {
                     if !is_config_key(k) {
                         causes.push(Cause::invalid(
-                            format!("{f}"),
+                            f.to_string(),
                             &json!(k),
                             "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')",
                         ));

@@ -114,7 +114,7 @@ pub fn validate_meta(info: &ResourceInfo, obj: &Value) -> Vec<Cause> {
             match v.as_str() {
                 Some(s) if is_label_value(s) => {}
                 _ => causes.push(Cause::invalid(
-                    format!("metadata.labels"),
+                    "metadata.labels",
                     v,
                     "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
                 )),

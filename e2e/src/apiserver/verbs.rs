@@ -259,7 +259,7 @@ fn admit_create(st: &State, info: &ResourceInfo, obj: &mut Value) -> ApiResult<(
                 if spec["sessionAffinity"].is_null() {
                     spec["sessionAffinity"] = json!("None");
                 }
-                if let Some(ports) = spec["ports"].as_array_mut() {
+                if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
                     for p in ports.iter_mut().filter(|p| p.is_object()) {
                         if p["protocol"].is_null() {
                             p["protocol"] = json!("TCP");

@@ -179,20 +179,26 @@ impl EventEncoder {
     }
 }
 
+/// What to watch.
+pub struct WatchRequest {
+    pub info: Arc<ResourceInfo>,
+    pub ns: Option<String>,
+    pub filter: Filter,
+    pub params: WatchParams,
+}
+
 /// Runs one watch: registers it, then pumps events into `out` until the client goes away, the
 /// timeout passes, the server stops, or the watcher is dropped for falling behind.
 pub async fn run(
     st: Arc<State>,
-    info: Arc<ResourceInfo>,
-    ns: Option<String>,
-    filter: Filter,
-    p: WatchParams,
+    req: WatchRequest,
     mut enc: EventEncoder,
     out: mpsc::Sender<Bytes>,
     cancel: CancellationToken,
 ) {
-    let table = st.table(&info);
-    let reg = match table.watch(ns, Arc::new(filter), p.start, p.bookmarks) {
+    let table = st.table(&req.info);
+    let p = req.params;
+    let reg = match table.watch(req.ns, Arc::new(req.filter), p.start, p.bookmarks) {
         Ok(r) => r,
         Err(e) => {
             let _ = out.send(EventEncoder::error(&e)).await;
@@ -206,10 +212,8 @@ pub async fn run(
             return;
         }
     }
-    if p.initial_events_end {
-        if out.send(enc.bookmark(reg.start_rv, true)).await.is_err() {
-            return;
-        }
+    if p.initial_events_end && out.send(enc.bookmark(reg.start_rv, true)).await.is_err() {
+        return;
     }
     let deadline = tokio::time::sleep(p.timeout);
     tokio::pin!(deadline);

@@ -1,5 +1,6 @@
 //! The one integration-test binary of the e2e crate.
 
+mod apiserver_conformance;
 mod channel;
 mod containerd_smoke;
 mod controllers;
