@@ -41,6 +41,8 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
     let mut registry = Registry::default();
     let hub_metrics = HubMetrics::default();
     hub_metrics.register(&mut registry);
+    let controller_metrics = crate::metrics::ControllerMetrics::default();
+    controller_metrics.register(&mut registry);
     let registry = Arc::new(registry);
     let ready = Readiness::default();
     let monitor = &cfg.common_config.monitor_server.bind_address;
@@ -65,7 +67,15 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
             )
         })?;
     tracing::info!(addr = %hub.local_addr(), "cloudcore running; ready once informers sync");
-    crate::controller::run(client, hub.clone(), upstream, ready, shutdown).await;
+    crate::controller::run(
+        client,
+        hub.clone(),
+        upstream,
+        ready,
+        controller_metrics,
+        shutdown,
+    )
+    .await;
     hub.shutdown();
     Ok(())
 }

@@ -4,6 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,6 +112,61 @@ impl HubMetrics {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabel {
+    pub resource: String,
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms … ~16 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The edge controllers' metrics.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    pub upstream_duration: Family<OperationLabel, Histogram, fn() -> Histogram>,
+    pub apiserver_errors: Family<CodeLabel, Counter>,
+    pub upstream_dropped: Counter,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        ControllerMetrics {
+            upstream_duration: Family::new_with_constructor(latency_histogram),
+            apiserver_errors: Family::default(),
+            upstream_dropped: Counter::default(),
+        }
+    }
+}
+
+impl ControllerMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("edgecontroller");
+        r.register(
+            "upstream_duration_seconds",
+            "Time to handle an edge request (apiserver call and reply), by resource and operation",
+            self.upstream_duration.clone(),
+        );
+        r.register(
+            "apiserver_errors",
+            "Errors returned by the apiserver, by HTTP code",
+            self.apiserver_errors.clone(),
+        );
+        r.register(
+            "upstream_dropped",
+            "Edge requests dropped (unsupported or malformed)",
+            self.upstream_dropped.clone(),
+        );
+    }
+}
+
 /// Renders a registry as OpenMetrics text.
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
@@ -122,3 +178,42 @@ pub fn render(registry: &Registry) -> String {
 
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_renders_every_family() {
+        let mut registry = Registry::default();
+        let hub = HubMetrics::default();
+        hub.register(&mut registry);
+        let ctl = ControllerMetrics::default();
+        ctl.register(&mut registry);
+        hub.connected_nodes.set(3);
+        hub.messages_sent
+            .get_or_create(&HubMetrics::resource("pod"))
+            .inc();
+        ctl.upstream_duration
+            .get_or_create(&OperationLabel {
+                resource: "podpatch".into(),
+                operation: "patch".into(),
+            })
+            .observe(0.004);
+        let text = render(&registry);
+        assert!(text.contains("cloudhub_connected_nodes 3"), "{text}");
+        assert!(
+            text.contains("KubeEdge_CloudHub_connected_nodes 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cloudhub_messages_sent_total{resource=\"pod\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("edgecontroller_upstream_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -27,6 +27,7 @@ impl CloudFixture {
             hub.clone(),
             upstream,
             ready.clone(),
+            cloudcore::metrics::ControllerMetrics::default(),
             shutdown.clone(),
         ));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);

@@ -21,13 +21,14 @@ pub async fn run(
     hub: CloudHub,
     mut upstream: mpsc::Receiver<Upstream>,
     ready: Readiness,
+    metrics: crate::metrics::ControllerMetrics,
     shutdown: CancellationToken,
 ) {
     let (tx, rx) = mpsc::channel(1024);
     let downstream = Downstream::new(client.clone(), hub.clone(), ready, tx.clone());
     let events = hub.subscribe();
     let ds = tokio::spawn(downstream.run(events, rx, shutdown.clone()));
-    let handler = UpstreamHandler::new(client, hub, 64);
+    let handler = UpstreamHandler::new(client, hub, 64, metrics);
     loop {
         let up = tokio::select! {
             _ = shutdown.cancelled() => break,

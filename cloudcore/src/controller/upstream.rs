@@ -4,6 +4,7 @@ use super::rest::{
     self, Kind, MERGE_PATCH, STRATEGIC_PATCH, call_retrying, status_error, with_type_meta,
 };
 use crate::cloudhub::{CloudHub, Upstream};
+use crate::metrics::{ControllerMetrics, OperationLabel};
 use http::Method;
 use kubeedge_shared::content::{self, ObjectResp, StatusError};
 use kubeedge_shared::operation::source;
@@ -20,6 +21,7 @@ pub struct UpstreamHandler {
     status: Arc<Semaphore>,
     queries: Arc<Semaphore>,
     writes: Arc<Semaphore>,
+    metrics: ControllerMetrics,
 }
 
 /// What the handler did with a message (for tests and logs).
@@ -32,9 +34,15 @@ pub enum Handled {
 }
 
 impl UpstreamHandler {
-    pub fn new(client: kube::Client, hub: CloudHub, concurrency: usize) -> Self {
+    pub fn new(
+        client: kube::Client,
+        hub: CloudHub,
+        concurrency: usize,
+        metrics: ControllerMetrics,
+    ) -> Self {
         let c = concurrency.max(1);
         UpstreamHandler {
+            metrics,
             client,
             hub,
             status: Arc::new(Semaphore::new(c)),
@@ -74,6 +82,17 @@ impl UpstreamHandler {
             }
             let started = std::time::Instant::now();
             let outcome = this.handle(&up, &path).await;
+            let label = OperationLabel {
+                resource: path.resource_type.clone(),
+                operation: up.message.route.operation.to_string(),
+            };
+            this.metrics
+                .upstream_duration
+                .get_or_create(&label)
+                .observe(started.elapsed().as_secs_f64());
+            if matches!(outcome, Handled::Dropped(_)) {
+                this.metrics.upstream_dropped.inc();
+            }
             tracing::debug!(node = %up.node, resource = %up.message.route.resource, op = %up.message.route.operation, ?outcome, elapsed = ?started.elapsed(), "upstream handled");
         });
         Ok(())
@@ -139,6 +158,28 @@ impl UpstreamHandler {
         }
     }
 
+    /// One apiserver call (retried on transient errors), errors counted by code.
+    async fn api(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, kube::Error> {
+        let r = call_retrying(&self.client, method, path, content_type, body).await;
+        if let Err(e) = &r {
+            let code = match e {
+                kube::Error::Api(s) => s.code.to_string(),
+                _ => "transport".to_string(),
+            };
+            self.metrics
+                .apiserver_errors
+                .get_or_create(&crate::metrics::CodeLabel { code })
+                .inc();
+        }
+        r
+    }
+
     async fn create(&self, kind: Kind, ns: Option<&str>, msg: &Message) -> Reply {
         let body = match object_content(msg, kind) {
             Ok(b) => b,
@@ -168,7 +209,7 @@ impl UpstreamHandler {
             );
         };
         let p = rest::path(kind, ns, Some(name), None);
-        match call_retrying(&self.client, Method::GET, &p, "application/json", None).await {
+        match self.api(Method::GET, &p, "application/json", None).await {
             Ok(obj) => {
                 let rv = resource_version(&obj);
                 Reply::bare(with_type_meta(obj, kind), rv)
@@ -281,9 +322,7 @@ impl UpstreamHandler {
             };
             let p = rest::path(Kind::Pod, ns, Some(name), Some("status"));
             let patch = json!({"metadata": {"uid": uid}, "status": item["Status"]});
-            if let Err(e) =
-                call_retrying(&self.client, Method::PATCH, &p, MERGE_PATCH, Some(&patch)).await
-            {
+            if let Err(e) = self.api(Method::PATCH, &p, MERGE_PATCH, Some(&patch)).await {
                 tracing::debug!(node, pod = name, error = %e, "legacy pod status update failed");
             }
         }
