@@ -1,5 +1,7 @@
 //! edgecore: the edge side of kubeedge-rs.
 
+pub mod app;
+pub mod config;
 pub mod cri;
 pub mod edgehub;
 pub mod metamanager;

@@ -1,0 +1,142 @@
+//! The edgecore process: configuration → TLS material → edge database → edgehub ⇄
+//! metamanager. edged (the pod lifecycle over CRI) plugs in through [`EdgeCore::edged_link`]:
+//! a [`MetaClient`] for its reads and writes and the channel of [`ObjectChange`]s it acts on.
+
+use crate::config::EdgeCoreConfig;
+use crate::edgehub::EdgeHub;
+use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, StoreError};
+use kubeedge_shared::tls::{self, TlsError};
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(
+        "cannot load {field} ({path}): {source}\n  \
+         This edge has no usable certificate yet: run `keadm join` to obtain one, \
+         or point {field} in the config at the right file."
+    )]
+    TlsFile {
+        field: &'static str,
+        path: String,
+        source: TlsError,
+    },
+    #[error(
+        "TLS setup with {cert} / {key}: {source}\n  \
+         Check that modules.edgeHub.tlsCertFile and tlsPrivateKeyFile belong together and \
+         that tlsCaFile is the cloud's CA."
+    )]
+    Tls {
+        cert: String,
+        key: String,
+        source: TlsError,
+    },
+    #[error(
+        "cannot open the edge database (database.dataSource = {path}): {source}\n  \
+         Check the directory exists and is writable, and that no other edgecore uses the file."
+    )]
+    Database { path: String, source: StoreError },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// The running edge: edgehub, the database and the metamanager.
+pub struct EdgeCore {
+    hub: EdgeHub,
+    store: MetaStore,
+    meta: MetaManager,
+    edged: Option<(MetaClient, mpsc::Receiver<ObjectChange>)>,
+}
+
+/// Loads the client TLS configuration from the files `modules.edgeHub` names.
+pub fn load_tls(config: &EdgeCoreConfig) -> Result<Arc<rustls::ClientConfig>, StartError> {
+    let hub = &config.modules.edge_hub;
+    let load_err = |field: &'static str, path: &str| {
+        let path = path.to_string();
+        move |source| StartError::TlsFile {
+            field,
+            path,
+            source,
+        }
+    };
+    let ca = tls::load_certs(Path::new(&hub.tls_ca_file))
+        .map_err(load_err("modules.edgeHub.tlsCaFile", &hub.tls_ca_file))?;
+    let chain = tls::load_certs(Path::new(&hub.tls_cert_file))
+        .map_err(load_err("modules.edgeHub.tlsCertFile", &hub.tls_cert_file))?;
+    let key = tls::load_key(Path::new(&hub.tls_private_key_file)).map_err(load_err(
+        "modules.edgeHub.tlsPrivateKeyFile",
+        &hub.tls_private_key_file,
+    ))?;
+    tls::client_config(&ca, chain, key).map_err(|source| StartError::Tls {
+        cert: hub.tls_cert_file.clone(),
+        key: hub.tls_private_key_file.clone(),
+        source,
+    })
+}
+
+impl EdgeCore {
+    /// Starts edgehub and the metamanager on a validated configuration.
+    pub async fn start(config: &EdgeCoreConfig) -> Result<EdgeCore, StartError> {
+        if !config.modules.edge_hub.enable {
+            return Err(StartError::Unsupported(
+                "modules.edgeHub.enable is false: kubeedge-rs edgecore needs its cloud link".into(),
+            ));
+        }
+        if !config.modules.meta_manager.enable {
+            return Err(StartError::Unsupported(
+                "modules.metaManager.enable is false: kubeedge-rs edgecore needs its database"
+                    .into(),
+            ));
+        }
+        let tls = load_tls(config)?;
+        let path = &config.database.data_source;
+        let store = MetaStore::open(path)
+            .await
+            .map_err(|source| StartError::Database {
+                path: path.clone(),
+                source,
+            })?;
+        tracing::info!(database = %path, node = %config.node_name(), server = %config.modules.edge_hub.websocket.server, "edgecore starting");
+        let (hub, from_cloud) = EdgeHub::start(config.edgehub_config(), tls);
+        let (meta, client, changes) = MetaManager::start(
+            config.metamanager_config(),
+            store.clone(),
+            hub.clone(),
+            from_cloud,
+        );
+        Ok(EdgeCore {
+            hub,
+            store,
+            meta,
+            edged: Some((client, changes)),
+        })
+    }
+
+    /// What edged needs: the client and the channel of database changes. `None` after the
+    /// first call.
+    pub fn edged_link(&mut self) -> Option<(MetaClient, mpsc::Receiver<ObjectChange>)> {
+        self.edged.take()
+    }
+
+    pub fn hub(&self) -> &EdgeHub {
+        &self.hub
+    }
+
+    /// Stops the metamanager (letting writes in progress finish), the cloud link and the
+    /// database, in that order.
+    pub async fn shutdown(self) {
+        self.meta.shutdown().await;
+        self.hub.shutdown();
+        self.store.close().await;
+    }
+}
+
+/// Until edged is built, the changes it would act on are logged (they are in the database,
+/// where edged will find them when it starts).
+pub async fn log_changes_without_edged(mut changes: mpsc::Receiver<ObjectChange>) {
+    while let Some(c) = changes.recv().await {
+        tracing::info!(kind = ?c.kind, action = ?c.action, key = %c.key,
+            "stored; no edged in this build to act on it");
+    }
+}
