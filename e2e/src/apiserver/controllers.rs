@@ -42,11 +42,15 @@ const NODE_CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 const NOT_READY: &str = "node.kubernetes.io/not-ready";
 
-/// What the controller last saw of a node's heartbeats.
+/// What the controller last saw of a node's heartbeats. Objects are parsed only when their
+/// resourceVersion moved.
 struct Health {
     probe: Instant,
+    node_rv: u64,
+    lease_rv: Option<u64>,
     lease_renew: Option<String>,
     ready_heartbeat: Option<String>,
+    ready_status: Option<String>,
 }
 
 async fn node_lifecycle(st: Arc<State>, cancel: CancellationToken) {
@@ -78,33 +82,51 @@ fn monitor_nodes(st: &State, health: &mut HashMap<String, Health>) {
     let now = Instant::now();
     let grace = st.config.node_monitor_grace_period;
     let all = nodes.all();
-    health.retain(|name, _| all.iter().any(|n| n.name() == name));
-    for node in all {
+    let present: std::collections::HashSet<&str> = all.iter().map(|n| n.name()).collect();
+    health.retain(|name, _| present.contains(name.as_str()));
+    for node in &all {
         let name = node.name().to_string();
-        let renew = leases
-            .get(&("kube-node-lease".to_string(), name.clone()))
-            .and_then(|l| l.value["spec"]["renewTime"].as_str().map(str::to_string));
-        let heartbeat = ready_condition(&node.value)
-            .and_then(|c| c["lastHeartbeatTime"].as_str().map(str::to_string));
+        let lease = leases.get(&("kube-node-lease".to_string(), name.clone()));
         let h = health.entry(name.clone()).or_insert_with(|| Health {
             probe: now,
-            lease_renew: renew.clone(),
-            ready_heartbeat: heartbeat.clone(),
+            node_rv: 0,
+            lease_rv: None,
+            lease_renew: None,
+            ready_heartbeat: None,
+            ready_status: None,
         });
-        if h.lease_renew != renew || h.ready_heartbeat != heartbeat {
-            h.probe = now;
-            h.lease_renew = renew;
-            h.ready_heartbeat = heartbeat;
+        let node_changed = h.node_rv != node.rv;
+        if node_changed {
+            let v = node.value();
+            let ready = ready_condition(&v);
+            let heartbeat = ready.and_then(|c| c["lastHeartbeatTime"].as_str().map(str::to_string));
+            if heartbeat != h.ready_heartbeat {
+                h.probe = now;
+                h.ready_heartbeat = heartbeat;
+            }
+            h.ready_status = ready.and_then(|c| c["status"].as_str().map(str::to_string));
+            h.node_rv = node.rv;
+        }
+        let lease_rv = lease.as_ref().map(|l| l.rv);
+        if lease_rv != h.lease_rv {
+            let renew = lease
+                .as_ref()
+                .and_then(|l| l.value()["spec"]["renewTime"].as_str().map(str::to_string));
+            if renew != h.lease_renew {
+                h.probe = now;
+                h.lease_renew = renew;
+            }
+            h.lease_rv = lease_rv;
         }
         let stale = now.duration_since(h.probe) > grace;
-        let ready =
-            ready_condition(&node.value).and_then(|c| c["status"].as_str().map(str::to_string));
-        if stale && ready.as_deref() != Some("Unknown") {
+        if stale && h.ready_status.as_deref() != Some("Unknown") {
             tracing::info!(node = %name, "node stopped posting status; marking its conditions Unknown");
             mark_unknown(st, &name);
             mark_pods_not_ready(st, &name);
+            reconcile_taints(st, &name);
+        } else if node_changed {
+            reconcile_taints(st, &name);
         }
-        reconcile_taints(st, &name);
     }
 }
 
@@ -117,7 +139,7 @@ fn mark_unknown(st: &State, name: &str) {
             let Some(cur) = cur else {
                 return Ok(Mutation::Unchanged);
             };
-            let mut v = cur.value.clone();
+            let mut v = cur.value();
             let created = v["metadata"]["creationTimestamp"].clone();
             let mut conditions = v["status"]["conditions"]
                 .as_array()
@@ -157,14 +179,14 @@ fn mark_pods_not_ready(st: &State, node: &str) {
     let table = st.table(&info);
     let now = now_time();
     for pod in table.all() {
-        if pod.value["spec"]["nodeName"].as_str() != Some(node) {
+        if pod.field("spec.nodeName") != node {
             continue;
         }
         let _ = table.mutate(&pod.key(), |cur| {
             let Some(cur) = cur else {
                 return Ok(Mutation::Unchanged);
             };
-            let mut v = cur.value.clone();
+            let mut v = cur.value();
             let Some(conds) = v
                 .get_mut("status")
                 .and_then(|s| s.get_mut("conditions"))
@@ -200,14 +222,15 @@ fn reconcile_taints(st: &State, name: &str) {
             let Some(cur) = cur else {
                 return Ok(Mutation::Unchanged);
             };
-            let ready = ready_condition(&cur.value).and_then(|c| c["status"].as_str());
+            let current = cur.value();
+            let ready = ready_condition(&current).and_then(|c| c["status"].as_str());
             let wanted = match ready {
                 Some("True") => None,
                 Some("False") => Some(NOT_READY),
                 Some(_) => Some(UNREACHABLE),
                 None => None,
             };
-            let taints = cur.value["spec"]["taints"]
+            let taints = current["spec"]["taints"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
@@ -236,7 +259,7 @@ fn reconcile_taints(st: &State, name: &str) {
             if next == taints {
                 return Ok(Mutation::Unchanged);
             }
-            let mut v = cur.value.clone();
+            let mut v = cur.value();
             if next.is_empty() {
                 super::meta::remove_path(&mut v, &["spec", "taints"]);
             } else {
@@ -260,7 +283,7 @@ fn sync_namespaces(st: &State) {
     let ns_info = st.core("namespaces");
     for ns in st.table(&ns_info).all() {
         let name = ns.name().to_string();
-        if ns.value["metadata"]["deletionTimestamp"].is_null() {
+        if !ns.deleting() {
             verbs::ensure_namespace_defaults(st, &name);
             continue;
         }
@@ -277,7 +300,7 @@ fn sync_namespaces(st: &State) {
             let table = st.table(info);
             for obj in table.in_namespace(&name) {
                 remaining += 1;
-                if obj.value["metadata"]["deletionTimestamp"].is_null() {
+                if !obj.deleting() {
                     let _ = verbs::delete(st, info, &name, obj.name(), &DeleteOptions::default());
                 }
             }
@@ -289,11 +312,11 @@ fn sync_namespaces(st: &State) {
                     let Some(cur) = cur else {
                         return Ok(Mutation::Unchanged);
                     };
-                    let finalizers = cur.value["metadata"]["finalizers"]
+                    let finalizers = cur.value()["metadata"]["finalizers"]
                         .as_array()
                         .is_some_and(|f| !f.is_empty());
                     if finalizers {
-                        let mut v = cur.value.clone();
+                        let mut v = cur.value();
                         set_path(&mut v, &["spec", "finalizers"], json!([]));
                         return Ok(Mutation::Put(v));
                     }

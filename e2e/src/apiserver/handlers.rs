@@ -351,8 +351,8 @@ fn decode_body(ctx: &Ctx, body: &[u8], info: &ResourceInfo) -> ApiResult<Value> 
 /// The object as the client's endpoint version sees it (custom resources share storage across
 /// versions; conversion strategy None only rewrites apiVersion).
 fn object_bytes(info: &ResourceInfo, obj: &Obj) -> Bytes {
-    if info.custom && obj.value["apiVersion"].as_str() != Some(&info.api_version()) {
-        let mut v = obj.value.clone();
+    if info.custom && obj.value()["apiVersion"].as_str() != Some(&info.api_version()) {
+        let mut v = obj.value();
         v["apiVersion"] = json!(info.api_version());
         return Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
     }
@@ -360,7 +360,7 @@ fn object_bytes(info: &ResourceInfo, obj: &Obj) -> Bytes {
 }
 
 fn object_value(info: &ResourceInfo, obj: &Obj) -> Value {
-    let mut v = obj.value.clone();
+    let mut v = obj.value();
     if info.custom {
         v["apiVersion"] = json!(info.api_version());
     }
@@ -375,7 +375,7 @@ fn object_response(
 ) -> Response<Body> {
     match table::negotiate(&ctx.accept) {
         Output::Json => respond(status, "application/json", object_bytes(info, obj)),
-        Output::Metadata(v) => json_response(status, &table::partial_metadata(&obj.value, v)),
+        Output::Metadata(v) => json_response(status, &table::partial_metadata(&obj.value(), v)),
         Output::Table(v) => {
             let include = ctx
                 .query
@@ -628,7 +628,7 @@ fn list_response(
                 .page
                 .items
                 .iter()
-                .map(|o| json!({"metadata": o.value["metadata"]}))
+                .map(|o| json!({"metadata": o.value()["metadata"]}))
                 .collect();
             Ok(json_response(
                 StatusCode::OK,

@@ -17,7 +17,7 @@ pub fn save(st: &State, dir: &Path) -> anyhow::Result<()> {
     let mut tables = Map::new();
     for t in st.store.tables() {
         let (g, r) = t.group_resource();
-        let items: Vec<Value> = t.all().iter().map(|o| o.value.clone()).collect();
+        let items: Vec<Value> = t.all().iter().map(|o| o.value()).collect();
         if !items.is_empty() {
             tables.insert(format!("{g}/{r}"), Value::Array(items));
         }
@@ -51,7 +51,7 @@ pub fn load(st: &State, dir: &Path) -> anyhow::Result<bool> {
         .store
         .table("apiextensions.k8s.io", "customresourcedefinitions");
     for crd in crds.all() {
-        super::verbs::establish_crd(st, &crd.value);
+        super::verbs::establish_crd(st, &crd.value());
     }
     Ok(true)
 }

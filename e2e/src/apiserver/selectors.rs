@@ -1,5 +1,7 @@
 //! Label and field selectors, parsed once per request and matched against stored objects.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use super::resources::ResourceInfo;
@@ -61,24 +63,22 @@ impl Filter {
         self.labels.is_empty() && self.fields.is_empty()
     }
 
-    pub fn matches(&self, obj: &Value) -> bool {
-        let labels = &obj["metadata"]["labels"];
-        let label = |k: &str| labels.get(k).and_then(Value::as_str);
+    pub fn matches<T: Selectable + ?Sized>(&self, obj: &T) -> bool {
         for req in &self.labels {
             let ok = match req {
-                LabelReq::Eq(k, v) => label(k) == Some(v.as_str()),
-                LabelReq::NotEq(k, v) => label(k) != Some(v.as_str()),
-                LabelReq::In(k, vs) => label(k).is_some_and(|l| vs.iter().any(|v| v == l)),
-                LabelReq::NotIn(k, vs) => !label(k).is_some_and(|l| vs.iter().any(|v| v == l)),
-                LabelReq::Exists(k) => label(k).is_some(),
-                LabelReq::NotExists(k) => label(k).is_none(),
+                LabelReq::Eq(k, v) => obj.label(k) == Some(v.as_str()),
+                LabelReq::NotEq(k, v) => obj.label(k) != Some(v.as_str()),
+                LabelReq::In(k, vs) => obj.label(k).is_some_and(|l| vs.iter().any(|v| v == l)),
+                LabelReq::NotIn(k, vs) => !obj.label(k).is_some_and(|l| vs.iter().any(|v| v == l)),
+                LabelReq::Exists(k) => obj.label(k).is_some(),
+                LabelReq::NotExists(k) => obj.label(k).is_none(),
             };
             if !ok {
                 return false;
             }
         }
         for f in &self.fields {
-            if (field_value(obj, &f.path) == f.value) != f.equal {
+            if (obj.field(&f.path) == f.value.as_str()) != f.equal {
                 return false;
             }
         }
@@ -91,6 +91,32 @@ impl Filter {
             .iter()
             .find(|f| f.equal && f.path == path)
             .map(|f| f.value.as_str())
+    }
+}
+
+/// What selectors look at: labels and selectable fields.
+pub trait Selectable {
+    fn label(&self, key: &str) -> Option<&str>;
+    fn field(&self, path: &str) -> Cow<'_, str>;
+}
+
+impl Selectable for Value {
+    fn label(&self, key: &str) -> Option<&str> {
+        self["metadata"]["labels"].get(key).and_then(Value::as_str)
+    }
+
+    fn field(&self, path: &str) -> Cow<'_, str> {
+        Cow::Owned(field_value(self, path))
+    }
+}
+
+impl Selectable for super::store::Obj {
+    fn label(&self, key: &str) -> Option<&str> {
+        super::store::Obj::label(self, key)
+    }
+
+    fn field(&self, path: &str) -> Cow<'_, str> {
+        super::store::Obj::field(self, path)
     }
 }
 

@@ -22,23 +22,89 @@ use super::status::{ApiError, ApiResult};
 /// (namespace or "" for cluster-scoped, name)
 pub type ObjKey = (String, String);
 
-/// A stored object revision: the JSON value and its serialized bytes.
+/// Fields extracted at write time so that selectors never parse the stored JSON: the union of
+/// the built-in kinds' selectable fields.
+pub const SELECTABLE: &[&str] = &[
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+    "spec.unschedulable",
+    "spec.clusterIP",
+    "spec.type",
+    "type",
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+];
+
+const NODE_NAME: u8 = 0;
+
+/// `remainingItemCount` is reported only up to this many remaining items.
+const REMAINING_COUNT_LIMIT: u64 = 10_000;
+
+/// A stored object revision: its serialized JSON plus the few fields the server looks at
+/// without parsing (identity, labels, selectable fields). `value()` parses on demand.
 #[derive(Debug)]
 pub struct Obj {
-    pub value: Value,
     pub json: Bytes,
     pub rv: u64,
+    namespace: Box<str>,
+    name: Box<str>,
+    uid: Box<str>,
+    deleting: bool,
+    labels: Box<[(Box<str>, Box<str>)]>,
+    /// (index into `SELECTABLE`, value) for non-empty values.
+    fields: Box<[(u8, Box<str>)]>,
 }
 
 impl Obj {
-    fn new(value: Value, rv: u64) -> ApiResult<Self> {
-        let json = serde_json::to_vec(&value)
+    fn new(value: &Value, rv: u64) -> ApiResult<Self> {
+        let json = serde_json::to_vec(value)
             .map_err(|e| ApiError::internal(format!("encoding object: {e}")))?;
-        Ok(Self {
-            value,
-            json: Bytes::from(json),
+        Ok(Self::with_json(value, Bytes::from(json), rv))
+    }
+
+    fn with_json(value: &Value, json: Bytes, rv: u64) -> Self {
+        let meta = &value["metadata"];
+        let s = |v: &Value| -> Box<str> { v.as_str().unwrap_or_default().into() };
+        let labels = meta["labels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| v.as_str().map(|v| (k.as_str().into(), v.into())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fields = SELECTABLE
+            .iter()
+            .enumerate()
+            .filter_map(|(i, path)| {
+                let v = super::selectors::field_value(value, path);
+                (!v.is_empty()).then(|| (i as u8, v.into_boxed_str()))
+            })
+            .collect();
+        Self {
+            json,
             rv,
-        })
+            namespace: s(&meta["namespace"]),
+            name: s(&meta["name"]),
+            uid: s(&meta["uid"]),
+            deleting: !meta["deletionTimestamp"].is_null(),
+            labels,
+            fields,
+        }
     }
 
     /// An object that is not stored (dry-run results).
@@ -47,25 +113,66 @@ impl Obj {
             .as_str()
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        Self::new(value, rv)
+        Self::new(&value, rv)
+    }
+
+    /// The object as JSON (parsed from the stored bytes).
+    pub fn value(&self) -> Value {
+        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
     }
 
     pub fn name(&self) -> &str {
-        self.value["metadata"]["name"].as_str().unwrap_or_default()
+        &self.name
     }
 
     pub fn namespace(&self) -> &str {
-        self.value["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
+        &self.namespace
     }
 
     pub fn key(&self) -> ObjKey {
-        (self.namespace().to_string(), self.name().to_string())
+        (self.namespace.to_string(), self.name.to_string())
     }
 
     pub fn uid(&self) -> &str {
-        self.value["metadata"]["uid"].as_str().unwrap_or_default()
+        &self.uid
+    }
+
+    /// `metadata.deletionTimestamp` is set.
+    pub fn deleting(&self) -> bool {
+        self.deleting
+    }
+
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| &**k == key)
+            .map(|(_, v)| &**v)
+    }
+
+    /// A selectable field's string form; parses the JSON only for fields not extracted.
+    pub fn field(&self, path: &str) -> std::borrow::Cow<'_, str> {
+        use std::borrow::Cow;
+        match path {
+            "metadata.name" => Cow::Borrowed(&self.name),
+            "metadata.namespace" => Cow::Borrowed(&self.namespace),
+            _ => match SELECTABLE.iter().position(|p| *p == path) {
+                Some(i) => Cow::Borrowed(
+                    self.fields
+                        .iter()
+                        .find(|(j, _)| usize::from(*j) == i)
+                        .map(|(_, v)| &**v)
+                        .unwrap_or_default(),
+                ),
+                None => Cow::Owned(super::selectors::field_value(&self.value(), path)),
+            },
+        }
+    }
+
+    fn node_name(&self) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(j, _)| *j == NODE_NAME)
+            .map(|(_, v)| &**v)
     }
 }
 
@@ -232,6 +339,8 @@ impl Store {
 #[derive(Default)]
 struct TableState {
     objects: BTreeMap<ObjKey, Arc<Obj>>,
+    /// spec.nodeName -> keys (pods), for per-node lists.
+    by_node: HashMap<Box<str>, std::collections::BTreeSet<ObjKey>>,
     history: VecDeque<Arc<HistEvent>>,
     /// Every event with a resourceVersion above this is still in `history`.
     floor_rv: u64,
@@ -260,7 +369,7 @@ struct WatcherEntry {
 
 impl WatcherEntry {
     fn passes(&self, o: &Obj) -> bool {
-        self.ns.as_deref().is_none_or(|ns| o.namespace() == ns) && self.filter.matches(&o.value)
+        self.ns.as_deref().is_none_or(|ns| o.namespace() == ns) && self.filter.matches(o)
     }
 
     fn item_for(&self, ev: &HistEvent) -> Option<WatchItem> {
@@ -313,7 +422,7 @@ impl Watchers {
             let mut ids: Vec<u64> = Vec::new();
             for o in std::iter::once(&ev.obj).chain(ev.prev.iter()) {
                 for (fi, field) in INDEXED_FIELDS.iter().enumerate() {
-                    let v = super::selectors::field_value(&o.value, field);
+                    let v = o.field(field).into_owned();
                     if let Some(list) = self.index.get(&(fi, v)) {
                         ids.extend_from_slice(list);
                     }
@@ -436,13 +545,17 @@ impl Table {
                 }
                 if let Some(c) = &cur {
                     value["metadata"]["resourceVersion"] = Value::String(c.rv.to_string());
-                    if value == c.value {
+                    let same = serde_json::to_vec(&value).is_ok_and(|b| b == c.json);
+                    if same {
                         return Ok(Outcome::Unchanged(cur));
                     }
                 }
                 let rv = self.rv.fetch_add(1, Ordering::SeqCst) + 1;
                 value["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-                let obj = Arc::new(Obj::new(value, rv)?);
+                let obj = Arc::new(Obj::new(&value, rv)?);
+                drop(value);
+                st.index_remove(cur.as_deref());
+                st.index_add(&obj);
                 st.objects.insert(key.clone(), obj.clone());
                 let ty = if cur.is_some() {
                     EventType::Modified
@@ -469,9 +582,10 @@ impl Table {
                     return Ok(Outcome::Unchanged(None));
                 };
                 let rv = self.rv.fetch_add(1, Ordering::SeqCst) + 1;
-                let mut value = c.value.clone();
+                let mut value = c.value();
                 value["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-                let tomb = Arc::new(Obj::new(value, rv)?);
+                let tomb = Arc::new(Obj::new(&value, rv)?);
+                st.index_remove(Some(&c));
                 st.objects.remove(key);
                 st.record(
                     &self.cfg,
@@ -494,8 +608,9 @@ impl Table {
             .as_str()
             .and_then(|s| s.parse().ok())
             .unwrap_or(1);
-        let obj = Arc::new(Obj::new(value, rv)?);
+        let obj = Arc::new(Obj::new(&value, rv)?);
         let mut st = write(&self.state);
+        st.index_add(&obj);
         st.objects.insert(obj.key(), obj);
         st.floor_rv = st.floor_rv.max(self.rv.load(Ordering::SeqCst));
         Ok(())
@@ -554,32 +669,30 @@ impl Table {
             None => BTreeMap::new(),
         };
         let rv = snapshot_rv.unwrap_or(current);
-        let mut cur = st.objects.range((lo.clone(), hi.clone())).peekable();
-        let mut ovl = overlay.iter().peekable();
+        let limit = limit.filter(|l| *l > 0);
+        let by_node = match (snapshot_rv, filter.exact_field("spec.nodeName")) {
+            (None, Some(node)) if !node.is_empty() => Some(st.by_node.get(node)),
+            _ => None,
+        };
+        let candidates: Box<dyn Iterator<Item = Arc<Obj>> + '_> = if let Some(set) = by_node {
+            Box::new(
+                set.into_iter()
+                    .flat_map(move |keys| keys.range((lo.clone(), hi.clone())))
+                    .filter_map(|k| st.objects.get(k).cloned()),
+            )
+        } else if overlay.is_empty() {
+            Box::new(st.objects.range((lo, hi)).map(|(_, o)| o.clone()))
+        } else {
+            Box::new(MergeWithOverlay {
+                cur: st.objects.range((lo, hi)).peekable(),
+                ovl: overlay.into_iter().peekable(),
+            })
+        };
         let mut items = Vec::new();
         let mut next = None;
-        let mut remaining: u64 = 0;
-        let limit = limit.filter(|l| *l > 0);
-        loop {
-            // Merge the current state with the overlay of what changed since `rv`.
-            let candidate: Option<Option<Arc<Obj>>> = match (cur.peek(), ovl.peek()) {
-                (None, None) => None,
-                (Some((ck, _)), Some((ok, _))) => {
-                    if ck < ok {
-                        cur.next().map(|(_, o)| Some(o.clone()))
-                    } else if ok < ck {
-                        ovl.next().map(|(_, o)| o.clone())
-                    } else {
-                        cur.next();
-                        ovl.next().map(|(_, o)| o.clone())
-                    }
-                }
-                (Some(_), None) => cur.next().map(|(_, o)| Some(o.clone())),
-                (None, Some(_)) => ovl.next().map(|(_, o)| o.clone()),
-            };
-            let Some(candidate) = candidate else { break };
-            let Some(obj) = candidate else { continue };
-            if !filter.matches(&obj.value) {
+        let mut remaining: Option<u64> = filter.is_empty().then_some(0);
+        for obj in candidates {
+            if !filter.matches(obj.as_ref()) {
                 continue;
             }
             if let Some(l) = limit
@@ -591,7 +704,11 @@ impl Table {
                         break;
                     }
                 }
-                remaining += 1;
+                // Counting the rest costs a scan: only report it when it is cheap.
+                remaining = remaining.map(|r| r + 1).filter(|r| *r <= REMAINING_COUNT_LIMIT);
+                if remaining.is_none() {
+                    break;
+                }
                 continue;
             }
             items.push(obj);
@@ -599,10 +716,7 @@ impl Table {
         Ok(ListPage {
             items,
             rv,
-            remaining: next
-                .as_ref()
-                .filter(|_| filter.is_empty())
-                .map(|_| remaining),
+            remaining: remaining.filter(|_| next.is_some()),
             next,
         })
     }
@@ -636,7 +750,7 @@ impl Table {
                 let items = st
                     .objects
                     .range((lo, hi))
-                    .filter(|(_, o)| entry.filter.matches(&o.value))
+                    .filter(|(_, o)| entry.filter.matches(o.as_ref()))
                     .map(|(_, o)| WatchItem::Event(EventType::Added, o.clone()))
                     .collect();
                 (items, current)
@@ -722,12 +836,66 @@ impl Table {
 }
 
 impl TableState {
+    fn index_add(&mut self, o: &Obj) {
+        if let Some(n) = o.node_name() {
+            self.by_node.entry(n.into()).or_default().insert(o.key());
+        }
+    }
+
+    fn index_remove(&mut self, o: Option<&Obj>) {
+        if let Some(o) = o
+            && let Some(n) = o.node_name()
+            && let Some(set) = self.by_node.get_mut(n)
+        {
+            set.remove(&o.key());
+            if set.is_empty() {
+                self.by_node.remove(n);
+            }
+        }
+    }
+
     fn record(&mut self, cfg: &StoreConfig, ev: HistEvent) {
         self.watchers.notify(&ev);
         self.history.push_back(Arc::new(ev));
         while self.history.len() > cfg.history_limit.max(1) {
             if let Some(old) = self.history.pop_front() {
                 self.floor_rv = old.rv;
+            }
+        }
+    }
+}
+
+/// The state at an older resourceVersion: current objects, with the ones changed since then
+/// replaced by their earlier state (`None`: did not exist then).
+struct MergeWithOverlay<'a, C: Iterator<Item = (&'a ObjKey, &'a Arc<Obj>)>> {
+    cur: std::iter::Peekable<C>,
+    ovl: std::iter::Peekable<std::collections::btree_map::IntoIter<ObjKey, Option<Arc<Obj>>>>,
+}
+
+impl<'a, C: Iterator<Item = (&'a ObjKey, &'a Arc<Obj>)>> Iterator for MergeWithOverlay<'a, C> {
+    type Item = Arc<Obj>;
+
+    fn next(&mut self) -> Option<Arc<Obj>> {
+        loop {
+            let step: Option<Option<Arc<Obj>>> = match (self.cur.peek(), self.ovl.peek()) {
+                (None, None) => return None,
+                (Some((ck, _)), Some((ok, _))) => {
+                    if *ck < ok {
+                        self.cur.next().map(|(_, o)| Some(o.clone()))
+                    } else if ok < *ck {
+                        self.ovl.next().map(|(_, o)| o)
+                    } else {
+                        self.cur.next();
+                        self.ovl.next().map(|(_, o)| o)
+                    }
+                }
+                (Some(_), None) => self.cur.next().map(|(_, o)| Some(o.clone())),
+                (None, Some(_)) => self.ovl.next().map(|(_, o)| o),
+            };
+            match step {
+                Some(Some(o)) => return Some(o),
+                Some(None) => continue,
+                None => return None,
             }
         }
     }
@@ -875,7 +1043,7 @@ mod tests {
         put(&t, "a", "x", json!({"app": "db"}));
         match reg.rx.try_recv().unwrap() {
             WatchItem::Departed(o, rv) => {
-                assert_eq!(o.value["metadata"]["labels"]["app"], "web");
+                assert_eq!(o.label("app"), Some("web"));
                 assert_eq!(rv, store.current_rv());
             }
             other => panic!("unexpected {other:?}"),

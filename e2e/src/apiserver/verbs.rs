@@ -186,7 +186,7 @@ fn check_namespace(st: &State, info: &ResourceInfo, ns: &str, obj_name: &str) ->
     let nsinfo = st.core("namespaces");
     match st.table(&nsinfo).get(&(String::new(), ns.to_string())) {
         None => Err(ApiError::namespace_not_found(ns)),
-        Some(n) if !n.value["metadata"]["deletionTimestamp"].is_null() && info.kind != "Event" => {
+        Some(n) if n.deleting() && info.kind != "Event" => {
             Err(ApiError::forbidden(
                 info,
                 obj_name,
@@ -227,7 +227,7 @@ fn admit_create(st: &State, info: &ResourceInfo, obj: &mut Value) -> ApiResult<(
                     ));
                 };
                 let automount =
-                    sa_obj.value["automountServiceAccountToken"].as_bool() != Some(false);
+                    sa_obj.value()["automountServiceAccountToken"].as_bool() != Some(false);
                 strategy::add_service_account_volume(obj, automount);
             }
         }
@@ -374,7 +374,7 @@ fn after_create(st: &State, info: &ResourceInfo, obj: &Arc<Obj>) {
     }
     match info.kind.as_str() {
         "Namespace" => ensure_namespace_defaults(st, obj.name()),
-        "CustomResourceDefinition" => establish_crd(st, &obj.value),
+        "CustomResourceDefinition" => establish_crd(st, &obj.value()),
         _ => {}
     }
 }
@@ -445,7 +445,7 @@ pub fn establish_crd(st: &State, crd: &Value) {
             let Some(cur) = cur else {
                 return Ok(Mutation::Unchanged);
             };
-            let mut v = cur.value.clone();
+            let mut v = cur.value();
             v["status"] = status;
             Ok(Mutation::Put(v))
         });
@@ -526,8 +526,9 @@ pub fn update(
         }
         check_uid(info, url_name, &body, cur)?;
         let mut new = body;
-        strategy::prepare_update(info, &cur.value, &mut new, sub);
-        strategy::validate(info, &new, Some(&cur.value))?;
+        let old = cur.value();
+        strategy::prepare_update(info, &old, &mut new, sub);
+        strategy::validate(info, &new, Some(&old))?;
         if opts.dry_run {
             dry = Some(new);
             return Ok(Mutation::Unchanged);
@@ -565,7 +566,7 @@ fn finish_write(st: &State, info: &ResourceInfo, out: Outcome) -> ApiResult<(Arc
         }
         Outcome::Updated(o) => {
             if info.kind == "CustomResourceDefinition" && !info.custom {
-                establish_crd(st, &o.value);
+                establish_crd(st, &o.value());
                 let latest = st.table(info).get(&o.key()).unwrap_or(o);
                 return Ok((latest, false));
             }
@@ -618,7 +619,7 @@ pub fn patch(
         let Some(cur) = cur else {
             return Err(ApiError::not_found(info, url_name));
         };
-        let mut v = cur.value.clone();
+        let mut v = cur.value();
         match (&patch_doc, ptype) {
             (Some(p), PatchType::Merge) => {
                 if !p.is_object() {
@@ -651,8 +652,9 @@ pub fn patch(
             _ => {}
         }
         check_uid(info, url_name, &v, cur)?;
-        strategy::prepare_update(info, &cur.value, &mut v, sub);
-        strategy::validate(info, &v, Some(&cur.value))?;
+        let old = cur.value();
+        strategy::prepare_update(info, &old, &mut v, sub);
+        strategy::validate(info, &v, Some(&old))?;
         if opts.dry_run {
             dry = Some(v);
             return Ok(Mutation::Unchanged);
@@ -688,7 +690,8 @@ pub fn put_computed(
     }
     let mut dry: Option<Value> = None;
     let out = table.mutate(&k, |cur| {
-        let mut v = compute(cur.map(|c| &c.value))?;
+        let cur_value = cur.map(|c| c.value());
+        let mut v = compute(cur_value.as_ref())?;
         strategy::check_type(info, &mut v)?;
         scope_namespace(info, ns, &mut v)?;
         set_path(&mut v, &["metadata", "name"], json!(url_name));
@@ -699,8 +702,9 @@ pub fn put_computed(
                 strategy::validate(info, &v, None)?;
             }
             Some(cur) => {
-                strategy::prepare_update(info, &cur.value, &mut v, sub);
-                strategy::validate(info, &v, Some(&cur.value))?;
+                let old = cur.value();
+                strategy::prepare_update(info, &old, &mut v, sub);
+                strategy::validate(info, &v, Some(&old))?;
                 if finishes_deletion(&v) && !opts.dry_run {
                     return Ok(Mutation::Remove);
                 }
@@ -752,7 +756,7 @@ pub fn delete(
                 &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", cur.rv),
             ));
         }
-        let mut v = cur.value.clone();
+        let mut v = cur.value();
         let deleting = !v["metadata"]["deletionTimestamp"].is_null();
         let has_finalizers = v["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
         if info.kind == "Namespace" && !info.custom {
@@ -843,11 +847,11 @@ fn graceful_period(info: &ResourceInfo, obj: &Value, requested: Option<i64>) -> 
 
 fn after_remove(st: &State, info: &ResourceInfo, obj: &Arc<Obj>) {
     if info.kind == "CustomResourceDefinition" && !info.custom {
-        let group = obj.value["spec"]["group"]
+        let group = obj.value()["spec"]["group"]
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let plural = obj.value["spec"]["names"]["plural"]
+        let plural = obj.value()["spec"]["names"]["plural"]
             .as_str()
             .unwrap_or_default()
             .to_string();
@@ -1018,7 +1022,7 @@ pub fn bind_pod(st: &State, ns: &str, pod_name: &str, body: &Value) -> ApiResult
         let Some(cur) = cur else {
             return Err(ApiError::not_found(&info, pod_name));
         };
-        if let Some(existing) = cur.value["spec"]["nodeName"]
+        if let Some(existing) = cur.value()["spec"]["nodeName"]
             .as_str()
             .filter(|s| !s.is_empty())
         {
@@ -1028,14 +1032,14 @@ pub fn bind_pod(st: &State, ns: &str, pod_name: &str, body: &Value) -> ApiResult
                 &format!("pod {pod_name} is already assigned to node {existing:?}"),
             ));
         }
-        if !cur.value["metadata"]["deletionTimestamp"].is_null() {
+        if cur.deleting() {
             return Err(ApiError::conflict(
                 &info,
                 pod_name,
                 "pod is being deleted, cannot be assigned to a host",
             ));
         }
-        let mut v = cur.value.clone();
+        let mut v = cur.value();
         set_path(&mut v, &["spec", "nodeName"], json!(node));
         Ok(Mutation::Put(v))
     })?;

@@ -113,11 +113,11 @@ impl EventEncoder {
     fn object_line(&mut self, ty: &str, obj: &Obj, rv_override: Option<u64>) -> Bytes {
         let needs_rewrite = rv_override.is_some()
             || (self.info.custom
-                && obj.value["apiVersion"].as_str() != Some(&self.info.api_version()));
+                && obj.value()["apiVersion"].as_str() != Some(&self.info.api_version()));
         match self.output {
             Output::Json if !needs_rewrite => Self::line(ty, &obj.json),
             _ => {
-                let mut v = obj.value.clone();
+                let mut v = obj.value();
                 if let Some(rv) = rv_override {
                     v["metadata"]["resourceVersion"] = json!(rv.to_string());
                 }
