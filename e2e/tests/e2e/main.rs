@@ -4,3 +4,4 @@ mod apiserver_conformance;
 mod channel;
 mod containerd_smoke;
 mod controllers;
+mod metamanager;

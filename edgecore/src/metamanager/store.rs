@@ -106,7 +106,8 @@ pub enum DeleteOutcome {
 }
 
 type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
-type Work = Box<dyn FnOnce(&Connection) -> (bool, Completion) + Send>;
+/// A job: runs against the connection, or is told why it cannot run.
+type Work = Box<dyn FnOnce(Result<&Connection, StoreError>) -> (bool, Completion) + Send>;
 
 enum Job {
     Run(Work),
@@ -165,7 +166,7 @@ impl MetaStore {
     {
         let (tx, rx) = oneshot::channel();
         let work: Work = Box::new(move |conn| {
-            let result = f(conn);
+            let result = conn.and_then(f);
             let ok = result.is_ok();
             let done: Completion = Box::new(move |commit| {
                 let _ = tx.send(commit.and(result));
@@ -341,6 +342,17 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
     }
+    if !path.exists() {
+        // The database holds secrets: owner-only. SQLite gives its -wal and -shm files the
+        // database file's mode.
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| fail(format!("cannot create the database file: {e}")))?;
+    }
     let conn = Connection::open(path).map_err(|e| fail(e.to_string()))?;
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(|e| fail(e.to_string()))?;
@@ -418,17 +430,24 @@ fn run_jobs(conn: Connection, mut rx: mpsc::Receiver<Job>) {
 fn run_batch(conn: &Connection, work: Vec<Work>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "cannot begin a database transaction");
-        // Dropping the jobs unrun makes their callers see an error.
+        let e = StoreError::from(e);
+        for w in work {
+            let (_, done) = w(Err(e.clone()));
+            done(Err(e.clone()));
+        }
         return;
     }
     let mut completions = Vec::with_capacity(work.len());
     let mut aborted = None;
-    for w in work {
+    let mut work = work.into_iter();
+    for w in work.by_ref() {
         if let Err(e) = conn.execute_batch("SAVEPOINT job") {
-            aborted = Some(StoreError::from(e));
+            let e = StoreError::from(e);
+            completions.push(w(Err(e.clone())).1);
+            aborted = Some(e);
             break;
         }
-        let (ok, done) = w(conn);
+        let (ok, done) = w(Ok(conn));
         completions.push(done);
         if conn.is_autocommit() {
             // SQLite rolled the whole transaction back (I/O error, disk full): nothing of this
@@ -446,6 +465,12 @@ fn run_batch(conn: &Connection, work: Vec<Work>) {
         if let Err(e) = end {
             aborted = Some(StoreError::from(e));
             break;
+        }
+    }
+    // Jobs not reached after an abort are not run at all.
+    if let Some(e) = &aborted {
+        for w in work {
+            completions.push(w(Err(e.clone())).1);
         }
     }
     let outcome = match aborted {
@@ -708,6 +733,11 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
+        use std::os::unix::fs::PermissionsExt;
+        let perms = std::fs::metadata(d.path().join("sub/edgecore.db"))
+            .unwrap()
+            .permissions();
+        assert_eq!(perms.mode() & 0o777, 0o600, "the database holds secrets");
         let cols = |t: &str| -> Vec<String> {
             let mut st = conn.prepare(&format!("PRAGMA table_info({t})")).unwrap();
             st.query_map([], |r| r.get::<_, String>(1))
