@@ -538,3 +538,53 @@ async fn acknowledged_writes_survive_kill_9() {
         highest.len()
     );
 }
+
+/// The edgecore wiring (`edgecore::app`) from an `edgecore.yaml` with certificate files on
+/// disk, against a real cloudhub.
+#[tokio::test]
+async fn edgecore_from_its_config_file_stores_and_acks_over_a_real_cloudhub() {
+    let pki = Pki::new().unwrap();
+    let (cloud, mut up, _m) = start_hub(&pki, test_hub_config()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cert = pki.node_cert("edge-app").unwrap();
+    std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).unwrap();
+    std::fs::write(d.join("edge.crt"), &cert.cert_pem).unwrap();
+    std::fs::write(d.join("edge.key"), &cert.key_pem).unwrap();
+    let yaml = format!(
+        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+         database:\n  dataSource: {db}\n\
+         modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
+         \x20   websocket:\n      server: {server}\n  edged:\n    hostnameOverride: edge-app\n",
+        db = d.join("var/edgecore.db").display(),
+        ca = d.join("ca.crt").display(),
+        crt = d.join("edge.crt").display(),
+        key = d.join("edge.key").display(),
+        server = cloud.local_addr(),
+    );
+    let path = d.join("edgecore.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let config = edgecore::config::EdgeCoreConfig::load(&path).unwrap();
+    let mut edge = edgecore::app::EdgeCore::start(&config).await.unwrap();
+    let (_client, mut changes) = edge.edged_link().unwrap();
+
+    // It connects as edge-app, advertising the inventory capability, and sends its inventory.
+    let inv = next_upstream(&mut up, Inventory::is_inventory).await;
+    assert_eq!(
+        inv.route.resource,
+        "node/edge-app/default/inventory/edge-app"
+    );
+    assert!(cloud.capabilities("edge-app").unwrap().inventory_resync);
+
+    let mut acks = cloud.subscribe_acks(8);
+    let mut pod = pod_msg(Operation::Insert, "web", "uid-app", 9);
+    pod.route.resource = "node/edge-app/default/pod/web".into();
+    cloud.send("edge-app", pod.clone()).unwrap();
+    assert_eq!(next_ack(&mut acks).await.message.msg_id, pod.header.id);
+    assert_eq!(
+        row(&d.join("var/edgecore.db"), "default/pod/web").unwrap()["metadata"]["uid"],
+        "uid-app"
+    );
+    assert_eq!(next_change(&mut changes).await.key, "default/pod/web");
+    edge.shutdown().await;
+}
