@@ -24,7 +24,10 @@ async fn edge_node(cluster: &TestCluster, name: &str) {
         "metadata": {"name": name, "labels": {"node-role.kubernetes.io/edge": "", "node-role.kubernetes.io/agent": ""}},
     }))
     .unwrap();
-    nodes.create(&PostParams::default(), &node).await.expect("create edge node");
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create edge node");
 }
 
 async fn delete_node(cluster: &TestCluster, name: &str) {
@@ -50,7 +53,9 @@ struct Edge {
 impl Edge {
     async fn connect(fx: &CloudFixture, pki: &Pki, node: &str, caps: &[&str]) -> Edge {
         let tls = pki.edge_tls(&pki.node_cert(node).unwrap()).unwrap();
-        let raw = RawEdge::connect_with(fx.hub.local_addr(), node, tls, caps).await.expect("edge connects");
+        let raw = RawEdge::connect_with(fx.hub.local_addr(), node, tls, caps)
+            .await
+            .expect("edge connects");
         let deadline = tokio::time::Instant::now() + WAIT;
         while !fx.hub.is_connected(node) {
             assert!(tokio::time::Instant::now() < deadline, "session for {node}");
@@ -73,7 +78,10 @@ impl Edge {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let m = self.next(left).await.unwrap_or_else(|| panic!("no {op} for {resource}"));
+            let m = self
+                .next(left)
+                .await
+                .unwrap_or_else(|| panic!("no {op} for {resource}"));
             if m.route.operation == op && m.route.resource == resource {
                 return m;
             }
@@ -120,8 +128,15 @@ async fn setup() -> Setup {
     let cluster = cluster::connect().await.expect("cluster");
     let ns = cluster.temp_namespace("ctl").await.expect("namespace");
     let pki = Pki::new().unwrap();
-    let fx = CloudFixture::start(cluster.client(), &pki).await.expect("cloudcore");
-    Setup { cluster, pki, fx, ns }
+    let fx = CloudFixture::start(cluster.client(), &pki)
+        .await
+        .expect("cloudcore");
+    Setup {
+        cluster,
+        pki,
+        fx,
+        ns,
+    }
 }
 
 #[tokio::test]
@@ -133,30 +148,57 @@ async fn pod_bound_to_an_edge_node_reaches_that_node_and_no_other() {
     let mut e1 = Edge::connect(&s.fx, &s.pki, &n1, &[]).await;
     let mut e2 = Edge::connect(&s.fx, &s.pki, &n2, &[]).await;
     let pods: Api<Pod> = Api::namespaced(s.cluster.client(), &s.ns);
-    let created = pods.create(&PostParams::default(), &pod_spec("web", &n1, None)).await.unwrap();
+    let created = pods
+        .create(&PostParams::default(), &pod_spec("web", &n1, None))
+        .await
+        .unwrap();
     let resource = format!("{}/pod/web", s.ns);
     let m = e1.expect(Operation::Insert, &resource).await;
     assert_eq!(m.content["kind"], "Pod");
     assert_eq!(m.content["apiVersion"], "v1");
     assert_eq!(m.content["metadata"]["uid"], json!(created.metadata.uid));
-    assert_eq!(Some(m.header.resource_version.clone()), created.metadata.resource_version);
-    assert!(e2.drain(Duration::from_millis(700)).await.iter().all(|m| !m.route.resource.contains("/pod/")), "other node got nothing");
+    assert_eq!(
+        Some(m.header.resource_version.clone()),
+        created.metadata.resource_version
+    );
+    assert!(
+        e2.drain(Duration::from_millis(700))
+            .await
+            .iter()
+            .all(|m| !m.route.resource.contains("/pod/")),
+        "other node got nothing"
+    );
 
     // A status-only change is not sent; a label change is.
     let status = json!({"status": {"phase": "Running"}});
-    pods.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    pods.patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
     let labels = json!({"metadata": {"labels": {"v": "2"}}});
-    pods.patch("web", &PatchParams::default(), &Patch::Merge(&labels)).await.unwrap();
+    pods.patch("web", &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .unwrap();
     let m = e1.expect(Operation::Update, &resource).await;
     assert_eq!(m.content["metadata"]["labels"]["v"], "2");
     let extra = e1.drain(Duration::from_millis(500)).await;
-    assert!(extra.iter().all(|m| m.route.resource != resource), "status-only change was not sent: {extra:?}");
+    assert!(
+        extra.iter().all(|m| m.route.resource != resource),
+        "status-only change was not sent: {extra:?}"
+    );
 
     // Deletion of a bound pod: first a terminating update, then (after grace 0) a delete.
     pods.delete("web", &DeleteParams::default()).await.unwrap();
     let m = e1.expect(Operation::Update, &resource).await;
     assert!(m.content["metadata"]["deletionTimestamp"].is_string());
-    pods.delete("web", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    pods.delete(
+        "web",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     e1.expect(Operation::Delete, &resource).await;
     delete_node(&s.cluster, &n1).await;
     delete_node(&s.cluster, &n2).await;
@@ -169,31 +211,62 @@ async fn configmap_update_reaches_only_nodes_whose_pods_use_it() {
     edge_node(&s.cluster, &n1).await;
     edge_node(&s.cluster, &n2).await;
     let cms: Api<ConfigMap> = Api::namespaced(s.cluster.client(), &s.ns);
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"k": "1"}})).unwrap();
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"k": "1"}})).unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
     let mut e1 = Edge::connect(&s.fx, &s.pki, &n1, &[]).await;
     let mut e2 = Edge::connect(&s.fx, &s.pki, &n2, &[]).await;
     let pods: Api<Pod> = Api::namespaced(s.cluster.client(), &s.ns);
-    pods.create(&PostParams::default(), &pod_spec("uses-cfg", &n1, Some("cfg"))).await.unwrap();
-    pods.create(&PostParams::default(), &pod_spec("plain", &n2, None)).await.unwrap();
-    e1.expect(Operation::Insert, &format!("{}/pod/uses-cfg", s.ns)).await;
-    e2.expect(Operation::Insert, &format!("{}/pod/plain", s.ns)).await;
+    pods.create(
+        &PostParams::default(),
+        &pod_spec("uses-cfg", &n1, Some("cfg")),
+    )
+    .await
+    .unwrap();
+    pods.create(&PostParams::default(), &pod_spec("plain", &n2, None))
+        .await
+        .unwrap();
+    e1.expect(Operation::Insert, &format!("{}/pod/uses-cfg", s.ns))
+        .await;
+    e2.expect(Operation::Insert, &format!("{}/pod/plain", s.ns))
+        .await;
 
     let patch = json!({"data": {"k": "2"}});
-    cms.patch("cfg", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    let m = e1.expect(Operation::Update, &format!("{}/configmap/cfg", s.ns)).await;
+    cms.patch("cfg", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let m = e1
+        .expect(Operation::Update, &format!("{}/configmap/cfg", s.ns))
+        .await;
     assert_eq!(m.content["data"]["k"], "2");
     assert_eq!(m.content["kind"], "ConfigMap");
     let seen = e2.drain(Duration::from_millis(700)).await;
-    assert!(seen.iter().all(|m| !m.route.resource.contains("configmap")), "{seen:?}");
+    assert!(
+        seen.iter().all(|m| !m.route.resource.contains("configmap")),
+        "{seen:?}"
+    );
 
     // Once the pod is gone, the node no longer gets the configmap.
-    pods.delete("uses-cfg", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
-    e1.expect(Operation::Delete, &format!("{}/pod/uses-cfg", s.ns)).await;
+    pods.delete(
+        "uses-cfg",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    e1.expect(Operation::Delete, &format!("{}/pod/uses-cfg", s.ns))
+        .await;
     let patch = json!({"data": {"k": "3"}});
-    cms.patch("cfg", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    cms.patch("cfg", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
     let seen = e1.drain(Duration::from_millis(700)).await;
-    assert!(seen.iter().all(|m| !m.route.resource.contains("configmap")), "{seen:?}");
+    assert!(
+        seen.iter().all(|m| !m.route.resource.contains("configmap")),
+        "{seen:?}"
+    );
     delete_node(&s.cluster, &n1).await;
     delete_node(&s.cluster, &n2).await;
 }
@@ -205,65 +278,184 @@ async fn edge_reports_land_in_the_cluster() {
     let mut e = Edge::connect(&s.fx, &s.pki, &node, &[]).await;
 
     // Node registration: ObjectResp with the created node; a second time AlreadyExists.
-    let reg = Message::new("edged", Group::Meta, Operation::Insert, format!("default/node/{node}"),
-        json!({"metadata": {"name": node, "labels": {"node-role.kubernetes.io/edge": ""}}}));
+    let reg = Message::new(
+        "edged",
+        Group::Meta,
+        Operation::Insert,
+        format!("default/node/{node}"),
+        json!({"metadata": {"name": node, "labels": {"node-role.kubernetes.io/edge": ""}}}),
+    );
     let reply = e.request(&reg).await;
     let resp = ObjectResp::from_content(&reply.content).expect("ObjectResp");
     assert!(resp.err.is_none(), "{resp:?}");
     assert_eq!(resp.object.unwrap()["metadata"]["name"], json!(node));
-    let again = e.request(&Message::new("edged", Group::Meta, Operation::Insert, format!("default/node/{node}"),
-        json!({"metadata": {"name": node}}))).await;
-    assert_eq!(ObjectResp::from_content(&again.content).unwrap().err.unwrap().reason(), "AlreadyExists");
+    let again = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Insert,
+            format!("default/node/{node}"),
+            json!({"metadata": {"name": node}}),
+        ))
+        .await;
+    assert_eq!(
+        ObjectResp::from_content(&again.content)
+            .unwrap()
+            .err
+            .unwrap()
+            .reason(),
+        "AlreadyExists"
+    );
 
     // Node status patch (a JSON string, as the kubelet sends it).
     let patch = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
         "lastHeartbeatTime": "2026-11-21T00:00:00Z", "lastTransitionTime": "2026-11-21T00:00:00Z"}]}});
-    let reply = e.request(&Message::new("edged", Group::Meta, Operation::Patch, format!("default/nodepatch/{node}"), patch_content(&patch))).await;
-    assert!(ObjectResp::from_content(&reply.content).unwrap().err.is_none());
-    let n = Api::<Node>::all(s.cluster.client()).get(&node).await.unwrap();
-    let ready = n.status.unwrap().conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Patch,
+            format!("default/nodepatch/{node}"),
+            patch_content(&patch),
+        ))
+        .await;
+    assert!(
+        ObjectResp::from_content(&reply.content)
+            .unwrap()
+            .err
+            .is_none()
+    );
+    let n = Api::<Node>::all(s.cluster.client())
+        .get(&node)
+        .await
+        .unwrap();
+    let ready = n
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
     assert_eq!(ready.status, "True");
 
     // Lease create and renew.
     let lease = json!({"metadata": {"name": node, "namespace": "kube-node-lease"},
         "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": "2026-11-21T00:00:00.000000Z"}});
-    let reply = e.request(&Message::new("edged", Group::Meta, Operation::Insert, format!("kube-node-lease/lease/{node}"), lease)).await;
-    let created = ObjectResp::from_content(&reply.content).unwrap().object.expect("lease created");
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Insert,
+            format!("kube-node-lease/lease/{node}"),
+            lease,
+        ))
+        .await;
+    let created = ObjectResp::from_content(&reply.content)
+        .unwrap()
+        .object
+        .expect("lease created");
     let mut renewed = created.clone();
     renewed["spec"]["renewTime"] = json!("2026-11-21T00:00:10.000000Z");
-    let reply = e.request(&Message::new("edged", Group::Meta, Operation::Update, format!("kube-node-lease/lease/{node}"), renewed)).await;
-    assert!(ObjectResp::from_content(&reply.content).unwrap().err.is_none(), "{:?}", reply.content);
-    let l = Api::<Lease>::namespaced(s.cluster.client(), "kube-node-lease").get(&node).await.unwrap();
-    assert_eq!(l.spec.unwrap().holder_identity.as_deref(), Some(node.as_str()));
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Update,
+            format!("kube-node-lease/lease/{node}"),
+            renewed,
+        ))
+        .await;
+    assert!(
+        ObjectResp::from_content(&reply.content)
+            .unwrap()
+            .err
+            .is_none(),
+        "{:?}",
+        reply.content
+    );
+    let l = Api::<Lease>::namespaced(s.cluster.client(), "kube-node-lease")
+        .get(&node)
+        .await
+        .unwrap();
+    assert_eq!(
+        l.spec.unwrap().holder_identity.as_deref(),
+        Some(node.as_str())
+    );
 
     // Pod status patch from the edge lands on the pod; the reply carries the pod.
-    Api::<Pod>::namespaced(s.cluster.client(), &s.ns).create(&PostParams::default(), &pod_spec("p", &node, None)).await.unwrap();
+    Api::<Pod>::namespaced(s.cluster.client(), &s.ns)
+        .create(&PostParams::default(), &pod_spec("p", &node, None))
+        .await
+        .unwrap();
     let status = json!({"status": {"phase": "Running", "podIP": "10.88.0.5"}});
-    let reply = e.request(&Message::new("edged", Group::Meta, Operation::Patch, format!("{}/podpatch/p", s.ns), patch_content(&status))).await;
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Patch,
+            format!("{}/podpatch/p", s.ns),
+            patch_content(&status),
+        ))
+        .await;
     let resp = ObjectResp::from_content(&reply.content).unwrap();
     assert_eq!(resp.object.unwrap()["status"]["phase"], "Running");
-    let p = Api::<Pod>::namespaced(s.cluster.client(), &s.ns).get("p").await.unwrap();
+    let p = Api::<Pod>::namespaced(s.cluster.client(), &s.ns)
+        .get("p")
+        .await
+        .unwrap();
     assert_eq!(p.status.unwrap().pod_ip.as_deref(), Some("10.88.0.5"));
 
     // Queries: a configmap comes back bare, with its RV, and needs an ACK; a missing one is a
     // NotFound StatusError.
     let cms: Api<ConfigMap> = Api::namespaced(s.cluster.client(), &s.ns);
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "q"}, "data": {"a": "b"}})).unwrap();
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "q"}, "data": {"a": "b"}})).unwrap();
     let cm = cms.create(&PostParams::default(), &cm).await.unwrap();
-    let reply = e.request(&Message::new("edged", Group::Meta, Operation::Query, format!("{}/configmap/q", s.ns), Value::Null)).await;
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Query,
+            format!("{}/configmap/q", s.ns),
+            Value::Null,
+        ))
+        .await;
     assert_eq!(reply.content["data"]["a"], "b");
-    assert_eq!(Some(reply.header.resource_version.clone()), cm.metadata.resource_version);
+    assert_eq!(
+        Some(reply.header.resource_version.clone()),
+        cm.metadata.resource_version
+    );
     assert!(reply.requires_ack());
-    let reply = e.request(&Message::new("edged", Group::Meta, Operation::Query, format!("{}/configmap/missing", s.ns), Value::Null)).await;
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Query,
+            format!("{}/configmap/missing", s.ns),
+            Value::Null,
+        ))
+        .await;
     assert_eq!(reply.content["ErrStatus"]["code"], 404);
 
     // Pod deletion by the edge, with the UID precondition.
     let uid = p.metadata.uid.clone().unwrap();
-    let del = Message::new("edged", Group::Meta, Operation::Delete, format!("{}/pod/p", s.ns),
-        json!({"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}));
+    let del = Message::new(
+        "edged",
+        Group::Meta,
+        Operation::Delete,
+        format!("{}/pod/p", s.ns),
+        json!({"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}),
+    );
     let reply = e.request(&del).await;
     assert_eq!(reply.content, json!("OK"));
-    assert!(Api::<Pod>::namespaced(s.cluster.client(), &s.ns).get_opt("p").await.unwrap().is_none());
+    assert!(
+        Api::<Pod>::namespaced(s.cluster.client(), &s.ns)
+            .get_opt("p")
+            .await
+            .unwrap()
+            .is_none()
+    );
     delete_node(&s.cluster, &node).await;
 }
 
@@ -276,13 +468,29 @@ async fn changes_made_while_offline_converge_on_reconnect_without_duplicates() {
     let caps = ["inventory-resync"];
     let mut e = Edge::connect(&s.fx, &s.pki, &node, &caps).await;
     // An inventory-capable edge sends its (empty) inventory first.
-    let inv = Message::new("metamanager", Group::Resource, Operation::Update, format!("default/inventory/{node}"), json!({"objects": []}));
+    let inv = Message::new(
+        "metamanager",
+        Group::Resource,
+        Operation::Update,
+        format!("default/inventory/{node}"),
+        json!({"objects": []}),
+    );
     e.raw.send(&inv).await.unwrap();
-    let a = pods.create(&PostParams::default(), &pod_spec("a", &node, None)).await.unwrap();
-    let b = pods.create(&PostParams::default(), &pod_spec("b", &node, None)).await.unwrap();
-    let unchanged = pods.create(&PostParams::default(), &pod_spec("same", &node, None)).await.unwrap();
+    let a = pods
+        .create(&PostParams::default(), &pod_spec("a", &node, None))
+        .await
+        .unwrap();
+    let b = pods
+        .create(&PostParams::default(), &pod_spec("b", &node, None))
+        .await
+        .unwrap();
+    let unchanged = pods
+        .create(&PostParams::default(), &pod_spec("same", &node, None))
+        .await
+        .unwrap();
     for n in ["a", "b", "same"] {
-        e.expect(Operation::Insert, &format!("{}/pod/{n}", s.ns)).await;
+        e.expect(Operation::Insert, &format!("{}/pod/{n}", s.ns))
+            .await;
     }
     drop(e);
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -293,24 +501,61 @@ async fn changes_made_while_offline_converge_on_reconnect_without_duplicates() {
 
     // Offline: a changes, b goes away, c appears.
     let labels = json!({"metadata": {"labels": {"changed": "yes"}}});
-    pods.patch("a", &PatchParams::default(), &Patch::Merge(&labels)).await.unwrap();
-    pods.delete("b", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
-    pods.create(&PostParams::default(), &pod_spec("c", &node, None)).await.unwrap();
+    pods.patch("a", &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .unwrap();
+    pods.delete(
+        "b",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    pods.create(&PostParams::default(), &pod_spec("c", &node, None))
+        .await
+        .unwrap();
 
     let mut e = Edge::connect(&s.fx, &s.pki, &node, &caps).await;
-    let held = |p: &Pod| json!({"type": "pod", "key": format!("{}/pod/{}", s.ns, p.metadata.name.as_deref().unwrap()),
-        "uid": p.metadata.uid, "resourceVersion": p.metadata.resource_version});
-    let inv = Message::new("metamanager", Group::Resource, Operation::Update, format!("default/inventory/{node}"),
-        json!({"objects": [held(&a), held(&b), held(&unchanged)]}));
+    let held = |p: &Pod| {
+        json!({"type": "pod", "key": format!("{}/pod/{}", s.ns, p.metadata.name.as_deref().unwrap()),
+        "uid": p.metadata.uid, "resourceVersion": p.metadata.resource_version})
+    };
+    let inv = Message::new(
+        "metamanager",
+        Group::Resource,
+        Operation::Update,
+        format!("default/inventory/{node}"),
+        json!({"objects": [held(&a), held(&b), held(&unchanged)]}),
+    );
     e.raw.send(&inv).await.unwrap();
     let got = e.drain(Duration::from_secs(2)).await;
-    let summary: Vec<(String, String)> = got.iter().map(|m| (m.route.operation.to_string(), m.route.resource.clone())).collect();
-    let count = |op: &str, name: &str| summary.iter().filter(|(o, r)| o == op && *r == format!("{}/pod/{name}", s.ns)).count();
+    let summary: Vec<(String, String)> = got
+        .iter()
+        .map(|m| (m.route.operation.to_string(), m.route.resource.clone()))
+        .collect();
+    let count = |op: &str, name: &str| {
+        summary
+            .iter()
+            .filter(|(o, r)| o == op && *r == format!("{}/pod/{name}", s.ns))
+            .count()
+    };
     assert_eq!(count("update", "a"), 1, "{summary:?}");
     assert_eq!(count("delete", "b"), 1, "{summary:?}");
-    assert_eq!(count("update", "c") + count("insert", "c"), 1, "{summary:?}");
-    assert!(summary.iter().all(|(_, r)| !r.ends_with("/pod/same")), "unchanged pod not resent: {summary:?}");
-    let a_msg = got.iter().find(|m| m.route.resource.ends_with("/pod/a")).unwrap();
+    assert_eq!(
+        count("update", "c") + count("insert", "c"),
+        1,
+        "{summary:?}"
+    );
+    assert!(
+        summary.iter().all(|(_, r)| !r.ends_with("/pod/same")),
+        "unchanged pod not resent: {summary:?}"
+    );
+    let a_msg = got
+        .iter()
+        .find(|m| m.route.resource.ends_with("/pod/a"))
+        .unwrap();
     assert_eq!(a_msg.content["metadata"]["labels"]["changed"], "yes");
     delete_node(&s.cluster, &node).await;
 }
@@ -321,11 +566,15 @@ async fn kubeedge_edge_without_inventory_gets_everything_it_should_hold_on_conne
     let node = unique("edge");
     edge_node(&s.cluster, &node).await;
     let pods: Api<Pod> = Api::namespaced(s.cluster.client(), &s.ns);
-    pods.create(&PostParams::default(), &pod_spec("early", &node, None)).await.unwrap();
+    pods.create(&PostParams::default(), &pod_spec("early", &node, None))
+        .await
+        .unwrap();
     // Give the informer a moment to see the pod before the edge connects.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut e = Edge::connect(&s.fx, &s.pki, &node, &[]).await;
-    let m = e.expect(Operation::Update, &format!("{}/pod/early", s.ns)).await;
+    let m = e
+        .expect(Operation::Update, &format!("{}/pod/early", s.ns))
+        .await;
     assert_eq!(m.content["spec"]["nodeName"], json!(node));
     delete_node(&s.cluster, &node).await;
 }
@@ -338,5 +587,8 @@ async fn deleting_the_node_ends_its_session() {
     let mut e = Edge::connect(&s.fx, &s.pki, &node, &[]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     delete_node(&s.cluster, &node).await;
-    assert!(e.raw.closed_within(WAIT).await, "session closed after the node was deleted");
+    assert!(
+        e.raw.closed_within(WAIT).await,
+        "session closed after the node was deleted"
+    );
 }
