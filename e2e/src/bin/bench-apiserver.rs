@@ -16,8 +16,8 @@ use clap::Parser;
 use e2e::apiserver::{ApiServer, Config};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -125,7 +125,9 @@ async fn main() -> anyhow::Result<()> {
         let rv = start_rv.clone();
         watch_tasks.push(tokio::spawn(async move {
             let wp = WatchParams::default().timeout(3600);
-            let Ok(stream) = api.watch(&wp, &rv).await else { return };
+            let Ok(stream) = api.watch(&wp, &rv).await else {
+                return;
+            };
             let mut stream = stream.boxed();
             while let Ok(Some(ev)) = stream.try_next().await {
                 if matches!(ev, WatchEvent::Added(_) | WatchEvent::Modified(_)) {
@@ -158,7 +160,9 @@ async fn main() -> anyhow::Result<()> {
     );
     let want = (args.pods * args.watchers) as u64;
     let drain_started = Instant::now();
-    while received.load(Ordering::Relaxed) < want && drain_started.elapsed() < Duration::from_secs(120) {
+    while received.load(Ordering::Relaxed) < want
+        && drain_started.elapsed() < Duration::from_secs(120)
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!(
@@ -176,7 +180,11 @@ async fn main() -> anyhow::Result<()> {
     let all_pods: Api<Pod> = Api::all(client.clone());
     let t = Instant::now();
     let full = all_pods.list(&ListParams::default()).await?;
-    println!("list all {} pods (one response): {}", full.items.len(), ms(t.elapsed()));
+    println!(
+        "list all {} pods (one response): {}",
+        full.items.len(),
+        ms(t.elapsed())
+    );
     drop(full);
     let t = Instant::now();
     let mut count = 0;
@@ -194,13 +202,20 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..50 {
         let t = Instant::now();
         let l = all_pods
-            .list(&ListParams::default().fields(&format!("spec.nodeName={}", node_name(i * 7 % nodes_n))))
+            .list(
+                &ListParams::default()
+                    .fields(&format!("spec.nodeName={}", node_name(i * 7 % nodes_n))),
+            )
             .await?;
         by_node.push(t.elapsed());
         assert!(!l.items.is_empty() || args.pods < nodes_n);
     }
     by_node.sort();
-    println!("list pods of one node (fieldSelector spec.nodeName): p50 {} p99 {}", ms(pct(&by_node, 0.5)), ms(pct(&by_node, 0.99)));
+    println!(
+        "list pods of one node (fieldSelector spec.nodeName): p50 {} p99 {}",
+        ms(pct(&by_node, 0.5)),
+        ms(pct(&by_node, 0.99))
+    );
 
     // Fan-out latency: unfiltered watchers + per-node watchers, one update at a time.
     let seen: Arc<Mutex<Vec<(usize, Instant)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -214,12 +229,15 @@ async fn main() -> anyhow::Result<()> {
         let wp = if w < args.watchers {
             WatchParams::default().timeout(3600)
         } else {
-            WatchParams::default()
-                .timeout(3600)
-                .fields(&format!("spec.nodeName={}", node_name((w - args.watchers) % nodes_n)))
+            WatchParams::default().timeout(3600).fields(&format!(
+                "spec.nodeName={}",
+                node_name((w - args.watchers) % nodes_n)
+            ))
         };
         tasks.push(tokio::spawn(async move {
-            let Ok(stream) = api.watch(&wp, &rv).await else { return };
+            let Ok(stream) = api.watch(&wp, &rv).await else {
+                return;
+            };
             let mut stream = stream.boxed();
             while let Ok(Some(ev)) = stream.try_next().await {
                 if let WatchEvent::Modified(p) = ev {
@@ -244,11 +262,18 @@ async fn main() -> anyhow::Result<()> {
         let name = format!("pod-{pod_idx:06}");
         let p = json!({"metadata": {"labels": {"seq": u.to_string()}}});
         let t0 = Instant::now();
-        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&p)).await?;
+        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&p))
+            .await?;
         let expected = args.watchers + usize::from(pod_idx < args.pods && args.node_watchers > 0);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let got: Vec<Instant> = seen.lock().await.iter().filter(|(s, _)| *s == u).map(|(_, t)| *t).collect();
+            let got: Vec<Instant> = seen
+                .lock()
+                .await
+                .iter()
+                .filter(|(s, _)| *s == u)
+                .map(|(_, t)| *t)
+                .collect();
             if got.len() >= expected || Instant::now() > deadline {
                 if let Some(last) = got.iter().max() {
                     all_lat.push(last.duration_since(t0));
