@@ -122,7 +122,7 @@ pub fn apply(
             entry["subresource"] = json!(s);
         }
         managed.push(entry);
-        obj["metadata"]["managedFields"] = Value::Array(managed);
+        super::meta::set_path(&mut obj, &["metadata", "managedFields"], Value::Array(managed));
         Ok(obj)
     };
     put_computed(st, info, ns, url_name, compute, opts)

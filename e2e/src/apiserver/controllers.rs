@@ -24,7 +24,7 @@ pub fn spawn_all(st: &Arc<State>, cancel: &CancellationToken) -> Vec<tokio::task
 }
 
 async fn bookmarks(st: Arc<State>, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(st.config.bookmark_interval);
+    let mut tick = tokio::time::interval(st.config.bookmark_interval.max(MIN_PERIOD));
     tick.tick().await;
     loop {
         tokio::select! {
@@ -37,6 +37,9 @@ async fn bookmarks(st: Arc<State>, cancel: CancellationToken) {
         }
     }
 }
+
+/// `tokio::time::interval` panics on a zero period.
+const MIN_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
 
 const NODE_CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
@@ -54,7 +57,7 @@ struct Health {
 }
 
 async fn node_lifecycle(st: Arc<State>, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(st.config.node_monitor_period);
+    let mut tick = tokio::time::interval(st.config.node_monitor_period.max(MIN_PERIOD));
     let mut health: HashMap<String, Health> = HashMap::new();
     loop {
         tokio::select! {
@@ -270,7 +273,7 @@ fn reconcile_taints(st: &State, name: &str) {
 }
 
 async fn namespaces(st: Arc<State>, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(st.config.namespace_sync_period);
+    let mut tick = tokio::time::interval(st.config.namespace_sync_period.max(MIN_PERIOD));
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,

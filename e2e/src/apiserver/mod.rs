@@ -27,6 +27,8 @@ mod persist;
 mod protobuf;
 mod query;
 pub mod resources;
+#[cfg(test)]
+mod robustness;
 pub mod selectors;
 mod server;
 mod state;

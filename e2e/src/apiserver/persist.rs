@@ -64,7 +64,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let mut saved = st.store.current_rv();
-    let mut tick = tokio::time::interval(period);
+    let mut tick = tokio::time::interval(period.max(Duration::from_millis(10)));
     loop {
         let stop = tokio::select! {
             _ = cancel.cancelled() => true,

@@ -181,8 +181,10 @@ fn decode_time(b: &[u8]) -> Result<Value, String> {
     if secs == 0 && nanos == 0 {
         return Ok(Value::Null);
     }
-    let t = time::OffsetDateTime::from_unix_timestamp(secs).map_err(|e| e.to_string())?
-        + time::Duration::nanoseconds(nanos);
+    let t = time::OffsetDateTime::from_unix_timestamp(secs)
+        .map_err(|e| e.to_string())?
+        .checked_add(time::Duration::nanoseconds(nanos))
+        .ok_or("timestamp out of range")?;
     Ok(json!(super::meta::format_time(t)))
 }
 

@@ -705,9 +705,7 @@ impl Table {
                     }
                 }
                 // Counting the rest costs a scan: only report it when it is cheap.
-                remaining = remaining
-                    .map(|r| r + 1)
-                    .filter(|r| *r <= REMAINING_COUNT_LIMIT);
+                remaining = remaining.map(|r| r + 1).filter(|r| *r <= REMAINING_COUNT_LIMIT);
                 if remaining.is_none() {
                     break;
                 }

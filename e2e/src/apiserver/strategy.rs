@@ -407,13 +407,13 @@ pub fn prepare_update(
             None => remove_path(new, &["status"]),
         }
         if info.kind == "Namespace" {
-            new["spec"]["finalizers"] = old["spec"]["finalizers"].clone();
+            set_path(new, &["spec", "finalizers"], old["spec"]["finalizers"].clone());
         }
     }
     if subresource == Some("finalize") {
         let finalizers = new["spec"]["finalizers"].clone();
         let mut merged = old.clone();
-        merged["spec"]["finalizers"] = finalizers;
+        set_path(&mut merged, &["spec", "finalizers"], finalizers);
         *new = merged;
     }
     for f in SYSTEM_META {

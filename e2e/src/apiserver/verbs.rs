@@ -186,13 +186,15 @@ fn check_namespace(st: &State, info: &ResourceInfo, ns: &str, obj_name: &str) ->
     let nsinfo = st.core("namespaces");
     match st.table(&nsinfo).get(&(String::new(), ns.to_string())) {
         None => Err(ApiError::namespace_not_found(ns)),
-        Some(n) if n.deleting() && info.kind != "Event" => Err(ApiError::forbidden(
-            info,
-            obj_name,
-            format!(
-                "unable to create new content in namespace {ns} because it is being terminated"
-            ),
-        )),
+        Some(n) if n.deleting() && info.kind != "Event" => {
+            Err(ApiError::forbidden(
+                info,
+                obj_name,
+                format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                ),
+            ))
+        }
         Some(_) => Ok(()),
     }
 }
@@ -326,8 +328,7 @@ pub fn create(
     for attempt in 0..8 {
         let mut obj = body.clone();
         if let Some(prefix) = &generate {
-            let mut prefix = prefix.clone();
-            prefix.truncate(58);
+            let prefix: String = prefix.chars().take(58).collect();
             set_path(
                 &mut obj,
                 &["metadata", "name"],
@@ -776,7 +777,9 @@ pub fn delete(
             if deleting && current.is_some_and(|c| c <= grace) {
                 return Ok(Mutation::Unchanged);
             }
-            let when = now() + time::Duration::seconds(grace);
+            let when = now()
+                .checked_add(time::Duration::seconds(grace))
+                .ok_or_else(|| ApiError::bad_request("gracePeriodSeconds is too large"))?;
             set_path(&mut v, &["metadata", "deletionTimestamp"], json!(meta::format_time(when)));
             set_path(&mut v, &["metadata", "deletionGracePeriodSeconds"], json!(grace));
             if let Some(g) = v["metadata"]["generation"].as_i64().filter(|g| *g > 0 && !deleting) {
@@ -962,7 +965,9 @@ pub fn create_token(st: &State, ns: &str, sa_name: &str, mut body: Value) -> Api
         body["spec"]["boundObjectRef"]["uid"] = json!(obj.uid());
     }
     let issued = now();
-    let expires = issued + time::Duration::seconds(expiration);
+    let expires = issued
+        .checked_add(time::Duration::seconds(expiration))
+        .ok_or_else(|| ApiError::bad_request("spec.expirationSeconds is too large"))?;
     let token = st.tokens.issue(&TokenClaims {
         namespace: ns,
         service_account: sa_name,
@@ -975,10 +980,10 @@ pub fn create_token(st: &State, ns: &str, sa_name: &str, mut body: Value) -> Api
     body["apiVersion"] = json!("authentication.k8s.io/v1");
     body["kind"] = json!("TokenRequest");
     body["metadata"] = json!({"name": sa_name, "namespace": ns, "creationTimestamp": null});
-    body["spec"]["audiences"] = json!(audiences);
-    body["spec"]["expirationSeconds"] = json!(expiration);
+    set_path(&mut body, &["spec", "audiences"], json!(audiences));
+    set_path(&mut body, &["spec", "expirationSeconds"], json!(expiration));
     if body["spec"]["boundObjectRef"].is_null() {
-        body["spec"]["boundObjectRef"] = Value::Null;
+        set_path(&mut body, &["spec", "boundObjectRef"], Value::Null);
     }
     body["status"] = json!({"token": token, "expirationTimestamp": meta::format_time(expires)});
     Ok(body)

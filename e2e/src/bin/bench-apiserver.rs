@@ -1,8 +1,10 @@
 //! bench-apiserver: load for the in-memory API server through kube-rs over HTTPS.
 //!
-//! Creates N nodes and M pods (bound round-robin to the nodes) with bounded concurrency, then
-//! measures list latency (whole list, paginated, by `spec.nodeName`), watch fan-out latency
-//! (unfiltered watchers and per-node watchers while pods are updated), and the process RSS.
+//! The server runs in a child process (this binary re-executed with `--serve`), so its RSS is
+//! measured alone. Creates N nodes and M pods (bound round-robin to the nodes) with bounded
+//! concurrency, then measures list latency (whole list, paginated, by `spec.nodeName`), watch
+//! fan-out latency (unfiltered watchers and per-node watchers while pods are updated), and the
+//! server's RSS.
 //!
 //! ```text
 //! cargo run --profile bench-fast -p e2e --bin bench-apiserver -- --nodes 10000 --pods 100000
@@ -16,8 +18,8 @@ use clap::Parser;
 use e2e::apiserver::{ApiServer, Config};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::Api;
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -40,10 +42,32 @@ struct Args {
     /// Pod updates timed for fan-out latency.
     #[arg(long, default_value_t = 200)]
     updates: usize,
+    /// Internal: run only the server, writing its kubeconfig here.
+    #[arg(long, hide = true)]
+    serve: Option<std::path::PathBuf>,
 }
 
-fn rss_kb(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Child mode: serve until stdin closes.
+async fn serve(kubeconfig: std::path::PathBuf) -> anyhow::Result<()> {
+    let server = ApiServer::start(Config {
+        kubeconfig_path: Some(kubeconfig),
+        watch_capacity: 200_000,
+        ..Config::default()
+    })
+    .await?;
+    println!("READY {}", server.url());
+    let _ = tokio::task::spawn_blocking(|| {
+        use std::io::Read;
+        let mut sink = Vec::new();
+        std::io::stdin().read_to_end(&mut sink)
+    })
+    .await;
+    server.shutdown().await;
+    Ok(())
+}
+
+fn proc_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -51,6 +75,12 @@ fn rss_kb(field: &str) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+async fn current_rv(client: &kube::Client) -> anyhow::Result<String> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let l = api.list(&ListParams::default().limit(1)).await?;
+    Ok(l.metadata.resource_version.unwrap_or_default())
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -86,14 +116,31 @@ fn node_name(i: usize) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let rss_start = rss_kb("VmRSS:");
-    let server = ApiServer::start(Config {
-        watch_capacity: 200_000,
-        ..Config::default()
-    })
-    .await?;
-    let client = server.client()?;
-    println!("kube-memserver at {} (in-process)", server.url());
+    if let Some(kc) = args.serve {
+        return serve(kc).await;
+    }
+    let dir = std::env::temp_dir().join(format!("bench-apiserver-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .arg("--serve")
+        .arg(&kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().unwrap_or(0);
+    {
+        use tokio::io::AsyncBufReadExt;
+        let out = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut lines = tokio::io::BufReader::new(out).lines();
+        let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await??;
+        println!("kube-memserver (pid {pid}): {}", ready.unwrap_or_default());
+    }
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    let client = kube::Client::try_from(cfg)?;
+    let rss_start = proc_kb(pid, "VmRSS:");
 
     let nodes: Api<Node> = Api::all(client.clone());
     let took = create_all(args.nodes, args.concurrency, |i| {
@@ -117,7 +164,7 @@ async fn main() -> anyhow::Result<()> {
 
     // Unfiltered watchers see every pod creation: fan-out under write load.
     let received = Arc::new(AtomicU64::new(0));
-    let start_rv = server.resource_version().to_string();
+    let start_rv = current_rv(&client).await?;
     let mut watch_tasks = Vec::new();
     for _ in 0..args.watchers {
         let api: Api<Pod> = Api::all(client.clone());
@@ -125,9 +172,7 @@ async fn main() -> anyhow::Result<()> {
         let rv = start_rv.clone();
         watch_tasks.push(tokio::spawn(async move {
             let wp = WatchParams::default().timeout(3600);
-            let Ok(stream) = api.watch(&wp, &rv).await else {
-                return;
-            };
+            let Ok(stream) = api.watch(&wp, &rv).await else { return };
             let mut stream = stream.boxed();
             while let Ok(Some(ev)) = stream.try_next().await {
                 if matches!(ev, WatchEvent::Added(_) | WatchEvent::Modified(_)) {
@@ -160,9 +205,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let want = (args.pods * args.watchers) as u64;
     let drain_started = Instant::now();
-    while received.load(Ordering::Relaxed) < want
-        && drain_started.elapsed() < Duration::from_secs(120)
-    {
+    while received.load(Ordering::Relaxed) < want && drain_started.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!(
@@ -174,17 +217,13 @@ async fn main() -> anyhow::Result<()> {
     for t in &watch_tasks {
         t.abort();
     }
-    let rss_loaded = rss_kb("VmRSS:");
+    let rss_loaded = proc_kb(pid, "VmRSS:");
 
     // Lists.
     let all_pods: Api<Pod> = Api::all(client.clone());
     let t = Instant::now();
     let full = all_pods.list(&ListParams::default()).await?;
-    println!(
-        "list all {} pods (one response): {}",
-        full.items.len(),
-        ms(t.elapsed())
-    );
+    println!("list all {} pods (one response): {}", full.items.len(), ms(t.elapsed()));
     drop(full);
     let t = Instant::now();
     let mut count = 0;
@@ -202,25 +241,18 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..50 {
         let t = Instant::now();
         let l = all_pods
-            .list(
-                &ListParams::default()
-                    .fields(&format!("spec.nodeName={}", node_name(i * 7 % nodes_n))),
-            )
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", node_name(i * 7 % nodes_n))))
             .await?;
         by_node.push(t.elapsed());
         assert!(!l.items.is_empty() || args.pods < nodes_n);
     }
     by_node.sort();
-    println!(
-        "list pods of one node (fieldSelector spec.nodeName): p50 {} p99 {}",
-        ms(pct(&by_node, 0.5)),
-        ms(pct(&by_node, 0.99))
-    );
+    println!("list pods of one node (fieldSelector spec.nodeName): p50 {} p99 {}", ms(pct(&by_node, 0.5)), ms(pct(&by_node, 0.99)));
 
     // Fan-out latency: unfiltered watchers + per-node watchers, one update at a time.
     let seen: Arc<Mutex<Vec<(usize, Instant)>>> = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    let rv = server.resource_version().to_string();
+    let rv = current_rv(&client).await?;
     let total_watchers = args.watchers + args.node_watchers;
     for w in 0..total_watchers {
         let api: Api<Pod> = Api::all(client.clone());
@@ -229,15 +261,12 @@ async fn main() -> anyhow::Result<()> {
         let wp = if w < args.watchers {
             WatchParams::default().timeout(3600)
         } else {
-            WatchParams::default().timeout(3600).fields(&format!(
-                "spec.nodeName={}",
-                node_name((w - args.watchers) % nodes_n)
-            ))
+            WatchParams::default()
+                .timeout(3600)
+                .fields(&format!("spec.nodeName={}", node_name((w - args.watchers) % nodes_n)))
         };
         tasks.push(tokio::spawn(async move {
-            let Ok(stream) = api.watch(&wp, &rv).await else {
-                return;
-            };
+            let Ok(stream) = api.watch(&wp, &rv).await else { return };
             let mut stream = stream.boxed();
             while let Ok(Some(ev)) = stream.try_next().await {
                 if let WatchEvent::Modified(p) = ev {
@@ -252,7 +281,7 @@ async fn main() -> anyhow::Result<()> {
         }));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let watchers_open = server.watcher_count();
+    let watchers_open = total_watchers;
     let mut all_lat = Vec::new();
     let mut node_lat = Vec::new();
     for u in 0..args.updates {
@@ -262,18 +291,11 @@ async fn main() -> anyhow::Result<()> {
         let name = format!("pod-{pod_idx:06}");
         let p = json!({"metadata": {"labels": {"seq": u.to_string()}}});
         let t0 = Instant::now();
-        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&p))
-            .await?;
+        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&p)).await?;
         let expected = args.watchers + usize::from(pod_idx < args.pods && args.node_watchers > 0);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let got: Vec<Instant> = seen
-                .lock()
-                .await
-                .iter()
-                .filter(|(s, _)| *s == u)
-                .map(|(_, t)| *t)
-                .collect();
+            let got: Vec<Instant> = seen.lock().await.iter().filter(|(s, _)| *s == u).map(|(_, t)| *t).collect();
             if got.len() >= expected || Instant::now() > deadline {
                 if let Some(last) = got.iter().max() {
                     all_lat.push(last.duration_since(t0));
@@ -302,13 +324,16 @@ async fn main() -> anyhow::Result<()> {
         t.abort();
     }
     println!(
-        "RSS (server + bench client in one process): start {} MB, after {} nodes + {} pods {} MB, peak {} MB",
+        "server RSS: start {} MB, after {} nodes + {} pods {} MB, now {} MB, peak {} MB",
         rss_start / 1024,
         args.nodes,
         args.pods,
         rss_loaded / 1024,
-        rss_kb("VmHWM:") / 1024
+        proc_kb(pid, "VmRSS:") / 1024,
+        proc_kb(pid, "VmHWM:") / 1024
     );
-    server.shutdown().await;
+    drop(child.stdin.take());
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
