@@ -122,7 +122,11 @@ pub fn apply(
             entry["subresource"] = json!(s);
         }
         managed.push(entry);
-        super::meta::set_path(&mut obj, &["metadata", "managedFields"], Value::Array(managed));
+        super::meta::set_path(
+            &mut obj,
+            &["metadata", "managedFields"],
+            Value::Array(managed),
+        );
         Ok(obj)
     };
     put_computed(st, info, ns, url_name, compute, opts)

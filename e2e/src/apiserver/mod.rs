@@ -19,9 +19,11 @@
 mod apply;
 mod controllers;
 mod discovery;
+mod endpoints;
 mod handlers;
 mod lock;
 pub mod meta;
+mod node_lifecycle;
 pub mod patch;
 mod persist;
 mod protobuf;
@@ -79,6 +81,10 @@ pub struct Config {
     pub node_monitor_grace_period: Duration,
     /// kube-controller-manager `--node-monitor-period`.
     pub node_monitor_period: Duration,
+    /// How long pods may stay bound to a node that does not exist before the pod GC deletes them.
+    pub pod_gc_orphan_quarantine: Duration,
+    /// Delay before the endpoints controller reacts to a batch of pod/service changes.
+    pub endpoints_sync_delay: Duration,
     /// How often terminating namespaces are emptied and namespace defaults ensured.
     pub namespace_sync_period: Duration,
     /// Request body limit (the real server allows 3 MiB).
@@ -101,6 +107,8 @@ impl Default for Config {
             default_watch_timeout: Duration::from_secs(1800),
             node_monitor_grace_period: Duration::from_secs(40),
             node_monitor_period: Duration::from_secs(5),
+            pod_gc_orphan_quarantine: Duration::from_secs(40),
+            endpoints_sync_delay: Duration::from_millis(100),
             namespace_sync_period: Duration::from_millis(500),
             max_body_bytes: 3 * 1024 * 1024,
             snapshot_interval: Duration::from_secs(2),

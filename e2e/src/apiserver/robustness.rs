@@ -9,10 +9,21 @@ use super::tokens::TokenIssuer;
 use super::verbs::{self, DeleteOptions, WriteOptions};
 
 fn state() -> State {
-    let st = State::new(Config::default(), TokenIssuer::new(b"k".to_vec()), "t".into(), "ca".into());
+    let st = State::new(
+        Config::default(),
+        TokenIssuer::new(b"k".to_vec()),
+        "t".into(),
+        "ca".into(),
+    );
     let ns = st.core("namespaces");
-    verbs::create(&st, &ns, "", json!({"metadata": {"name": "default"}}), &WriteOptions::default())
-        .expect("namespace");
+    verbs::create(
+        &st,
+        &ns,
+        "",
+        json!({"metadata": {"name": "default"}}),
+        &WriteOptions::default(),
+    )
+    .expect("namespace");
     st
 }
 
@@ -52,16 +63,30 @@ fn no_body_shape_panics_any_verb_of_any_kind() {
         for body in shapes() {
             let _ = verbs::create(&st, &info, ns, body.clone(), &WriteOptions::default());
             let _ = verbs::update(&st, &info, ns, "ok", body.clone(), &WriteOptions::default());
-            let status = WriteOptions { subresource: Some("status".into()), ..Default::default() };
+            let status = WriteOptions {
+                subresource: Some("status".into()),
+                ..Default::default()
+            };
             let _ = verbs::update(&st, &info, ns, "ok", body.clone(), &status);
             let raw = serde_json::to_vec(&body).unwrap_or_default();
-            for pt in [PatchType::Merge, PatchType::Strategic, PatchType::Json, PatchType::Apply] {
-                let opts = WriteOptions { field_manager: Some("m".into()), ..Default::default() };
+            for pt in [
+                PatchType::Merge,
+                PatchType::Strategic,
+                PatchType::Json,
+                PatchType::Apply,
+            ] {
+                let opts = WriteOptions {
+                    field_manager: Some("m".into()),
+                    ..Default::default()
+                };
                 let _ = verbs::patch(&st, &info, ns, "ok", pt, &raw, &opts);
                 let _ = verbs::patch(&st, &info, ns, "ok", pt, b"\xff\x00{", &opts);
             }
         }
-        let opts = DeleteOptions { grace_period_seconds: Some(i64::MAX), ..Default::default() };
+        let opts = DeleteOptions {
+            grace_period_seconds: Some(i64::MAX),
+            ..Default::default()
+        };
         let _ = verbs::delete(&st, &info, ns, "ok", &opts);
         let _ = verbs::delete(&st, &info, ns, "ok", &DeleteOptions::default());
     }

@@ -517,6 +517,24 @@ impl Table {
         self.len() == 0
     }
 
+    /// Node names that have pods bound to them (from the `spec.nodeName` index).
+    pub fn indexed_node_names(&self) -> Vec<String> {
+        read(&self.state)
+            .by_node
+            .keys()
+            .map(|k| k.to_string())
+            .collect()
+    }
+
+    /// Keys of the objects bound to `node`.
+    pub fn keys_on_node(&self, node: &str) -> Vec<ObjKey> {
+        read(&self.state)
+            .by_node
+            .get(node)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Every object (controllers and snapshots).
     pub fn all(&self) -> Vec<Arc<Obj>> {
         read(&self.state).objects.values().cloned().collect()
@@ -705,7 +723,9 @@ impl Table {
                     }
                 }
                 // Counting the rest costs a scan: only report it when it is cheap.
-                remaining = remaining.map(|r| r + 1).filter(|r| *r <= REMAINING_COUNT_LIMIT);
+                remaining = remaining
+                    .map(|r| r + 1)
+                    .filter(|r| *r <= REMAINING_COUNT_LIMIT);
                 if remaining.is_none() {
                     break;
                 }

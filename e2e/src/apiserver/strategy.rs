@@ -407,7 +407,11 @@ pub fn prepare_update(
             None => remove_path(new, &["status"]),
         }
         if info.kind == "Namespace" {
-            set_path(new, &["spec", "finalizers"], old["spec"]["finalizers"].clone());
+            set_path(
+                new,
+                &["spec", "finalizers"],
+                old["spec"]["finalizers"].clone(),
+            );
         }
     }
     if subresource == Some("finalize") {

@@ -186,15 +186,13 @@ fn check_namespace(st: &State, info: &ResourceInfo, ns: &str, obj_name: &str) ->
     let nsinfo = st.core("namespaces");
     match st.table(&nsinfo).get(&(String::new(), ns.to_string())) {
         None => Err(ApiError::namespace_not_found(ns)),
-        Some(n) if n.deleting() && info.kind != "Event" => {
-            Err(ApiError::forbidden(
-                info,
-                obj_name,
-                format!(
-                    "unable to create new content in namespace {ns} because it is being terminated"
-                ),
-            ))
-        }
+        Some(n) if n.deleting() && info.kind != "Event" => Err(ApiError::forbidden(
+            info,
+            obj_name,
+            format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            ),
+        )),
         Some(_) => Ok(()),
     }
 }

@@ -18,8 +18,8 @@ use clap::Parser;
 use e2e::apiserver::{ApiServer, Config};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -132,13 +132,17 @@ async fn main() -> anyhow::Result<()> {
     let pid = child.id().unwrap_or(0);
     {
         use tokio::io::AsyncBufReadExt;
-        let out = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
         let mut lines = tokio::io::BufReader::new(out).lines();
         let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await??;
         println!("kube-memserver (pid {pid}): {}", ready.unwrap_or_default());
     }
     let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await?;
     let client = kube::Client::try_from(cfg)?;
     let rss_start = proc_kb(pid, "VmRSS:");
 
@@ -172,7 +176,9 @@ async fn main() -> anyhow::Result<()> {
         let rv = start_rv.clone();
         watch_tasks.push(tokio::spawn(async move {
             let wp = WatchParams::default().timeout(3600);
-            let Ok(stream) = api.watch(&wp, &rv).await else { return };
+            let Ok(stream) = api.watch(&wp, &rv).await else {
+                return;
+            };
             let mut stream = stream.boxed();
             while let Ok(Some(ev)) = stream.try_next().await {
                 if matches!(ev, WatchEvent::Added(_) | WatchEvent::Modified(_)) {
@@ -205,7 +211,9 @@ async fn main() -> anyhow::Result<()> {
     );
     let want = (args.pods * args.watchers) as u64;
     let drain_started = Instant::now();
-    while received.load(Ordering::Relaxed) < want && drain_started.elapsed() < Duration::from_secs(120) {
+    while received.load(Ordering::Relaxed) < want
+        && drain_started.elapsed() < Duration::from_secs(120)
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!(
@@ -223,7 +231,11 @@ async fn main() -> anyhow::Result<()> {
     let all_pods: Api<Pod> = Api::all(client.clone());
     let t = Instant::now();
     let full = all_pods.list(&ListParams::default()).await?;
-    println!("list all {} pods (one response): {}", full.items.len(), ms(t.elapsed()));
+    println!(
+        "list all {} pods (one response): {}",
+        full.items.len(),
+        ms(t.elapsed())
+    );
     drop(full);
     let t = Instant::now();
     let mut count = 0;
@@ -241,13 +253,20 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..50 {
         let t = Instant::now();
         let l = all_pods
-            .list(&ListParams::default().fields(&format!("spec.nodeName={}", node_name(i * 7 % nodes_n))))
+            .list(
+                &ListParams::default()
+                    .fields(&format!("spec.nodeName={}", node_name(i * 7 % nodes_n))),
+            )
             .await?;
         by_node.push(t.elapsed());
         assert!(!l.items.is_empty() || args.pods < nodes_n);
     }
     by_node.sort();
-    println!("list pods of one node (fieldSelector spec.nodeName): p50 {} p99 {}", ms(pct(&by_node, 0.5)), ms(pct(&by_node, 0.99)));
+    println!(
+        "list pods of one node (fieldSelector spec.nodeName): p50 {} p99 {}",
+        ms(pct(&by_node, 0.5)),
+        ms(pct(&by_node, 0.99))
+    );
 
     // Fan-out latency: unfiltered watchers + per-node watchers, one update at a time.
     let seen: Arc<Mutex<Vec<(usize, Instant)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -261,12 +280,15 @@ async fn main() -> anyhow::Result<()> {
         let wp = if w < args.watchers {
             WatchParams::default().timeout(3600)
         } else {
-            WatchParams::default()
-                .timeout(3600)
-                .fields(&format!("spec.nodeName={}", node_name((w - args.watchers) % nodes_n)))
+            WatchParams::default().timeout(3600).fields(&format!(
+                "spec.nodeName={}",
+                node_name((w - args.watchers) % nodes_n)
+            ))
         };
         tasks.push(tokio::spawn(async move {
-            let Ok(stream) = api.watch(&wp, &rv).await else { return };
+            let Ok(stream) = api.watch(&wp, &rv).await else {
+                return;
+            };
             let mut stream = stream.boxed();
             while let Ok(Some(ev)) = stream.try_next().await {
                 if let WatchEvent::Modified(p) = ev {
@@ -291,11 +313,18 @@ async fn main() -> anyhow::Result<()> {
         let name = format!("pod-{pod_idx:06}");
         let p = json!({"metadata": {"labels": {"seq": u.to_string()}}});
         let t0 = Instant::now();
-        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&p)).await?;
+        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&p))
+            .await?;
         let expected = args.watchers + usize::from(pod_idx < args.pods && args.node_watchers > 0);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let got: Vec<Instant> = seen.lock().await.iter().filter(|(s, _)| *s == u).map(|(_, t)| *t).collect();
+            let got: Vec<Instant> = seen
+                .lock()
+                .await
+                .iter()
+                .filter(|(s, _)| *s == u)
+                .map(|(_, t)| *t)
+                .collect();
             if got.len() >= expected || Instant::now() > deadline {
                 if let Some(last) = got.iter().max() {
                     all_lat.push(last.duration_since(t0));

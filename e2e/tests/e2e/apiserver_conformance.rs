@@ -1724,3 +1724,112 @@ async fn kubectl_discovers_short_names_and_versions() {
     let v: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(v["major"], "1");
 }
+
+#[tokio::test]
+async fn service_endpoints_follow_ready_pods() {
+    use k8s_openapi::api::core::v1::{Endpoints, Service};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let (c, ns) = setup("endpoints").await;
+    let svcs: Api<Service> = Api::namespaced(c.client(), &ns);
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    }))
+    .unwrap();
+    svcs.create(&PostParams::default(), &svc).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-1", "labels": {"app": "web"}},
+        "spec": {"nodeName": unique("e2e-node"), "containers": [{"name": "c", "image": "busybox:1.36", "ports": [{"name": "http", "containerPort": 8080}]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let status = json!({"status": {"phase": "Running", "podIP": "10.88.0.7", "podIPs": [{"ip": "10.88.0.7"}],
+        "conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status("web-1", &PatchParams::default(), &Patch::Strategic(&status))
+        .await
+        .unwrap();
+    let eps: Api<Endpoints> = Api::namespaced(c.client(), &ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let subset = loop {
+        if let Some(s) = eps
+            .get_opt("web")
+            .await
+            .unwrap()
+            .and_then(|e| e.subsets)
+            .and_then(|s| s.into_iter().next())
+            && s.addresses.as_ref().is_some_and(|a| !a.is_empty())
+        {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "endpoints never listed the ready pod"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let addr = &subset.addresses.unwrap()[0];
+    assert_eq!(addr.ip, "10.88.0.7");
+    assert_eq!(
+        addr.target_ref.as_ref().and_then(|t| t.name.as_deref()),
+        Some("web-1")
+    );
+    assert_eq!(
+        subset.ports.unwrap()[0].port,
+        8080,
+        "named targetPort resolved"
+    );
+    let slices: Api<EndpointSlice> = Api::namespaced(c.client(), &ns);
+    let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let items = slices.list(&lp).await.unwrap().items;
+        let ready = items
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .any(|e| {
+                e.addresses.contains(&"10.88.0.7".to_string())
+                    && e.conditions.as_ref().and_then(|c| c.ready) == Some(true)
+            });
+        if ready {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ready endpoint in the slices: {items:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn pods_bound_to_a_missing_node_are_garbage_collected() {
+    let config = Config {
+        pod_gc_orphan_quarantine: Duration::from_secs(1),
+        ..Config::for_tests()
+    };
+    let Some(c) =
+        cluster::connect_in_memory_only(config, "a 1 s pod-GC quarantine (40 s upstream)")
+            .await
+            .unwrap()
+    else {
+        return;
+    };
+    let ns = c.temp_namespace("podgc").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
+    pods.create(
+        &PostParams::default(),
+        &pod("orphan", Some(&unique("gone-node"))),
+    )
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pods.get_opt("orphan").await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "orphaned pod was not collected"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
