@@ -31,6 +31,7 @@ mod query;
 pub mod resources;
 #[cfg(test)]
 mod robustness;
+mod schema;
 pub mod selectors;
 mod server;
 mod state;

@@ -60,6 +60,8 @@ pub struct ResourceInfo {
     pub name_rule: NameRule,
     /// Field selectors this kind accepts besides metadata.name / metadata.namespace.
     pub selectable_fields: Vec<String>,
+    /// The structural schema of a custom resource version (pruning, defaulting, validation).
+    pub schema: Option<Arc<Value>>,
 }
 
 impl ResourceInfo {
@@ -206,6 +208,7 @@ fn builtin_info(b: &Builtin) -> ResourceInfo {
         tracks_generation: matches!(b.kind, "CustomResourceDefinition"),
         name_rule: b.name_rule,
         selectable_fields: b.fields.iter().map(|s| s.to_string()).collect(),
+        schema: None,
     }
 }
 
@@ -412,6 +415,9 @@ pub fn crd_entries(crd: &Value) -> Vec<ResourceInfo> {
             tracks_generation: true,
             name_rule: NameRule::Subdomain,
             selectable_fields,
+            schema: Some(Arc::new(
+                super::schema::of_version(v).unwrap_or_else(super::schema::permissive),
+            )),
         });
     }
     // The storage version is served first (preferred), as the real discovery orders by priority.

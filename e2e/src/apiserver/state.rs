@@ -68,6 +68,7 @@ impl State {
                 tracks_generation: false,
                 name_rule: super::resources::NameRule::Subdomain,
                 selectable_fields: vec![],
+                schema: None,
             }),
         }
     }

@@ -107,6 +107,15 @@ pub fn prepare_create(info: &ResourceInfo, obj: &mut Value, now: &str) {
     if !info.custom {
         strip_nulls(obj);
     }
+    apply_schema(info, obj);
+}
+
+/// Custom resources: prune unknown fields and fill defaults from the CRD's schema.
+fn apply_schema(info: &ResourceInfo, obj: &mut Value) {
+    if let Some(schema) = &info.schema {
+        super::schema::prune(obj, schema);
+        super::schema::apply_defaults(obj, schema);
+    }
 }
 
 /// Typed (built-in) objects cannot hold JSON nulls: decoding into Go structs drops them.
@@ -444,6 +453,7 @@ pub fn prepare_update(
     if !info.custom {
         strip_nulls(new);
     }
+    apply_schema(info, new);
     if info.tracks_generation && subresource.is_none() {
         let strip = |v: &Value| {
             let mut v = v.clone();
@@ -487,6 +497,11 @@ pub fn fold_string_data(secret: &mut Value) {
 /// Validation on create and update (`old` set for updates).
 pub fn validate(info: &ResourceInfo, obj: &Value, old: Option<&Value>) -> ApiResult<()> {
     let mut causes = validate_meta(info, obj);
+    if info.custom
+        && let Some(schema) = &info.schema
+    {
+        causes.extend(super::schema::validate(obj, schema));
+    }
     if !info.custom {
         match info.kind.as_str() {
             "Pod" => causes.extend(validate_pod(obj, old)),

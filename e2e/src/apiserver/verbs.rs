@@ -1006,6 +1006,7 @@ fn token_request_info() -> ResourceInfo {
         tracks_generation: false,
         name_rule: super::resources::NameRule::Subdomain,
         selectable_fields: vec![],
+        schema: None,
     }
 }
 

@@ -1833,3 +1833,70 @@ async fn pods_bound_to_a_missing_node_are_garbage_collected() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test]
+async fn custom_resources_are_pruned_defaulted_and_validated_by_their_schema() {
+    let (c, ns) = setup("crdschema").await;
+    let group = format!("{}.e2e.kubeedge-rs.io", unique("g"));
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {
+            "group": group,
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object", "required": ["size"], "properties": {
+                    "size": {"type": "integer"},
+                    "color": {"type": "string", "default": "blue", "enum": ["blue", "red"]}
+                }}}
+            }}}]
+        }
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let crd_name = format!("widgets.{group}");
+    wait_established(&crds, &crd_name).await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&group, "v1", "Widget"),
+        "widgets",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(c.client(), &ns, &ar);
+    let mut w = DynamicObject::new("w", &ar);
+    w.data = json!({"spec": {"size": 3, "unknown": "dropped"}, "extra": 1});
+    let created = api.create(&PostParams::default(), &w).await.unwrap();
+    assert_eq!(
+        created.data["spec"],
+        json!({"size": 3, "color": "blue"}),
+        "pruned and defaulted"
+    );
+    assert!(created.data.get("extra").is_none());
+    let mut bad = DynamicObject::new("bad", &ar);
+    bad.data = json!({"spec": {"size": "three", "color": "green"}});
+    let err = api_error(api.create(&PostParams::default(), &bad).await.unwrap_err());
+    assert_eq!(err.code, 422);
+    let fields: Vec<String> = err
+        .details
+        .map(|d| d.causes.into_iter().map(|c| c.field).collect())
+        .unwrap_or_default();
+    assert!(
+        fields.contains(&"spec.size".to_string()) && fields.contains(&"spec.color".to_string()),
+        "{fields:?}"
+    );
+    let mut missing = DynamicObject::new("missing", &ar);
+    missing.data = json!({"spec": {}});
+    assert_eq!(
+        api_error(
+            api.create(&PostParams::default(), &missing)
+                .await
+                .unwrap_err()
+        )
+        .code,
+        422
+    );
+    crds.delete(&crd_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    c.delete_namespace(&ns).await;
+}
