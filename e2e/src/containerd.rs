@@ -681,7 +681,8 @@ pub fn reap_stale_instances() {
             continue; // live
         };
         tracing::warn!(dir = %dir.display(), "reaping a containerd test environment left by a dead process");
-        process::kill_process_trees_mentioning(&dir.display().to_string());
+        // With the trailing slash `…-1/` does not match a live `…-10/`.
+        process::kill_process_trees_mentioning(&format!("{}/", dir.display()));
         if let Ok(bridge) = std::fs::read_to_string(dir.join("bridge")) {
             delete_bridge(bridge.trim());
         }
