@@ -526,8 +526,14 @@ async fn resource_request(
 }
 
 fn delete_options(ctx: &Ctx, body: &[u8]) -> ApiResult<DeleteOptions> {
+    let protobuf = ctx
+        .content_type
+        .starts_with("application/vnd.kubernetes.protobuf");
     let v: Value = if body.iter().all(u8::is_ascii_whitespace) {
         json!({})
+    } else if protobuf {
+        super::protobuf::decode(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
     } else {
         serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?

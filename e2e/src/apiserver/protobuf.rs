@@ -13,8 +13,16 @@ const MAGIC: &[u8] = b"k8s\x00";
 #[derive(Clone, Copy)]
 enum F {
     Str,
+    /// A non-pointer integer: Go always writes it, JSON omits zero.
     Int,
+    /// A pointer integer: present means set, zero included.
+    OptInt,
+    /// A non-pointer bool (false omitted).
     Bool,
+    /// A pointer bool (false kept).
+    OptBool,
+    /// `intstr.IntOrString{type, intVal, strVal}`.
+    IntOrString,
     /// bytes rendered as base64 (Go `[]byte`).
     Bytes,
     Time,
@@ -30,8 +38,8 @@ const OWNER_REF: Schema = &[
     (3, "name", F::Str, false),
     (4, "uid", F::Str, false),
     (5, "apiVersion", F::Str, false),
-    (6, "controller", F::Bool, false),
-    (7, "blockOwnerDeletion", F::Bool, false),
+    (6, "controller", F::OptBool, false),
+    (7, "blockOwnerDeletion", F::OptBool, false),
 ];
 const OBJECT_META: Schema = &[
     (1, "name", F::Str, false),
@@ -42,7 +50,7 @@ const OBJECT_META: Schema = &[
     (7, "generation", F::Int, false),
     (8, "creationTimestamp", F::Time, false),
     (9, "deletionTimestamp", F::Time, false),
-    (10, "deletionGracePeriodSeconds", F::Int, false),
+    (10, "deletionGracePeriodSeconds", F::OptInt, false),
     (11, "labels", F::MapStrStr, false),
     (12, "annotations", F::MapStrStr, false),
     (13, "ownerReferences", F::Msg(OWNER_REF), true),
@@ -52,14 +60,14 @@ const CONFIG_MAP: Schema = &[
     (1, "metadata", F::Msg(OBJECT_META), false),
     (2, "data", F::MapStrStr, false),
     (3, "binaryData", F::MapStrBytes, false),
-    (4, "immutable", F::Bool, false),
+    (4, "immutable", F::OptBool, false),
 ];
 const SECRET: Schema = &[
     (1, "metadata", F::Msg(OBJECT_META), false),
     (2, "data", F::MapStrBytes, false),
     (3, "type", F::Str, false),
     (4, "stringData", F::MapStrStr, false),
-    (5, "immutable", F::Bool, false),
+    (5, "immutable", F::OptBool, false),
 ];
 const NAMESPACE_SPEC: Schema = &[(1, "finalizers", F::Str, true)];
 const NAMESPACE: Schema = &[
@@ -80,7 +88,7 @@ const SERVICE_ACCOUNT: Schema = &[
     (1, "metadata", F::Msg(OBJECT_META), false),
     (2, "secrets", F::Msg(OBJECT_REF), true),
     (3, "imagePullSecrets", F::Msg(LOCAL_REF), true),
-    (4, "automountServiceAccountToken", F::Bool, false),
+    (4, "automountServiceAccountToken", F::OptBool, false),
 ];
 const BOUND_REF: Schema = &[
     (1, "kind", F::Str, false),
@@ -91,11 +99,96 @@ const BOUND_REF: Schema = &[
 const TOKEN_REQUEST_SPEC: Schema = &[
     (1, "audiences", F::Str, true),
     (3, "boundObjectRef", F::Msg(BOUND_REF), false),
-    (4, "expirationSeconds", F::Int, false),
+    (4, "expirationSeconds", F::OptInt, false),
 ];
 const TOKEN_REQUEST: Schema = &[
     (1, "metadata", F::Msg(OBJECT_META), false),
     (2, "spec", F::Msg(TOKEN_REQUEST_SPEC), false),
+];
+const PRECONDITIONS: Schema = &[
+    (1, "uid", F::Str, false),
+    (2, "resourceVersion", F::Str, false),
+];
+const DELETE_OPTIONS: Schema = &[
+    (1, "gracePeriodSeconds", F::OptInt, false),
+    (2, "preconditions", F::Msg(PRECONDITIONS), false),
+    (3, "orphanDependents", F::OptBool, false),
+    (4, "propagationPolicy", F::Str, false),
+    (5, "dryRun", F::Str, true),
+];
+const POLICY_RULE: Schema = &[
+    (1, "verbs", F::Str, true),
+    (2, "apiGroups", F::Str, true),
+    (3, "resources", F::Str, true),
+    (4, "resourceNames", F::Str, true),
+    (5, "nonResourceURLs", F::Str, true),
+];
+const LABEL_SELECTOR_REQ: Schema = &[
+    (1, "key", F::Str, false),
+    (2, "operator", F::Str, false),
+    (3, "values", F::Str, true),
+];
+const LABEL_SELECTOR: Schema = &[
+    (1, "matchLabels", F::MapStrStr, false),
+    (2, "matchExpressions", F::Msg(LABEL_SELECTOR_REQ), true),
+];
+const AGGREGATION_RULE: Schema = &[(1, "clusterRoleSelectors", F::Msg(LABEL_SELECTOR), true)];
+const ROLE: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "rules", F::Msg(POLICY_RULE), true),
+];
+const CLUSTER_ROLE: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "rules", F::Msg(POLICY_RULE), true),
+    (3, "aggregationRule", F::Msg(AGGREGATION_RULE), false),
+];
+const SUBJECT: Schema = &[
+    (1, "kind", F::Str, false),
+    (2, "apiGroup", F::Str, false),
+    (3, "name", F::Str, false),
+    (4, "namespace", F::Str, false),
+];
+const ROLE_REF: Schema = &[
+    (1, "apiGroup", F::Str, false),
+    (2, "kind", F::Str, false),
+    (3, "name", F::Str, false),
+];
+const ROLE_BINDING: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "subjects", F::Msg(SUBJECT), true),
+    (3, "roleRef", F::Msg(ROLE_REF), false),
+];
+const SERVICE_PORT: Schema = &[
+    (1, "name", F::Str, false),
+    (2, "protocol", F::Str, false),
+    (3, "port", F::Int, false),
+    (4, "targetPort", F::IntOrString, false),
+    (5, "nodePort", F::Int, false),
+    (6, "appProtocol", F::Str, false),
+];
+const SERVICE_SPEC: Schema = &[
+    (1, "ports", F::Msg(SERVICE_PORT), true),
+    (2, "selector", F::MapStrStr, false),
+    (3, "clusterIP", F::Str, false),
+    (4, "type", F::Str, false),
+    (5, "externalIPs", F::Str, true),
+    (7, "sessionAffinity", F::Str, false),
+    (8, "loadBalancerIP", F::Str, false),
+    (9, "loadBalancerSourceRanges", F::Str, true),
+    (10, "externalName", F::Str, false),
+    (11, "externalTrafficPolicy", F::Str, false),
+    (12, "healthCheckNodePort", F::Int, false),
+    (13, "publishNotReadyAddresses", F::Bool, false),
+    (17, "ipFamilyPolicy", F::Str, false),
+    (18, "clusterIPs", F::Str, true),
+    (19, "ipFamilies", F::Str, true),
+    (20, "allocateLoadBalancerNodePorts", F::OptBool, false),
+    (21, "loadBalancerClass", F::Str, false),
+    (22, "internalTrafficPolicy", F::Str, false),
+];
+const SERVICE: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "spec", F::Msg(SERVICE_SPEC), false),
 ];
 const TYPE_META: Schema = &[(1, "apiVersion", F::Str, false), (2, "kind", F::Str, false)];
 const UNKNOWN: Schema = &[
@@ -110,6 +203,11 @@ fn schema_for(kind: &str) -> Option<Schema> {
         "Namespace" => NAMESPACE,
         "ServiceAccount" => SERVICE_ACCOUNT,
         "TokenRequest" => TOKEN_REQUEST,
+        "DeleteOptions" => DELETE_OPTIONS,
+        "Role" => ROLE,
+        "ClusterRole" => CLUSTER_ROLE,
+        "RoleBinding" | "ClusterRoleBinding" => ROLE_BINDING,
+        "Service" => SERVICE,
         _ => return None,
     })
 }
@@ -188,6 +286,21 @@ fn decode_time(b: &[u8]) -> Result<Value, String> {
     Ok(json!(super::meta::format_time(t)))
 }
 
+fn decode_int_or_string(b: &[u8]) -> Result<Value, String> {
+    let mut r = Reader { buf: b, pos: 0 };
+    let (mut ty, mut int, mut string) = (0u64, 0i64, String::new());
+    while !r.done() {
+        let key = r.varint()?;
+        match (key >> 3, key & 7) {
+            (1, 0) => ty = r.varint()?,
+            (2, 0) => int = r.varint()? as i64,
+            (3, 2) => string = utf8(r.bytes()?)?,
+            (_, w) => r.skip(w)?,
+        }
+    }
+    Ok(if ty == 1 { json!(string) } else { json!(int) })
+}
+
 fn decode_map_entry(b: &[u8]) -> Result<(String, &[u8]), String> {
     let mut r = Reader { buf: b, pos: 0 };
     let (mut k, mut v): (String, &[u8]) = (String::new(), &[]);
@@ -215,8 +328,17 @@ fn decode_msg(b: &[u8], schema: Schema) -> Result<Value, String> {
         };
         let value = match (ty, wire) {
             (F::Str, 2) => json!(utf8(r.bytes()?)?),
-            (F::Int, 0) => json!(r.varint()? as i64),
-            (F::Bool, 0) => json!(r.varint()? != 0),
+            (F::Int, 0) => match r.varint()? as i64 {
+                0 => continue,
+                n => json!(n),
+            },
+            (F::OptInt, 0) => json!(r.varint()? as i64),
+            (F::Bool, 0) => match r.varint()? {
+                0 => continue,
+                _ => json!(true),
+            },
+            (F::OptBool, 0) => json!(r.varint()? != 0),
+            (F::IntOrString, 2) => decode_int_or_string(r.bytes()?)?,
             (F::Bytes, 2) => json!(base64::engine::general_purpose::STANDARD.encode(r.bytes()?)),
             (F::Time, 2) => decode_time(r.bytes()?)?,
             (F::Msg(s), 2) => decode_msg(r.bytes()?, s)?,
@@ -237,9 +359,7 @@ fn decode_msg(b: &[u8], schema: Schema) -> Result<Value, String> {
                 continue;
             }
         };
-        let zero = value.is_null()
-            || value.as_str() == Some("")
-            || (*name == "generation" && value.as_i64() == Some(0));
+        let zero = value.is_null() || value.as_str() == Some("");
         if zero && !*repeated {
             continue;
         }
@@ -302,6 +422,11 @@ mod tests {
         assert_eq!(obj["metadata"]["name"], "cfg");
         assert_eq!(obj["data"]["k"], "v");
         assert!(decode(b"k8s\x00\xff").is_err());
+        // DeleteOptions{gracePeriodSeconds: 0} keeps the explicit zero (a pointer field).
+        let tm = [field(1, b"v1"), field(2, b"DeleteOptions")].concat();
+        let raw = vec![1 << 3, 0];
+        let body = [MAGIC.to_vec(), field(1, &tm), field(2, &raw)].concat();
+        assert_eq!(decode(&body).unwrap()["gracePeriodSeconds"], 0);
         assert!(decode(b"nope").is_err());
     }
 }
