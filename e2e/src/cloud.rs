@@ -18,8 +18,10 @@ impl CloudFixture {
     /// Starts cloudhub and the edge controllers; returns once informers have synced.
     pub async fn start(client: kube::Client, pki: &Pki) -> anyhow::Result<CloudFixture> {
         let metrics = HubMetrics::default();
-        let (hub, upstream) =
-            CloudHub::bind(test_hub_config(), pki.server_tls()?, metrics.clone()).await?;
+        // Simulated edges in these tests do not send keepalives on a timer.
+        let mut config = test_hub_config();
+        config.keepalive_interval = Duration::from_secs(120);
+        let (hub, upstream) = CloudHub::bind(config, pki.server_tls()?, metrics.clone()).await?;
         let ready = Readiness::default();
         let shutdown = CancellationToken::new();
         tokio::spawn(cloudcore::controller::run(

@@ -66,6 +66,7 @@ impl Edge {
 
     /// Next message, ACKing it (like metamanager after its write) when it needs an ACK.
     async fn next(&mut self, within: Duration) -> Option<Message> {
+        self.raw.keepalive().await.expect("connection open");
         let m = self.raw.recv(within).await.expect("connection open")?;
         if m.requires_ack() {
             self.raw.ack(&m).await.unwrap();
