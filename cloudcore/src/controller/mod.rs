@@ -10,7 +10,7 @@ pub mod upstream;
 use crate::cloudhub::{CloudHub, Upstream};
 use crate::http::Readiness;
 use downstream::{Downstream, HeldObject, Input};
-use kubeedge_shared::content;
+use kubeedge_shared::inventory::Inventory;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use upstream::UpstreamHandler;
@@ -54,37 +54,26 @@ pub async fn run(
     let _ = ds.await;
 }
 
-/// Reads an inventory message: `{"objects":[{"type","key","uid","resourceVersion"}]}` where
-/// `key` is the wire resource `<ns>/<type>/<name>` (see `edgecore/INVENTORY.md`).
+/// Reads an edge's inventory (`kubeedge_shared::inventory`, `edgecore/INVENTORY.md`) into the
+/// objects it holds; entries with unusable keys are skipped.
 pub fn parse_inventory(up: &Upstream) -> Result<Vec<HeldObject>, String> {
-    let body = content::content_json(&up.message.content).map_err(|e| e.to_string())?;
-    let objects = body
-        .get("objects")
-        .and_then(|o| o.as_array())
-        .ok_or("inventory lacks an objects array")?;
-    let mut held = Vec::with_capacity(objects.len());
-    for o in objects {
-        let key = o["key"].as_str().unwrap_or_default();
-        let Ok(path) = kubeedge_shared::ResourcePath::parse(key) else {
-            continue;
-        };
-        let (Some(name), Some(ns)) = (path.name, path.namespace) else {
-            continue;
-        };
-        held.push(HeldObject {
-            resource_type: o["type"]
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or(path.resource_type),
-            namespace: ns,
-            name,
-            uid: o["uid"].as_str().unwrap_or_default().to_string(),
-            resource_version: o["resourceVersion"]
-                .as_str()
-                .and_then(|r| r.parse().ok())
-                .or_else(|| o["resourceVersion"].as_u64())
-                .unwrap_or(0),
-        });
-    }
-    Ok(held)
+    let inventory = Inventory::from_message(&up.message).map_err(|e| e.to_string())?;
+    Ok(inventory
+        .objects
+        .into_iter()
+        .filter_map(|o| {
+            let path = kubeedge_shared::ResourcePath::parse(&o.key).ok()?;
+            Some(HeldObject {
+                resource_type: if o.resource_type.is_empty() {
+                    path.resource_type
+                } else {
+                    o.resource_type
+                },
+                namespace: path.namespace?,
+                name: path.name?,
+                uid: o.uid,
+                resource_version: o.resource_version.parse().unwrap_or(0),
+            })
+        })
+        .collect())
 }
