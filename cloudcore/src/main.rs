@@ -38,6 +38,7 @@ fn main() -> std::process::ExitCode {
         )
         .init();
     kubeedge_shared::tls::install_default_provider();
+    raise_fd_limit();
     let cfg = match CloudCoreConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
@@ -72,6 +73,25 @@ fn main() -> std::process::ExitCode {
             tracing::error!("{e:#}");
             eprintln!("cloudcore: {e:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// One socket per edge node: raise the open-file soft limit to the hard limit, as the Go
+/// runtime does for KubeEdge's cloudcore.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed in.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let wanted = lim.rlim_max;
+            lim.rlim_cur = wanted;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                tracing::debug!(limit = wanted, "raised the open-file limit");
+            }
         }
     }
 }
