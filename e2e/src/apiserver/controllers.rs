@@ -18,6 +18,7 @@ pub fn spawn_all(st: &Arc<State>, cancel: &CancellationToken) -> Vec<tokio::task
         tokio::spawn(bookmarks(st.clone(), cancel.clone())),
         tokio::spawn(super::node_lifecycle::run(st.clone(), cancel.clone())),
         tokio::spawn(super::endpoints::run(st.clone(), cancel.clone())),
+        tokio::spawn(super::gc::run(st.clone(), cancel.clone())),
         tokio::spawn(namespaces(st.clone(), cancel.clone())),
     ]
 }

@@ -20,6 +20,7 @@ mod apply;
 mod controllers;
 mod discovery;
 mod endpoints;
+mod gc;
 mod handlers;
 mod lock;
 pub mod meta;
@@ -86,6 +87,9 @@ pub struct Config {
     pub pod_gc_orphan_quarantine: Duration,
     /// Delay before the endpoints controller reacts to a batch of pod/service changes.
     pub endpoints_sync_delay: Duration,
+    /// How often the garbage collector looks for dependents of deleted owners (when something
+    /// was deleted).
+    pub gc_period: Duration,
     /// How often terminating namespaces are emptied and namespace defaults ensured.
     pub namespace_sync_period: Duration,
     /// Request body limit (the real server allows 3 MiB).
@@ -110,6 +114,7 @@ impl Default for Config {
             node_monitor_period: Duration::from_secs(5),
             pod_gc_orphan_quarantine: Duration::from_secs(40),
             endpoints_sync_delay: Duration::from_millis(100),
+            gc_period: Duration::from_secs(1),
             namespace_sync_period: Duration::from_millis(500),
             max_body_bytes: 3 * 1024 * 1024,
             snapshot_interval: Duration::from_secs(2),
@@ -125,6 +130,7 @@ impl Config {
             node_monitor_grace_period: Duration::from_secs(2),
             node_monitor_period: Duration::from_millis(200),
             namespace_sync_period: Duration::from_millis(100),
+            gc_period: Duration::from_millis(100),
             ..Self::default()
         }
     }

@@ -65,6 +65,10 @@ pub struct Obj {
     uid: Box<str>,
     deleting: bool,
     labels: Box<[(Box<str>, Box<str>)]>,
+    /// uids from `metadata.ownerReferences`.
+    owners: Box<[Box<str>]>,
+    /// `metadata.finalizers`.
+    finalizers: Box<[Box<str>]>,
     /// (index into `SELECTABLE`, value) for non-empty values.
     fields: Box<[(u8, Box<str>)]>,
 }
@@ -103,6 +107,22 @@ impl Obj {
             uid: s(&meta["uid"]),
             deleting: !meta["deletionTimestamp"].is_null(),
             labels,
+            owners: meta["ownerReferences"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|o| o["uid"].as_str().map(Into::into))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            finalizers: meta["finalizers"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|f| f.as_str().map(Into::into))
+                        .collect()
+                })
+                .unwrap_or_default(),
             fields,
         }
     }
@@ -140,6 +160,15 @@ impl Obj {
     /// `metadata.deletionTimestamp` is set.
     pub fn deleting(&self) -> bool {
         self.deleting
+    }
+
+    /// uids of the owners in `metadata.ownerReferences`.
+    pub fn owners(&self) -> impl Iterator<Item = &str> {
+        self.owners.iter().map(|o| &**o)
+    }
+
+    pub fn has_finalizer(&self, f: &str) -> bool {
+        self.finalizers.iter().any(|x| &**x == f)
     }
 
     pub fn label(&self, key: &str) -> Option<&str> {
@@ -286,6 +315,7 @@ pub struct ListPage {
 
 pub struct Store {
     rv: Arc<AtomicU64>,
+    deletions: Arc<AtomicU64>,
     tables: RwLock<HashMap<(String, String), Arc<Table>>>,
     cfg: StoreConfig,
 }
@@ -294,6 +324,7 @@ impl Store {
     pub fn new(cfg: StoreConfig) -> Self {
         Self {
             rv: Arc::new(AtomicU64::new(1)),
+            deletions: Arc::new(AtomicU64::new(0)),
             tables: RwLock::new(HashMap::new()),
             cfg,
         }
@@ -319,6 +350,7 @@ impl Store {
                 Arc::new(Table {
                     key,
                     rv: self.rv.clone(),
+                    deletions: self.deletions.clone(),
                     cfg: self.cfg.clone(),
                     state: RwLock::new(TableState::default()),
                 })
@@ -328,6 +360,11 @@ impl Store {
 
     pub fn tables(&self) -> Vec<Arc<Table>> {
         read(&self.tables).values().cloned().collect()
+    }
+
+    /// How many objects have been removed so far (lets the garbage collector skip idle passes).
+    pub fn deletions(&self) -> u64 {
+        self.deletions.load(Ordering::SeqCst)
     }
 
     /// Restores the counter after loading a snapshot; never moves it backwards.
@@ -496,6 +533,7 @@ impl Drop for WatcherGuard {
 pub struct Table {
     key: (String, String),
     rv: Arc<AtomicU64>,
+    deletions: Arc<AtomicU64>,
     cfg: StoreConfig,
     state: RwLock<TableState>,
 }
@@ -605,6 +643,7 @@ impl Table {
                 let tomb = Arc::new(Obj::new(&value, rv)?);
                 st.index_remove(Some(&c));
                 st.objects.remove(key);
+                self.deletions.fetch_add(1, Ordering::SeqCst);
                 st.record(
                     &self.cfg,
                     HistEvent {

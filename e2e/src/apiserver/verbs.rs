@@ -40,7 +40,12 @@ impl DeleteOptions {
             resource_version: body["preconditions"]["resourceVersion"]
                 .as_str()
                 .map(str::to_string),
-            propagation_policy: body["propagationPolicy"].as_str().map(str::to_string),
+            propagation_policy: body["propagationPolicy"]
+                .as_str()
+                .map(str::to_string)
+                .or_else(|| {
+                    (body["orphanDependents"].as_bool() == Some(true)).then(|| "Orphan".into())
+                }),
             dry_run: body["dryRun"]
                 .as_array()
                 .is_some_and(|a| a.iter().any(|v| v == "All")),
@@ -755,7 +760,6 @@ pub fn delete(
         }
         let mut v = cur.value();
         let deleting = !v["metadata"]["deletionTimestamp"].is_null();
-        let has_finalizers = v["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
         if info.kind == "Namespace" && !info.custom {
             if deleting {
                 return Ok(Mutation::Unchanged);
@@ -769,6 +773,20 @@ pub fn delete(
             }
             return Ok(Mutation::Put(v));
         }
+        // The garbage collector's finalizers for foreground and orphan propagation.
+        let gc_finalizer = match opts.propagation_policy.as_deref() {
+            Some("Foreground") => Some(super::gc::FOREGROUND),
+            Some("Orphan") => Some(super::gc::ORPHAN),
+            _ => None,
+        };
+        if let Some(f) = gc_finalizer {
+            let mut fins = v["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+            if !fins.iter().any(|x| x == f) {
+                fins.push(json!(f));
+                set_path(&mut v, &["metadata", "finalizers"], Value::Array(fins));
+            }
+        }
+        let has_finalizers = v["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
         let grace = graceful_period(info, &v, opts.grace_period_seconds);
         if grace > 0 {
             let current = v["metadata"]["deletionGracePeriodSeconds"].as_i64();

@@ -1900,3 +1900,105 @@ async fn custom_resources_are_pruned_defaulted_and_validated_by_their_schema() {
         .unwrap();
     c.delete_namespace(&ns).await;
 }
+
+#[tokio::test]
+async fn data_dir_keeps_objects_and_resource_versions_across_restarts() {
+    if std::env::var_os(cluster::KUBECONFIG_ENV).is_some_and(|v| !v.is_empty()) {
+        println!("SKIPPED on a real cluster: this test restarts the in-memory server");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = || Config {
+        data_dir: Some(dir.path().to_path_buf()),
+        ..Config::for_tests()
+    };
+    let srv = e2e::apiserver::ApiServer::start(config()).await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(srv.client().unwrap(), "default");
+    let created = api
+        .create(&PostParams::default(), &cm("kept", &[]))
+        .await
+        .unwrap();
+    let token = srv.token().to_string();
+    srv.shutdown().await;
+    let srv = e2e::apiserver::ApiServer::start(config()).await.unwrap();
+    assert_eq!(srv.token(), token, "the admin token survives");
+    let api: Api<ConfigMap> = Api::namespaced(srv.client().unwrap(), "default");
+    let got = api.get("kept").await.unwrap();
+    assert_eq!(got.metadata.uid, created.metadata.uid);
+    let next = api
+        .create(&PostParams::default(), &cm("after", &[]))
+        .await
+        .unwrap();
+    let rv = |c: &ConfigMap| {
+        c.metadata
+            .resource_version
+            .as_deref()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert!(
+        rv(&next) > rv(&created),
+        "resourceVersions keep increasing after a restart"
+    );
+    srv.shutdown().await;
+}
+
+#[tokio::test]
+async fn owner_references_cascade_with_each_propagation_policy() {
+    let (c, ns) = setup("gc").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client(), &ns);
+    let mut owners = Vec::new();
+    for (owner, dependent) in [("bg", "bg-dep"), ("orph", "orph-dep"), ("fg", "fg-dep")] {
+        let o = api
+            .create(&PostParams::default(), &cm(owner, &[]))
+            .await
+            .unwrap();
+        let mut d = cm(dependent, &[]);
+        d.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: owner.into(),
+                uid: o.metadata.uid.clone().unwrap(),
+                block_owner_deletion: Some(true),
+                ..Default::default()
+            },
+        ]);
+        api.create(&PostParams::default(), &d).await.unwrap();
+        owners.push(o);
+    }
+    api.delete("bg", &DeleteParams::background()).await.unwrap();
+    api.delete("orph", &DeleteParams::orphan()).await.unwrap();
+    let fg = api.delete("fg", &DeleteParams::foreground()).await.unwrap();
+    if let Some(obj) = fg.left() {
+        assert!(
+            obj.metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&"foregroundDeletion".to_string())
+        );
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let remaining = names(&api, &ListParams::default()).await;
+        if remaining == vec!["orph-dep"] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "left: {remaining:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let orphan = api.get("orph-dep").await.unwrap();
+    assert!(
+        orphan
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty(),
+        "orphaned dependents lose the reference"
+    );
+    c.delete_namespace(&ns).await;
+}
