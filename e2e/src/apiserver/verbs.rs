@@ -326,6 +326,19 @@ pub fn create(
         .filter(|_| name(&body).is_empty())
         .map(str::to_string);
     check_namespace(st, info, ns, name(&body))?;
+    // The storage layer refuses this with a plain error, which the real server reports as a 500.
+    if body["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse::<u64>().ok())
+        .is_some_and(|rv| rv != 0)
+    {
+        return Err(ApiError {
+            code: 500,
+            reason: "",
+            message: "resourceVersion should not be set on objects to be created".into(),
+            details: None,
+        });
+    }
     admit_create(st, info, &mut body)?;
     let table = st.table(info);
     for attempt in 0..8 {

@@ -117,6 +117,20 @@ async fn create_sets_server_fields_and_duplicate_create_conflicts() {
     assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
     let err = api_error(api.get("missing").await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
+    // Re-creating a fetched object without clearing its resourceVersion fails like upstream.
+    let mut refetched = got.clone();
+    refetched.metadata.name = Some("copy".into());
+    let err = api_error(
+        api.create(&PostParams::default(), &refetched)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 500);
+    assert!(
+        err.message.contains("resourceVersion should not be set"),
+        "{}",
+        err.message
+    );
     let mut gen_cm = cm("", &[]);
     gen_cm.metadata.name = None;
     gen_cm.metadata.generate_name = Some("gen-".into());
