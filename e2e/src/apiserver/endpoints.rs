@@ -293,8 +293,8 @@ fn sync_namespace(st: &State, ns: &str, gone: &mut HashSet<ObjKey>) {
     else {
         return;
     };
-    let pods = st.table(&st.core("pods")).in_namespace(ns);
     let services = st.table(&svc_info).in_namespace(ns);
+    let mut pods: Option<Vec<Arc<Obj>>> = None;
     let opts = WriteOptions::default();
     for svc in &services {
         let v = svc.value();
@@ -304,7 +304,8 @@ fn sync_namespace(st: &State, ns: &str, gone: &mut HashSet<ObjKey>) {
         if !has_selector || v["spec"]["type"] == "ExternalName" {
             continue;
         }
-        let ms = members(&v, &pods);
+        let pods = pods.get_or_insert_with(|| st.table(&st.core("pods")).in_namespace(ns));
+        let ms = members(&v, pods);
         if let Err(e) = verbs::update(
             st,
             &ep_info,

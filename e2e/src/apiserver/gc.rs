@@ -53,6 +53,14 @@ fn collect(st: &State) -> bool {
         .iter()
         .flat_map(|(i, t)| t.all().into_iter().map(move |o| (i.clone(), o)))
         .collect();
+    // Nothing owned and nothing waiting on propagation: nothing to do.
+    let relevant = all.iter().any(|(_, o)| {
+        o.owners().next().is_some()
+            || (o.deleting() && (o.has_finalizer(FOREGROUND) || o.has_finalizer(ORPHAN)))
+    });
+    if !relevant {
+        return false;
+    }
     let alive: HashSet<&str> = all.iter().map(|(_, o)| o.uid()).collect();
     let foreground: HashSet<&str> = all
         .iter()

@@ -204,11 +204,8 @@ fn mark_pods_not_ready(st: &State, node: &str) {
     let info = st.core("pods");
     let table = st.table(&info);
     let now = now_time();
-    for pod in table.all() {
-        if pod.field("spec.nodeName") != node {
-            continue;
-        }
-        let _ = table.mutate(&pod.key(), |cur| {
+    for key in table.keys_on_node(node) {
+        let _ = table.mutate(&key, |cur| {
             let Some(cur) = cur else {
                 return Ok(Mutation::Unchanged);
             };
