@@ -69,6 +69,7 @@ struct Ctx {
     st: Arc<State>,
     method: Method,
     query: Query,
+    raw_query: String,
     accept: String,
     content_type: String,
     cancel: CancellationToken,
@@ -102,6 +103,7 @@ pub async fn handle(
     };
     let ctx = Ctx {
         query: Query::parse(req.uri().query()),
+        raw_query: req.uri().query().unwrap_or_default().to_string(),
         accept: header_str(header::ACCEPT),
         content_type: header_str(header::CONTENT_TYPE),
         st,
@@ -513,6 +515,9 @@ async fn resource_request(
             };
             let out = verbs::create_token(st, ns_str, name, tr)?;
             Ok(json_response(StatusCode::CREATED, &out))
+        }
+        (&Method::GET, Some(name), Some("log")) => {
+            super::kubelet::pod_log(st, ns_str, name, &ctx.query, &ctx.raw_query).await
         }
         (&Method::POST, Some(name), Some("binding")) => {
             let b = decode_body(ctx, &body, &info)?;

@@ -22,6 +22,7 @@ mod discovery;
 mod endpoints;
 mod gc;
 mod handlers;
+mod kubelet;
 mod lock;
 pub mod meta;
 mod node_lifecycle;
@@ -231,6 +232,7 @@ impl ApiServer {
             tokens::TokenIssuer::new(signing_key.into_bytes()),
             token,
             pki.ca_pem.clone(),
+            kubelet::client_config(&pki.kubelet_client_der, &pki.kubelet_client_key_der)?,
         ));
         let restored = match &config.data_dir {
             Some(d) => persist::load(&st, d)?,

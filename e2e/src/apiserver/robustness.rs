@@ -9,11 +9,16 @@ use super::tokens::TokenIssuer;
 use super::verbs::{self, DeleteOptions, WriteOptions};
 
 fn state() -> State {
+    let pki = super::tls::make_pki(&[], None).expect("pki");
+    let kubelet =
+        super::kubelet::client_config(&pki.kubelet_client_der, &pki.kubelet_client_key_der)
+            .expect("kubelet tls");
     let st = State::new(
         Config::default(),
         TokenIssuer::new(b"k".to_vec()),
         "t".into(),
         "ca".into(),
+        kubelet,
     );
     let ns = st.core("namespaces");
     verbs::create(

@@ -17,6 +17,8 @@ pub struct State {
     pub admin_token: String,
     pub ca_pem: String,
     pub config: Config,
+    /// TLS towards kubelets (client certificate signed by the cluster CA).
+    pub kubelet_tls: std::sync::Arc<rustls::ClientConfig>,
     /// `true` while new watches are held back (a test knob to force relists).
     pub watch_gate: watch::Sender<bool>,
     next_cluster_ip: AtomicU32,
@@ -24,7 +26,13 @@ pub struct State {
 }
 
 impl State {
-    pub fn new(config: Config, tokens: TokenIssuer, admin_token: String, ca_pem: String) -> Self {
+    pub fn new(
+        config: Config,
+        tokens: TokenIssuer,
+        admin_token: String,
+        ca_pem: String,
+        kubelet_tls: std::sync::Arc<rustls::ClientConfig>,
+    ) -> Self {
         let store = Store::new(StoreConfig {
             history_limit: config.history_limit,
             watch_capacity: config.watch_capacity,
@@ -35,6 +43,7 @@ impl State {
             tokens,
             admin_token,
             ca_pem,
+            kubelet_tls,
             config,
             watch_gate: watch::channel(false).0,
             next_cluster_ip: AtomicU32::new(10),

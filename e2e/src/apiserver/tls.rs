@@ -17,6 +17,9 @@ pub struct Pki {
     pub ca_der: Vec<u8>,
     pub cert_der: CertificateDer<'static>,
     pub key_der: Vec<u8>,
+    /// The client certificate the server presents to kubelets (`pods/log`).
+    pub kubelet_client_der: CertificateDer<'static>,
+    pub kubelet_client_key_der: Vec<u8>,
 }
 
 /// Loads the CA from `dir` (ca.crt/ca.key) or creates it there; always issues a fresh serving
@@ -85,11 +88,30 @@ pub fn make_pki(sans: &[String], dir: Option<&Path>) -> anyhow::Result<Pki> {
     let cert = params
         .signed_by(&key, &issuer)
         .context("signing serving certificate")?;
+
+    let client_key = KeyPair::generate().context("generating kubelet client key")?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "kube-apiserver-kubelet-client");
+    dn.push(DnType::OrganizationName, "system:masters");
+    params.distinguished_name = dn;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(365);
+    let client = params
+        .signed_by(&client_key, &issuer)
+        .context("signing kubelet client certificate")?;
     Ok(Pki {
         ca_pem,
         ca_der,
         cert_der: cert.der().clone(),
         key_der: key.serialize_der(),
+        kubelet_client_der: client.der().clone(),
+        kubelet_client_key_der: client_key.serialize_der(),
     })
 }
 

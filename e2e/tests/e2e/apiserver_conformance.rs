@@ -2016,3 +2016,114 @@ async fn owner_references_cascade_with_each_propagation_policy() {
     );
     c.delete_namespace(&ns).await;
 }
+
+/// A kubelet stand-in: HTTPS, requires a client certificate from the cluster CA, answers
+/// `/containerLogs/...` with two lines and records the request path.
+async fn fake_kubelet(
+    ca_pem: &str,
+) -> (
+    u16,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use std::sync::{Arc, Mutex};
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for der in rustls_pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(rustls_pki_types::PrivatePkcs8KeyDer::from(
+                key.serialize_der(),
+            )),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen2 = seen.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                continue;
+            };
+            let seen = seen2.clone();
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    seen.lock().unwrap().push(req.uri().to_string());
+                    async move {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from_static(
+                                b"line one\nline two\n",
+                            )),
+                        ))
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                .await;
+        }
+    });
+    (port, seen, task)
+}
+
+#[tokio::test]
+async fn kubectl_logs_reach_the_node_kubelet_endpoint() {
+    let Some(c) =
+        cluster::connect_in_memory_only(Config::for_tests(), "a kubelet stand-in on 127.0.0.1")
+            .await
+            .unwrap()
+    else {
+        return;
+    };
+    let srv = c.in_memory().unwrap();
+    let (port, seen, kubelet) = fake_kubelet(srv.ca_pem()).await;
+    let ns = c.temp_namespace("logs").await.unwrap();
+    let node_name = unique("edge");
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": node_name},
+        "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}], "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}
+    }))
+    .unwrap();
+    Api::<Node>::all(c.client())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
+    let p: Pod = serde_json::from_value(json!({"metadata": {"name": "talker"}, "spec": {"nodeName": node_name, "containers": [{"name": "main", "image": "busybox:1.36"}]}})).unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let out = c
+        .kubectl_run(&["-n", &ns, "logs", "talker", "--tail=5"], None)
+        .await
+        .unwrap();
+    assert!(out.success, "{out:?}");
+    assert_eq!(out.stdout, "line one\nline two\n");
+    let paths = seen.lock().unwrap().clone();
+    assert!(
+        paths.iter().any(
+            |p| p.starts_with(&format!("/containerLogs/{ns}/talker/main"))
+                && p.contains("tailLines=5")
+        ),
+        "{paths:?}"
+    );
+    let logs = pods.logs("talker", &Default::default()).await.unwrap();
+    assert!(logs.contains("line two"));
+    kubelet.abort();
+}

@@ -1,0 +1,246 @@
+//! `pods/<name>/log`: like the real apiserver, the server connects to the node's kubelet endpoint
+//! (`status.addresses` + `status.daemonEndpoints.kubeletEndpoint.Port`, default 10250) over TLS,
+//! presents its kubelet client certificate (signed by the cluster CA, CN
+//! `kube-apiserver-kubelet-client`, O `system:masters`), does not verify the kubelet's serving
+//! certificate (upstream's default without `--kubelet-certificate-authority`), and streams
+//! `GET /containerLogs/<ns>/<pod>/<container>` back to the client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde_json::Value;
+
+use super::handlers::Body;
+use super::query::Query;
+use super::state::State;
+use super::status::{ApiError, ApiResult};
+use super::verbs;
+
+/// Accepts any kubelet serving certificate (but still checks the handshake signatures).
+#[derive(Debug)]
+struct AnyKubeletCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AnyKubeletCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The TLS client configuration used towards kubelets.
+pub fn client_config(
+    cert: &CertificateDer<'static>,
+    key_der: &[u8],
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyKubeletCert(provider)))
+        .with_client_auth_cert(
+            vec![cert.clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der.to_vec())),
+        )?;
+    Ok(Arc::new(cfg))
+}
+
+const LOG_PARAMS: &[&str] = &[
+    "follow",
+    "previous",
+    "sinceSeconds",
+    "sinceTime",
+    "timestamps",
+    "tailLines",
+    "limitBytes",
+    "insecureSkipTLSVerifyBackend",
+];
+
+fn kubelet_address(node: &Value) -> Option<(String, u16)> {
+    let addrs = node["status"]["addresses"].as_array()?;
+    let host = ["InternalIP", "ExternalIP", "Hostname"]
+        .iter()
+        .find_map(|t| {
+            addrs
+                .iter()
+                .find(|a| a["type"] == *t)
+                .and_then(|a| a["address"].as_str())
+        })?;
+    let port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p != 0)
+        .unwrap_or(10250);
+    Some((host.to_string(), port))
+}
+
+pub async fn pod_log(
+    st: &State,
+    ns: &str,
+    pod_name: &str,
+    query: &Query,
+    raw_query: &str,
+) -> ApiResult<Response<Body>> {
+    let pods = st.core("pods");
+    let pod = verbs::get(st, &pods, ns, pod_name)?.value();
+    let containers: Vec<&str> = ["initContainers", "containers", "ephemeralContainers"]
+        .iter()
+        .flat_map(|l| pod["spec"][*l].as_array().into_iter().flatten())
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let main: Vec<&str> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let container = match query.non_empty("container") {
+        Some(c) if containers.contains(&c) => c.to_string(),
+        Some(c) => {
+            return Err(ApiError::bad_request(format!(
+                "container {c} is not valid for pod {pod_name}"
+            )));
+        }
+        None if main.len() == 1 => main[0].to_string(),
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {pod_name}, choose one of: [{}]",
+                main.join(" ")
+            )));
+        }
+    };
+    let Some(node_name) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
+        return Err(ApiError::bad_request(format!(
+            "pod {pod_name} does not have a host assigned"
+        )));
+    };
+    let node = verbs::get(st, &st.core("nodes"), "", node_name)?.value();
+    let (host, port) = kubelet_address(&node).ok_or_else(|| {
+        ApiError::internal(format!(
+            "node {node_name} has no address to reach its kubelet"
+        ))
+    })?;
+    let passthrough: Vec<&str> = raw_query
+        .split('&')
+        .filter(|kv| LOG_PARAMS.contains(&kv.split('=').next().unwrap_or_default()))
+        .collect();
+    let mut path = format!("/containerLogs/{ns}/{pod_name}/{container}");
+    if !passthrough.is_empty() {
+        path.push('?');
+        path.push_str(&passthrough.join("&"));
+    }
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        ApiError::internal(format!("{what} https://{authority}{path}: {e}"))
+    };
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect(&authority),
+    )
+    .await
+    .map_err(|e| fail("Get", &e))?
+    .map_err(|e| fail("Get", &e))?;
+    let server_name = ServerName::try_from(host.clone()).map_err(|e| fail("Get", &e))?;
+    let connector = tokio_rustls::TlsConnector::from(st.kubelet_tls.clone());
+    let tls = connector
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| fail("Get", &e))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| fail("Get", &e))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = Request::get(path.as_str())
+        .header(http::header::HOST, authority.as_str())
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| fail("Get", &e))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| fail("Get", &e))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return Err(ApiError {
+            code: if status == StatusCode::NOT_FOUND {
+                404
+            } else {
+                500
+            },
+            reason: if status == StatusCode::NOT_FOUND {
+                "NotFound"
+            } else {
+                "InternalError"
+            },
+            message: String::from_utf8_lossy(&body).trim().to_string(),
+            details: None,
+        });
+    }
+    // An upstream error ends the stream (the client sees the log end), as a proxy would.
+    use futures::StreamExt;
+    let frames = http_body_util::BodyStream::new(resp.into_body())
+        .take_while(|r| futures::future::ready(r.is_ok()))
+        .filter_map(|r| futures::future::ready(r.ok().map(Ok::<_, std::convert::Infallible>)));
+    let body = BodyExt::boxed(http_body_util::StreamBody::new(frames));
+    let mut out = Response::new(body);
+    out.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain"),
+    );
+    Ok(out)
+}
