@@ -89,6 +89,7 @@ impl State {
     }
 
     pub fn allocate_node_port(&self) -> u32 {
-        30000 + (self.next_node_port.fetch_add(1, Ordering::SeqCst) - 30000) % 2768
+        let n = self.next_node_port.fetch_add(1, Ordering::SeqCst);
+        30000 + n.wrapping_sub(30000) % 2768
     }
 }
