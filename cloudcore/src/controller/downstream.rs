@@ -58,7 +58,8 @@ struct EdgePod {
     rv: u64,
     /// Hash of metadata (minus volatile fields) and spec: status-only changes are not sent.
     fingerprint: u64,
-    object: Arc<Value>,
+    /// Compact JSON (a `serde_json::Value` costs several times its text in memory).
+    object: Arc<str>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,6 +75,7 @@ pub struct Downstream {
     hub: CloudHub,
     edge_nodes: HashSet<String>,
     pods: HashMap<ObjectKey, EdgePod>,
+    pods_by_node: HashMap<String, HashSet<ObjectKey>>,
     location: LocationCache,
     configmaps: HashMap<ObjectKey, (String, u64)>,
     secrets: HashMap<ObjectKey, (String, u64)>,
@@ -117,6 +119,7 @@ impl Downstream {
             hub,
             edge_nodes: HashSet::new(),
             pods: HashMap::new(),
+            pods_by_node: HashMap::new(),
             location: LocationCache::default(),
             configmaps: HashMap::new(),
             secrets: HashMap::new(),
@@ -250,7 +253,9 @@ impl Downstream {
         }
         tracing::info!(node, "edge node deleted; ending its session");
         self.location.remove_node(node);
-        self.pods.retain(|_, p| p.node != node);
+        for key in self.pods_by_node.remove(node).unwrap_or_default() {
+            self.pods.remove(&key);
+        }
         self.hub.disconnect(node);
     }
 
@@ -292,9 +297,8 @@ impl Downstream {
                     .cloned()
                     .collect();
                 for k in gone {
-                    if let Some(p) = self.pods.remove(&k) {
-                        self.location.remove_pod(&k);
-                        self.send_pod(&p.node, Operation::Delete, &p.object);
+                    if let Some(p) = self.remove_pod_entry(&k) {
+                        self.send_pod(&p.node, Operation::Delete, &expand(&p.object));
                     }
                 }
                 self.mark_synced(Watched::Pods);
@@ -317,7 +321,11 @@ impl Downstream {
         let Ok(value) = serde_json::to_value(&pod) else {
             return;
         };
-        let value = with_type_meta(value, Kind::Pod);
+        let mut value = with_type_meta(value, Kind::Pod);
+        // The edge has no use for field-manager bookkeeping; it is often the largest part.
+        if let Some(m) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
         let fingerprint = fingerprint(&value);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let rv = parse_rv(pod.metadata.resource_version.as_deref());
@@ -326,7 +334,7 @@ impl Downstream {
         let op = match previous {
             Some(prev) if prev.uid == uid && prev.fingerprint == fingerprint => {
                 // Status-only change: the edge owns pod status.
-                let object = Arc::new(value);
+                let object = compact(&value);
                 if let Some(p) = self.pods.get_mut(&key) {
                     p.rv = rv;
                     p.object = object;
@@ -338,8 +346,12 @@ impl Downstream {
             None => Operation::Insert,
         };
         self.location.set_pod(key.clone(), &node, refs);
-        let object = Arc::new(value);
-        self.send_pod(&node, op, &object);
+        self.send_pod(&node, op, &value);
+        let object = compact(&value);
+        self.pods_by_node
+            .entry(node.clone())
+            .or_default()
+            .insert(key.clone());
         self.pods.insert(
             key,
             EdgePod {
@@ -354,14 +366,25 @@ impl Downstream {
 
     fn pod_deleted(&mut self, pod: &Pod) {
         let key = object_key(&pod.metadata);
-        let Some(p) = self.pods.remove(&key) else {
+        let Some(p) = self.remove_pod_entry(&key) else {
             return;
         };
-        self.location.remove_pod(&key);
         let object = serde_json::to_value(pod)
             .map(|v| with_type_meta(v, Kind::Pod))
-            .unwrap_or_else(|_| (*p.object).clone());
+            .unwrap_or_else(|_| expand(&p.object));
         self.send_pod(&p.node, Operation::Delete, &object);
+    }
+
+    fn remove_pod_entry(&mut self, key: &ObjectKey) -> Option<EdgePod> {
+        let p = self.pods.remove(key)?;
+        self.location.remove_pod(key);
+        if let Some(keys) = self.pods_by_node.get_mut(&p.node) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.pods_by_node.remove(&p.node);
+            }
+        }
+        Some(p)
     }
 
     fn send_pod(&self, node: &str, op: Operation, pod: &Value) {
@@ -516,11 +539,16 @@ impl Downstream {
         let mut sent = 0usize;
         let mut deleted = 0usize;
         // Pods the node should run.
-        let mine: Vec<(ObjectKey, u64, String, Arc<Value>)> = self
-            .pods
-            .iter()
-            .filter(|(_, p)| p.node == node)
-            .map(|(k, p)| (k.clone(), p.rv, p.uid.clone(), p.object.clone()))
+        let mine: Vec<(ObjectKey, u64, String, Arc<str>)> = self
+            .pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| {
+                self.pods
+                    .get(k)
+                    .map(|p| (k.clone(), p.rv, p.uid.clone(), p.object.clone()))
+            })
             .collect();
         let mut wanted: HashSet<(String, String, String)> = HashSet::new();
         for (key, rv, uid, obj) in &mine {
@@ -536,26 +564,12 @@ impl Downstream {
                         &key.1,
                         stub(Kind::Pod, key, &h.uid),
                     );
-                    self.send(
-                        node,
-                        Operation::Update,
-                        "pod",
-                        &key.0,
-                        &key.1,
-                        (**obj).clone(),
-                    );
+                    self.send(node, Operation::Update, "pod", &key.0, &key.1, expand(obj));
                     sent += 1;
                     deleted += 1;
                 }
                 _ => {
-                    self.send(
-                        node,
-                        Operation::Update,
-                        "pod",
-                        &key.0,
-                        &key.1,
-                        (**obj).clone(),
-                    );
+                    self.send(node, Operation::Update, "pod", &key.0, &key.1, expand(obj));
                     sent += 1;
                 }
             }
@@ -631,6 +645,14 @@ impl Downstream {
             "resynchronised edge node"
         );
     }
+}
+
+fn compact(v: &Value) -> Arc<str> {
+    Arc::from(v.to_string())
+}
+
+fn expand(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or(Value::Null)
 }
 
 fn stub(kind: Kind, key: &ObjectKey, uid: &str) -> Value {

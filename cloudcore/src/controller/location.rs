@@ -4,7 +4,7 @@
 //! deleted), so a configmap change is never sent to a node that no longer uses it.
 
 use super::refs::PodRefs;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// `namespace/name` of a namespaced object.
 pub type ObjectKey = (String, String);
@@ -13,6 +13,8 @@ pub type ObjectKey = (String, String);
 pub struct LocationCache {
     /// pod key → (node, what it references)
     pods: HashMap<ObjectKey, (String, PodRefs)>,
+    /// node → its pods (so per-node work does not scan every pod)
+    by_node: HashMap<String, HashSet<ObjectKey>>,
     /// configmap key → node → number of pods on that node referencing it
     configmaps: HashMap<ObjectKey, HashMap<String, u32>>,
     secrets: HashMap<ObjectKey, HashMap<String, u32>>,
@@ -50,6 +52,10 @@ impl LocationCache {
         for s in &refs.secrets {
             add(&mut self.secrets, (ns.clone(), s.clone()), node);
         }
+        self.by_node
+            .entry(node.to_string())
+            .or_default()
+            .insert(pod.clone());
         self.pods.insert(pod, (node.to_string(), refs));
     }
 
@@ -57,6 +63,12 @@ impl LocationCache {
         let Some((node, refs)) = self.pods.remove(pod) else {
             return;
         };
+        if let Some(keys) = self.by_node.get_mut(&node) {
+            keys.remove(pod);
+            if keys.is_empty() {
+                self.by_node.remove(&node);
+            }
+        }
         for cm in &refs.configmaps {
             remove(&mut self.configmaps, &(pod.0.clone(), cm.clone()), &node);
         }
@@ -67,13 +79,7 @@ impl LocationCache {
 
     /// Forgets every pod of a deleted node.
     pub fn remove_node(&mut self, node: &str) {
-        let pods: Vec<ObjectKey> = self
-            .pods
-            .iter()
-            .filter(|(_, (n, _))| n == node)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for p in pods {
+        for p in self.by_node.remove(node).unwrap_or_default() {
             self.remove_pod(&p);
         }
     }
@@ -96,8 +102,9 @@ impl LocationCache {
     pub fn node_objects(&self, node: &str) -> (BTreeSet<ObjectKey>, BTreeSet<ObjectKey>) {
         let mut cms = BTreeSet::new();
         let mut secrets = BTreeSet::new();
-        for ((ns, _), (n, refs)) in &self.pods {
-            if n == node {
+        for key in self.by_node.get(node).into_iter().flatten() {
+            if let Some((_, refs)) = self.pods.get(key) {
+                let ns = &key.0;
                 cms.extend(refs.configmaps.iter().map(|c| (ns.clone(), c.clone())));
                 secrets.extend(refs.secrets.iter().map(|s| (ns.clone(), s.clone())));
             }
