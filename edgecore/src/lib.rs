@@ -3,5 +3,6 @@
 pub mod app;
 pub mod config;
 pub mod cri;
+pub mod edged;
 pub mod edgehub;
 pub mod metamanager;

@@ -1,0 +1,476 @@
+//! edged: the kubelet-like pod lifecycle over CRI (reference §5.5).
+//!
+//! ```text
+//! metamanager ── ObjectChange ──► Edged (dispatcher) ──► PodWorker per pod ──CRI──► runtime
+//!      ▲                              │ relist (PLEG), GC        │
+//!      └──── MetaClient: pod status, deletions, node status, lease, configmaps/secrets ◄┘
+//! ```
+//!
+//! * [`Edged::start`] connects to the runtime (lazily: edgecore may start first), lists the
+//!   pods of this node from the metamanager (the local database, so this works offline),
+//!   removes runtime objects of pods it does not know ([`gc`]), and starts one
+//!   [`pod_worker::PodWorker`] per pod, which adopts the sandbox and containers the runtime
+//!   already runs for it (by the kubelet's labels) without restarting them.
+//! * The dispatcher routes pod changes to workers, tells workers when a configmap or secret
+//!   their volumes use changed, and lists the runtime every `relist_period` to wake the
+//!   workers whose containers changed state.
+//! * [`node`] registers the Node, reports its status and renews its Lease.
+//! * On shutdown workers stop and containers keep running.
+
+pub mod backoff;
+pub mod containers;
+pub mod env;
+pub mod gc;
+pub mod lifecycle;
+pub mod node;
+pub mod pod_worker;
+pub mod probes;
+pub mod quantity;
+pub mod runtime;
+pub mod sandbox;
+pub mod settings;
+pub mod spec;
+pub mod status;
+pub mod time;
+pub mod volumes;
+
+pub use settings::EdgedConfig;
+
+use crate::cri::{CriClient, CriError};
+use crate::metamanager::{ChangeAction, MetaClient, ObjectChange, ObjectKind};
+use pod_worker::{PodIntent, PodWorker, Shared};
+use runtime::{LABEL_NODE, LABEL_POD_UID, Runtime};
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EdgedError {
+    #[error("modules.edged.remoteRuntimeEndpoint: {0}")]
+    Runtime(#[from] CriError),
+}
+
+/// The running edged.
+pub struct Edged {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+struct WorkerHandle {
+    key: String,
+    intent: watch::Sender<PodIntent>,
+    wake: Arc<Notify>,
+    task: JoinHandle<()>,
+}
+
+impl Edged {
+    /// Starts edged; `changes` is the metamanager's channel of stored pods, configmaps and
+    /// secrets.
+    pub fn start(
+        config: EdgedConfig,
+        meta: MetaClient,
+        changes: mpsc::Receiver<ObjectChange>,
+    ) -> Result<Edged, EdgedError> {
+        let cri = CriClient::connect_lazy(&config.runtime_endpoint)?;
+        let machine = node::Machine::detect(&config.root_directory);
+        let shared = Arc::new(Shared {
+            runtime: Runtime::new(cri, config.runtime_request_timeout),
+            allocatable: node::allocatable(&machine, &config),
+            config,
+            meta,
+            runtime_name: OnceLock::new(),
+            known_pods: Mutex::new(HashSet::new()),
+            pull_lock: tokio::sync::Mutex::new(()),
+        });
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(shared, machine, changes, cancel.clone()));
+        Ok(Edged { cancel, task })
+    }
+
+    /// Stops edged. Pods keep running in the runtime.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+async fn run(
+    shared: Arc<Shared>,
+    machine: node::Machine,
+    mut changes: mpsc::Receiver<ObjectChange>,
+    cancel: CancellationToken,
+) {
+    let node_task = tokio::spawn(node::run(shared.clone(), machine, cancel.child_token()));
+    let mut dispatcher = Dispatcher {
+        shared: shared.clone(),
+        workers: HashMap::new(),
+        cancel: cancel.clone(),
+        relisted: HashMap::new(),
+        gc: None,
+    };
+    if dispatcher.start_up(&cancel).await {
+        dispatcher.serve(&mut changes).await;
+    }
+    cancel.cancel();
+    let handles: Vec<_> = dispatcher.workers.drain().map(|(_, w)| w.task).collect();
+    let all = futures_util::future::join_all(handles);
+    if tokio::time::timeout(Duration::from_secs(10), all)
+        .await
+        .is_err()
+    {
+        tracing::warn!("pod workers did not stop within 10 s");
+    }
+    if let Some(gc) = dispatcher.gc.take() {
+        gc.abort();
+    }
+    let _ = node_task.await;
+    tracing::info!("edged stopped (containers keep running)");
+}
+
+struct Dispatcher {
+    shared: Arc<Shared>,
+    workers: HashMap<String, WorkerHandle>,
+    cancel: CancellationToken,
+    /// Last relist: pod UID → its containers' and sandboxes' (id, state).
+    relisted: HashMap<String, Vec<(String, i32)>>,
+    gc: Option<JoinHandle<()>>,
+}
+
+impl Dispatcher {
+    /// Waits for the runtime, lists this node's pods from the database, collects what no pod
+    /// owns, and starts a worker per pod. False when cancelled first.
+    async fn start_up(&mut self, cancel: &CancellationToken) -> bool {
+        let shared = self.shared.clone();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match shared.runtime.version().await {
+                Ok(v) => {
+                    tracing::info!(runtime = %v.runtime_name, version = %v.runtime_version, endpoint = %shared.config.runtime_endpoint, "container runtime ready");
+                    let _ = shared.runtime_name.set(v.runtime_name);
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint = %shared.config.runtime_endpoint, error = %e, "container runtime not reachable; retrying");
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+        tokio::spawn(ensure_sandbox_image(shared.clone()));
+        let pods = loop {
+            match shared.meta.list_pods().await {
+                Ok(pods) => break pods,
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing pods from the metamanager failed; retrying");
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        };
+        let mine: Vec<Value> = pods
+            .into_iter()
+            .filter(|p| p["spec"]["nodeName"].as_str() == Some(shared.config.node_name.as_str()))
+            .collect();
+        if let Ok(mut known) = shared.known_pods.lock() {
+            for p in &mine {
+                if let Some(uid) = p["metadata"]["uid"].as_str() {
+                    known.insert(uid.to_string());
+                }
+            }
+        }
+        match gc::collect(&shared).await {
+            Ok(c) if c != gc::Collected::default() => {
+                tracing::info!(
+                    containers = c.containers,
+                    sandboxes = c.sandboxes,
+                    directories = c.directories,
+                    "removed what no pod of this node owns"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "garbage collection at start failed"),
+        }
+        tracing::info!(
+            pods = mine.len(),
+            "edged started; adopting the pods of this node"
+        );
+        for p in mine {
+            self.upsert(p);
+        }
+        true
+    }
+
+    async fn serve(&mut self, changes: &mut mpsc::Receiver<ObjectChange>) {
+        let config = self.shared.config.clone();
+        let mut relist = tokio::time::interval(config.relist_period);
+        relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut housekeeping = tokio::time::interval(config.sync_frequency);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        housekeeping.tick().await;
+        let mut changes_open = true;
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                change = changes.recv(), if changes_open => match change {
+                    Some(c) => self.apply(c),
+                    None => {
+                        tracing::info!("metamanager closed its channel; edged keeps its pods running");
+                        changes_open = false;
+                    }
+                },
+                _ = relist.tick() => self.relist().await,
+                _ = housekeeping.tick() => self.housekeeping(),
+            }
+        }
+    }
+
+    fn apply(&mut self, change: ObjectChange) {
+        match (change.kind, change.action) {
+            (ObjectKind::Pod, ChangeAction::Upsert) => self.upsert(change.object),
+            (ObjectKind::Pod, ChangeAction::Delete) => {
+                let Some(uid) = change.object["metadata"]["uid"].as_str() else {
+                    return;
+                };
+                self.reap();
+                if let Some(w) = self.workers.get(uid) {
+                    let object = if change.object["spec"].is_object() {
+                        Some(Arc::new(change.object.clone()))
+                    } else {
+                        None
+                    };
+                    w.intent.send_modify(|i| {
+                        i.deleted = true;
+                        if let Some(o) = object {
+                            i.object = o;
+                        }
+                    });
+                }
+            }
+            (kind @ (ObjectKind::ConfigMap | ObjectKind::Secret), _) => {
+                for w in self.workers.values() {
+                    let uses = volumes_use(
+                        &w.intent.borrow().object,
+                        kind,
+                        &change.namespace,
+                        &change.name,
+                    );
+                    if uses {
+                        w.intent.send_modify(|i| i.config_version += 1);
+                    }
+                }
+            }
+        }
+    }
+
+    fn upsert(&mut self, pod: Value) {
+        let node = &self.shared.config.node_name;
+        if pod["spec"]["nodeName"].as_str() != Some(node.as_str()) {
+            return;
+        }
+        let Some(uid) = pod["metadata"]["uid"].as_str().filter(|u| !u.is_empty()) else {
+            tracing::warn!(pod = %pod["metadata"]["name"], "pod without a uid; ignored");
+            return;
+        };
+        let uid = uid.to_string();
+        let key = format!(
+            "{}/{}",
+            pod["metadata"]["namespace"].as_str().unwrap_or(""),
+            pod["metadata"]["name"].as_str().unwrap_or("")
+        );
+        self.reap();
+        if let Some(w) = self.workers.get(&uid) {
+            let object = Arc::new(pod);
+            w.intent.send_modify(|i| i.object = object);
+            return;
+        }
+        // A new incarnation under the same name: the old one is gone.
+        for w in self.workers.values().filter(|w| w.key == key) {
+            w.intent.send_modify(|i| i.deleted = true);
+        }
+        if let Ok(mut known) = self.shared.known_pods.lock() {
+            known.insert(uid.clone());
+        }
+        let (tx, rx) = watch::channel(PodIntent {
+            object: Arc::new(pod),
+            deleted: false,
+            config_version: 0,
+        });
+        let wake = Arc::new(Notify::new());
+        let worker = PodWorker::new(
+            self.shared.clone(),
+            uid.clone(),
+            rx,
+            wake.clone(),
+            self.cancel.child_token(),
+        );
+        let task = tokio::spawn(worker.run());
+        self.workers.insert(
+            uid,
+            WorkerHandle {
+                key,
+                intent: tx,
+                wake,
+                task,
+            },
+        );
+    }
+
+    /// Forgets workers that finished (their pod was removed).
+    fn reap(&mut self) {
+        let done: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.task.is_finished())
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in done {
+            self.workers.remove(&uid);
+            self.relisted.remove(&uid);
+            if let Ok(mut known) = self.shared.known_pods.lock() {
+                known.remove(&uid);
+            }
+        }
+    }
+
+    /// One list of this node's sandboxes and containers; wakes the workers whose pods
+    /// changed (the kubelet's PLEG).
+    async fn relist(&mut self) {
+        let runtime = &self.shared.runtime;
+        let selector =
+            HashMap::from([(LABEL_NODE.to_string(), self.shared.config.node_name.clone())]);
+        let (containers, sandboxes) = match tokio::join!(
+            runtime.list_containers(selector.clone()),
+            runtime.list_sandboxes(selector)
+        ) {
+            (Ok(c), Ok(s)) => (c, s),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(error = %e, "relist failed");
+                return;
+            }
+        };
+        let mut now: HashMap<String, Vec<(String, i32)>> = HashMap::new();
+        for c in &containers {
+            if let Some(uid) = c.labels.get(LABEL_POD_UID) {
+                now.entry(uid.clone())
+                    .or_default()
+                    .push((c.id.clone(), c.state));
+            }
+        }
+        for s in &sandboxes {
+            if let Some(uid) = s.labels.get(LABEL_POD_UID) {
+                now.entry(uid.clone())
+                    .or_default()
+                    .push((s.id.clone(), 100 + s.state));
+            }
+        }
+        for v in now.values_mut() {
+            v.sort();
+        }
+        for (uid, w) in &self.workers {
+            if now.get(uid) != self.relisted.get(uid) {
+                w.wake.notify_one();
+            }
+        }
+        self.relisted = now;
+    }
+
+    fn housekeeping(&mut self) {
+        self.reap();
+        if self.gc.as_ref().is_some_and(|g| !g.is_finished()) {
+            return;
+        }
+        let shared = self.shared.clone();
+        self.gc = Some(tokio::spawn(async move {
+            match gc::collect(&shared).await {
+                Ok(c) if c != gc::Collected::default() => {
+                    tracing::info!(
+                        containers = c.containers,
+                        sandboxes = c.sandboxes,
+                        directories = c.directories,
+                        "removed what no pod of this node owns"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "garbage collection failed"),
+            }
+        }));
+    }
+}
+
+/// Pulls the sandbox image when missing, so pods can start later while offline.
+async fn ensure_sandbox_image(shared: Arc<Shared>) {
+    let image = shared.config.pod_sandbox_image.clone();
+    if image.is_empty() {
+        return;
+    }
+    match shared.runtime.image_status(&image).await {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            let _one_at_a_time = shared.pull_lock.lock().await;
+            match shared
+                .runtime
+                .pull_image(&image, None, shared.config.image_pull_timeout)
+                .await
+            {
+                Ok(_) => tracing::info!(image, "sandbox image pulled"),
+                Err(e) => tracing::warn!(image, error = %e, "cannot pull the sandbox image"),
+            }
+        }
+        Err(e) => tracing::warn!(image, error = %e, "cannot check the sandbox image"),
+    }
+}
+
+/// Whether a pod's volumes read the named configmap or secret.
+pub fn volumes_use(pod: &Value, kind: ObjectKind, namespace: &str, name: &str) -> bool {
+    if pod["metadata"]["namespace"].as_str() != Some(namespace) {
+        return false;
+    }
+    let volumes = pod["spec"]["volumes"].as_array().into_iter().flatten();
+    for v in volumes {
+        let direct = match kind {
+            ObjectKind::ConfigMap => v["configMap"]["name"].as_str() == Some(name),
+            ObjectKind::Secret => v["secret"]["secretName"].as_str() == Some(name),
+            ObjectKind::Pod => false,
+        };
+        let projected = v["projected"]["sources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| match kind {
+                ObjectKind::ConfigMap => s["configMap"]["name"].as_str() == Some(name),
+                ObjectKind::Secret => s["secret"]["name"].as_str() == Some(name),
+                ObjectKind::Pod => false,
+            });
+        if direct || projected {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn configmap_changes_reach_only_pods_whose_volumes_use_them() {
+        let pod = json!({"metadata": {"namespace": "ns"}, "spec": {"volumes": [
+            {"name": "a", "configMap": {"name": "cfg"}},
+            {"name": "b", "projected": {"sources": [{"secret": {"name": "tok"}}]}},
+        ]}});
+        assert!(volumes_use(&pod, ObjectKind::ConfigMap, "ns", "cfg"));
+        assert!(volumes_use(&pod, ObjectKind::Secret, "ns", "tok"));
+        assert!(!volumes_use(&pod, ObjectKind::ConfigMap, "other", "cfg"));
+        assert!(!volumes_use(&pod, ObjectKind::Secret, "ns", "cfg"));
+    }
+}

@@ -1,0 +1,730 @@
+//! The Node: registration (labels `node-role.kubernetes.io/edge` and `/agent` that make the
+//! cloud treat it as an edge node, capacity and allocatable from the machine, addresses,
+//! node info, daemon endpoint), status reports with Ready / MemoryPressure / DiskPressure /
+//! PIDPressure every `nodeStatusUpdateFrequency` (sent when changed, and at least every
+//! `nodeStatusReportFrequency`), and the Lease in `kube-node-lease` renewed every quarter of
+//! `nodeLeaseDurationSeconds`.
+
+use super::pod_worker::{Allocatable, Shared};
+use super::quantity;
+use super::settings::EdgedConfig;
+use super::time;
+use crate::metamanager::MetaError;
+use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio_util::sync::CancellationToken;
+
+pub const LABEL_EDGE_ROLE: &str = "node-role.kubernetes.io/edge";
+pub const LABEL_AGENT_ROLE: &str = "node-role.kubernetes.io/agent";
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// What the machine has.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Machine {
+    pub cpus: u64,
+    pub memory_bytes: u64,
+    pub ephemeral_bytes: u64,
+}
+
+impl Machine {
+    pub fn detect(root: &Path) -> Machine {
+        // SAFETY: sysconf has no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let memory_kib = meminfo("MemTotal").unwrap_or(0);
+        Machine {
+            cpus: if cpus > 0 { cpus as u64 } else { 1 },
+            memory_bytes: memory_kib * 1024,
+            ephemeral_bytes: fs_stats(root).map(|s| s.total).unwrap_or(0),
+        }
+    }
+}
+
+/// A `/proc/meminfo` value in KiB.
+fn meminfo(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines().find_map(|l| {
+        let (k, rest) = l.split_once(':')?;
+        if k.trim() != key {
+            return None;
+        }
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FsStats {
+    total: u64,
+    available: u64,
+    inodes: u64,
+    inodes_free: u64,
+}
+
+fn fs_stats(path: &Path) -> Option<FsStats> {
+    // The root directory may not exist yet: measure its nearest existing ancestor.
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c = std::ffi::CString::new(existing.display().to_string()).ok()?;
+    // SAFETY: statvfs fills the zeroed struct; the path is a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return None;
+    }
+    let frsize = s.f_frsize as u64;
+    Some(FsStats {
+        total: s.f_blocks as u64 * frsize,
+        available: s.f_bavail as u64 * frsize,
+        inodes: s.f_files as u64,
+        inodes_free: s.f_ffree as u64,
+    })
+}
+
+/// A threshold as bytes: an absolute quantity, or a percentage of `capacity`.
+fn threshold(value: Option<&String>, capacity: u64) -> Option<u64> {
+    let v = value?.trim();
+    if let Some(p) = v.strip_suffix('%') {
+        let pct: f64 = p.trim().parse().ok()?;
+        return Some((capacity as f64 * pct / 100.0) as u64);
+    }
+    quantity::parse_units(v).map(|b| b.max(0) as u64)
+}
+
+fn reserved(config: &EdgedConfig, resource: &str, cpu: bool) -> i128 {
+    [&config.system_reserved, &config.kube_reserved]
+        .iter()
+        .filter_map(|m| m.get(resource))
+        .filter_map(|q| {
+            if cpu {
+                quantity::parse_milli(q)
+            } else {
+                quantity::parse_units(q)
+            }
+        })
+        .sum()
+}
+
+/// Capacity minus reservations and hard eviction thresholds (the kubelet's allocatable).
+pub fn allocatable(machine: &Machine, config: &EdgedConfig) -> Allocatable {
+    let memory_capacity = machine.memory_bytes as i128;
+    let eviction_memory = threshold(
+        config.eviction_hard.get("memory.available"),
+        machine.memory_bytes,
+    )
+    .unwrap_or(0) as i128;
+    let eviction_disk = threshold(
+        config.eviction_hard.get("nodefs.available"),
+        machine.ephemeral_bytes,
+    )
+    .unwrap_or(0) as i128;
+    Allocatable {
+        cpu_milli: (machine.cpus as i128 * 1000 - reserved(config, "cpu", true)).max(0),
+        memory: (memory_capacity - reserved(config, "memory", false) - eviction_memory).max(0),
+        ephemeral: (machine.ephemeral_bytes as i128
+            - reserved(config, "ephemeral-storage", false)
+            - eviction_disk)
+            .max(0),
+        memory_capacity,
+    }
+}
+
+fn cpu_quantity(milli: i128) -> String {
+    if milli % 1000 == 0 {
+        (milli / 1000).to_string()
+    } else {
+        format!("{milli}m")
+    }
+}
+
+fn kib(bytes: i128) -> String {
+    quantity::kibibytes(bytes.max(0) as u64)
+}
+
+/// `amd64`, `arm64`, … as Kubernetes names architectures.
+pub fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "arm" => "arm",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        "s390x" => "s390x",
+        "riscv64" => "riscv64",
+        other => other,
+    }
+}
+
+/// The node's labels: the edge roles, the well-known ones, then `nodeLabels`.
+pub fn node_labels(config: &EdgedConfig) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (LABEL_EDGE_ROLE.to_string(), String::new()),
+        (LABEL_AGENT_ROLE.to_string(), String::new()),
+        (
+            "kubernetes.io/hostname".to_string(),
+            config.node_name.clone(),
+        ),
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        ("kubernetes.io/arch".to_string(), go_arch().to_string()),
+        ("beta.kubernetes.io/os".to_string(), "linux".to_string()),
+        ("beta.kubernetes.io/arch".to_string(), go_arch().to_string()),
+    ]);
+    labels.extend(config.node_labels.clone());
+    labels
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn os_image() -> String {
+    let text = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| "Linux".into())
+}
+
+pub fn kubelet_version() -> String {
+    format!("v1.29.0-kubeedge-rs-{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The health the node reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Health {
+    /// `None` when ready, else why not.
+    pub not_ready: Option<String>,
+    pub network_message: Option<String>,
+    pub memory_pressure: bool,
+    pub disk_pressure: bool,
+    pub pid_pressure: bool,
+}
+
+/// Everything of the node status except the conditions' times.
+pub struct NodeReport {
+    pub machine: Machine,
+    pub allocatable: Allocatable,
+    pub runtime_version: String,
+    pub health: Health,
+}
+
+fn condition(ty: &str, status: bool, reason: &str, message: &str) -> Value {
+    json!({"type": ty, "status": if status { "True" } else { "False" }, "reason": reason, "message": message})
+}
+
+/// `status` of the Node, conditions without times (see [`stamp_conditions`]).
+pub fn node_status(config: &EdgedConfig, r: &NodeReport) -> Value {
+    let capacity = json!({
+        "cpu": r.machine.cpus.to_string(),
+        "memory": kib(r.machine.memory_bytes as i128),
+        "ephemeral-storage": kib(r.machine.ephemeral_bytes as i128),
+        "pods": config.max_pods.to_string(),
+        "hugepages-2Mi": "0",
+        "hugepages-1Gi": "0",
+    });
+    let a = &r.allocatable;
+    let allocatable = json!({
+        "cpu": cpu_quantity(a.cpu_milli),
+        "memory": kib(a.memory),
+        "ephemeral-storage": kib(a.ephemeral),
+        "pods": config.max_pods.to_string(),
+        "hugepages-2Mi": "0",
+        "hugepages-1Gi": "0",
+    });
+    let h = &r.health;
+    let ready = match &h.not_ready {
+        None => {
+            let mut m = "kubelet is posting ready status".to_string();
+            if let Some(n) = &h.network_message {
+                m.push_str(&format!(" ({n})"));
+            }
+            condition("Ready", true, "KubeletReady", &m)
+        }
+        Some(why) => condition("Ready", false, "KubeletNotReady", why),
+    };
+    let conditions = vec![
+        condition(
+            "MemoryPressure",
+            h.memory_pressure,
+            if h.memory_pressure {
+                "KubeletHasInsufficientMemory"
+            } else {
+                "KubeletHasSufficientMemory"
+            },
+            if h.memory_pressure {
+                "kubelet has insufficient memory available"
+            } else {
+                "kubelet has sufficient memory available"
+            },
+        ),
+        condition(
+            "DiskPressure",
+            h.disk_pressure,
+            if h.disk_pressure {
+                "KubeletHasDiskPressure"
+            } else {
+                "KubeletHasNoDiskPressure"
+            },
+            if h.disk_pressure {
+                "kubelet has disk pressure"
+            } else {
+                "kubelet has no disk pressure"
+            },
+        ),
+        condition(
+            "PIDPressure",
+            h.pid_pressure,
+            if h.pid_pressure {
+                "KubeletHasInsufficientPID"
+            } else {
+                "KubeletHasSufficientPID"
+            },
+            if h.pid_pressure {
+                "kubelet has insufficient PID available"
+            } else {
+                "kubelet has sufficient PID available"
+            },
+        ),
+        ready,
+    ];
+    let mut addresses = vec![json!({"type": "InternalIP", "address": config.node_ip})];
+    if !config.hostname.is_empty() {
+        addresses.push(json!({"type": "Hostname", "address": config.hostname}));
+    }
+    json!({
+        "capacity": capacity,
+        "allocatable": allocatable,
+        "conditions": conditions,
+        "addresses": addresses,
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": config.kubelet_port}},
+        "nodeInfo": {
+            "machineID": read_trimmed("/etc/machine-id"),
+            "systemUUID": read_trimmed("/sys/class/dmi/id/product_uuid"),
+            "bootID": read_trimmed("/proc/sys/kernel/random/boot_id"),
+            "kernelVersion": read_trimmed("/proc/sys/kernel/osrelease"),
+            "osImage": os_image(),
+            "containerRuntimeVersion": r.runtime_version,
+            "kubeletVersion": kubelet_version(),
+            "kubeProxyVersion": kubelet_version(),
+            "operatingSystem": "linux",
+            "architecture": go_arch(),
+        },
+    })
+}
+
+/// Adds heartbeat and transition times: a condition keeps its transition time while its
+/// status stays the same.
+pub fn stamp_conditions(status: &mut Value, previous: &[Value], now: &str) {
+    let Some(conditions) = status.get_mut("conditions").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for c in conditions {
+        let since = previous
+            .iter()
+            .find(|p| p["type"] == c["type"] && p["status"] == c["status"])
+            .and_then(|p| p["lastTransitionTime"].as_str())
+            .unwrap_or(now)
+            .to_string();
+        c["lastHeartbeatTime"] = json!(now);
+        c["lastTransitionTime"] = json!(since);
+    }
+}
+
+fn health_of(
+    config: &EdgedConfig,
+    runtime: &Result<Vec<(String, bool, String)>, String>,
+) -> Health {
+    let mut h = Health {
+        not_ready: None,
+        network_message: None,
+        memory_pressure: false,
+        disk_pressure: false,
+        pid_pressure: false,
+    };
+    match runtime {
+        Err(e) => h.not_ready = Some(format!("container runtime is down: {e}")),
+        Ok(conds) => {
+            for (ty, ok, why) in conds {
+                if *ok {
+                    continue;
+                }
+                match ty.as_str() {
+                    "RuntimeReady" => {
+                        h.not_ready = Some(format!(
+                            "container runtime status check may not have completed yet: RuntimeReady=false {why}"
+                        ))
+                    }
+                    "NetworkReady" => {
+                        // Host-network pods still run: reported, not fatal (many edge nodes have no CNI).
+                        h.network_message = Some(format!(
+                            "container runtime network not ready: NetworkReady=false {why}"
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    let total = meminfo("MemTotal").unwrap_or(0) * 1024;
+    let available = meminfo("MemAvailable").unwrap_or(u64::MAX / 2048) * 1024;
+    if let Some(t) = threshold(config.eviction_hard.get("memory.available"), total) {
+        h.memory_pressure = available < t;
+    }
+    if let Some(fs) = fs_stats(&config.root_directory) {
+        if let Some(t) = threshold(config.eviction_hard.get("nodefs.available"), fs.total) {
+            h.disk_pressure |= fs.available < t;
+        }
+        if fs.inodes > 0
+            && let Some(t) = threshold(config.eviction_hard.get("nodefs.inodesFree"), fs.inodes)
+        {
+            h.disk_pressure |= fs.inodes_free < t;
+        }
+    }
+    if let Some(v) = config.eviction_hard.get("pid.available") {
+        let max: u64 = read_trimmed("/proc/sys/kernel/pid_max")
+            .parse()
+            .unwrap_or(32768);
+        let used: u64 = read_trimmed("/proc/loadavg")
+            .split_whitespace()
+            .nth(3)
+            .and_then(|f| f.split('/').nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if let Some(t) = threshold(Some(v), max) {
+            h.pid_pressure = max.saturating_sub(used) < t;
+        }
+    }
+    h
+}
+
+/// The Node object to register.
+pub fn node_object(config: &EdgedConfig, status: Value) -> Value {
+    let mut spec = Map::new();
+    if !config.register_schedulable {
+        spec.insert("unschedulable".into(), json!(true));
+    }
+    if !config.register_with_taints.is_empty() {
+        spec.insert("taints".into(), json!(config.register_with_taints));
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": config.node_name,
+            "labels": node_labels(config),
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+            },
+        },
+        "spec": spec,
+        "status": status,
+    })
+}
+
+/// Runs registration, status reports and lease renewal until cancelled.
+pub async fn run(shared: Arc<Shared>, machine: Machine, cancel: CancellationToken) {
+    let lease = tokio::spawn(renew_lease(shared.clone(), cancel.clone()));
+    report_status(shared, machine, cancel).await;
+    let _ = lease.await;
+}
+
+async fn report_status(shared: Arc<Shared>, machine: Machine, cancel: CancellationToken) {
+    let config = &shared.config;
+    let meta = &shared.meta;
+    let mut registered = !config.register_node;
+    let mut retry = Duration::from_millis(200);
+    let mut last: Option<(Value, Instant)> = None;
+    let mut previous_conditions: Vec<Value> = Vec::new();
+    loop {
+        let runtime = shared.runtime.conditions().await.map_err(|e| e.to_string());
+        let runtime_version = match shared.runtime.version().await {
+            Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+            Err(_) => String::new(),
+        };
+        let report = NodeReport {
+            machine: machine.clone(),
+            allocatable: shared.allocatable.clone(),
+            runtime_version,
+            health: health_of(config, &runtime),
+        };
+        let bare = node_status(config, &report);
+        let mut status = bare.clone();
+        stamp_conditions(&mut status, &previous_conditions, &time::now());
+        let mut wait = config.node_status_update_frequency;
+        if !registered {
+            match register(&shared, node_object(config, status.clone())).await {
+                Ok(()) => {
+                    tracing::info!(node = %config.node_name, "node registered");
+                    registered = true;
+                    retry = Duration::from_millis(200);
+                }
+                Err(e) => {
+                    tracing::info!(node = %config.node_name, error = %e, "node registration failed; will retry");
+                    wait = retry;
+                    retry = (retry * 2).min(Duration::from_secs(7));
+                }
+            }
+        }
+        if registered {
+            let due = match &last {
+                None => true,
+                Some((sent, at)) => {
+                    *sent != bare || at.elapsed() >= config.node_status_report_frequency
+                }
+            };
+            if due {
+                match meta.patch_node_status(&json!({"status": status})).await {
+                    Ok(_) => {
+                        tracing::debug!(node = %config.node_name, "node status sent");
+                        if let Some(c) = status["conditions"].as_array() {
+                            previous_conditions = c.clone();
+                        }
+                        last = Some((bare, Instant::now()));
+                    }
+                    Err(e) => {
+                        tracing::debug!(node = %config.node_name, error = %e, "node status not sent");
+                        if matches!(e, MetaError::NotFound { .. }) {
+                            // Someone deleted the Node: register again.
+                            registered = false;
+                            last = None;
+                        }
+                        wait = wait.min(Duration::from_secs(2));
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Creates the Node, or adopts an existing one (adding labels it lacks).
+async fn register(shared: &Shared, node: Value) -> Result<(), MetaError> {
+    match shared.meta.register_node(node.clone()).await {
+        Ok(_) => Ok(()),
+        Err(MetaError::Api(e)) if e.reason() == "AlreadyExists" || e.code() == 409 => {
+            let mut existing = shared.meta.get_node().await?;
+            let wanted = node_labels(&shared.config);
+            let labels = existing["metadata"]["labels"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            let missing = wanted
+                .iter()
+                .any(|(k, v)| labels.get(k).and_then(Value::as_str) != Some(v.as_str()));
+            if missing {
+                let mut merged = labels;
+                for (k, v) in wanted {
+                    merged.insert(k, json!(v));
+                }
+                existing["metadata"]["labels"] = Value::Object(merged);
+                shared.meta.update_node(existing).await?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn lease_object(config: &EdgedConfig, owner_uid: Option<&str>) -> Value {
+    let mut lease = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": config.node_name, "namespace": LEASE_NAMESPACE},
+        "spec": {
+            "holderIdentity": config.node_name,
+            "leaseDurationSeconds": config.node_lease_duration_seconds,
+            "renewTime": time::rfc3339_micros(SystemTime::now()),
+        },
+    });
+    if let Some(uid) = owner_uid {
+        lease["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "v1", "kind": "Node", "name": config.node_name, "uid": uid,
+        }]);
+    }
+    lease
+}
+
+async fn renew_lease(shared: Arc<Shared>, cancel: CancellationToken) {
+    let config = &shared.config;
+    let meta = &shared.meta;
+    let interval = config.lease_renew_interval();
+    let mut current: Option<Value> = None;
+    loop {
+        let wait = match current.take() {
+            None => match meta.get_lease().await {
+                Ok(l) => {
+                    current = Some(l);
+                    Duration::ZERO
+                }
+                Err(MetaError::NotFound { .. }) => {
+                    let owner = meta
+                        .get_node()
+                        .await
+                        .ok()
+                        .and_then(|n| n["metadata"]["uid"].as_str().map(str::to_string));
+                    match meta
+                        .create_lease(lease_object(config, owner.as_deref()))
+                        .await
+                    {
+                        Ok(l) => {
+                            current = Some(l);
+                            interval
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "creating the node lease failed");
+                            interval.min(Duration::from_secs(1))
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the node lease failed");
+                    interval.min(Duration::from_secs(1))
+                }
+            },
+            Some(mut lease) => {
+                lease["spec"]["renewTime"] = json!(time::rfc3339_micros(SystemTime::now()));
+                lease["spec"]["holderIdentity"] = json!(config.node_name);
+                lease["spec"]["leaseDurationSeconds"] = json!(config.node_lease_duration_seconds);
+                match meta.update_lease(lease).await {
+                    Ok(l) => {
+                        current = Some(l);
+                        interval
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "renewing the node lease failed");
+                        // Conflict or gone: read it again; offline: try again soon.
+                        interval.min(Duration::from_secs(1))
+                    }
+                }
+            }
+        };
+        if wait.is_zero() {
+            continue;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> EdgedConfig {
+        let mut c = EdgedConfig::from_edgecore(&crate::config::EdgeCoreConfig::default());
+        c.node_name = "edge-7".into();
+        c.node_ip = "10.0.0.7".into();
+        c.hostname = "box".into();
+        c.node_labels.insert("region".into(), "hz".into());
+        c
+    }
+
+    #[test]
+    fn the_node_object_is_an_edge_node_with_machine_resources() {
+        let c = config();
+        let machine = Machine {
+            cpus: 4,
+            memory_bytes: 8 << 30,
+            ephemeral_bytes: 100 << 30,
+        };
+        let report = NodeReport {
+            allocatable: allocatable(&machine, &c),
+            machine,
+            runtime_version: "containerd://1.6.20".into(),
+            health: Health {
+                not_ready: None,
+                network_message: None,
+                memory_pressure: false,
+                disk_pressure: false,
+                pid_pressure: false,
+            },
+        };
+        let mut status = node_status(&c, &report);
+        stamp_conditions(&mut status, &[], "2024-01-01T00:00:00Z");
+        let node = node_object(&c, status);
+        let labels = &node["metadata"]["labels"];
+        assert_eq!(labels[LABEL_EDGE_ROLE], "");
+        assert_eq!(labels[LABEL_AGENT_ROLE], "");
+        assert_eq!(labels["kubernetes.io/hostname"], "edge-7");
+        assert_eq!(labels["kubernetes.io/os"], "linux");
+        assert_eq!(labels["region"], "hz");
+        let s = &node["status"];
+        assert_eq!(s["capacity"]["cpu"], "4");
+        assert_eq!(s["capacity"]["memory"], "8388608Ki");
+        assert_eq!(s["capacity"]["pods"], "110");
+        // 100Mi of memory and 10 % of the disk are held back for eviction.
+        assert_eq!(
+            s["allocatable"]["memory"],
+            format!("{}Ki", (8u64 << 20) - 100 * 1024)
+        );
+        assert_eq!(
+            s["allocatable"]["ephemeral-storage"],
+            format!("{}Ki", 90u64 << 20)
+        );
+        assert_eq!(
+            s["addresses"][0],
+            json!({"type": "InternalIP", "address": "10.0.0.7"})
+        );
+        assert_eq!(
+            s["addresses"][1],
+            json!({"type": "Hostname", "address": "box"})
+        );
+        assert_eq!(s["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10350);
+        assert_eq!(
+            s["nodeInfo"]["containerRuntimeVersion"],
+            "containerd://1.6.20"
+        );
+        let ready = s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap();
+        assert_eq!(ready["status"], "True");
+        assert_eq!(ready["reason"], "KubeletReady");
+        assert_eq!(ready["lastTransitionTime"], "2024-01-01T00:00:00Z");
+        // Transition times survive while the status holds.
+        let mut again = node_status(&c, &report);
+        stamp_conditions(
+            &mut again,
+            s["conditions"].as_array().unwrap(),
+            "2024-01-01T00:01:00Z",
+        );
+        let ready = again["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap();
+        assert_eq!(ready["lastTransitionTime"], "2024-01-01T00:00:00Z");
+        assert_eq!(ready["lastHeartbeatTime"], "2024-01-01T00:01:00Z");
+    }
+
+    #[test]
+    fn a_runtime_that_is_down_makes_the_node_not_ready() {
+        let h = health_of(&config(), &Err("connection refused".into()));
+        assert!(h.not_ready.unwrap().contains("container runtime is down"));
+        let h = health_of(
+            &config(),
+            &Ok(vec![("NetworkReady".into(), false, "x: y".into())]),
+        );
+        assert_eq!(h.not_ready, None);
+        assert!(h.network_message.is_some());
+    }
+
+    #[test]
+    fn thresholds_read_quantities_and_percentages() {
+        assert_eq!(threshold(Some(&"10%".to_string()), 1000), Some(100));
+        assert_eq!(threshold(Some(&"100Mi".to_string()), 0), Some(100 << 20));
+        assert_eq!(threshold(None, 10), None);
+        assert_eq!(cpu_quantity(1500), "1500m");
+        assert_eq!(cpu_quantity(2000), "2");
+    }
+}

@@ -1,0 +1,179 @@
+//! [`EdgedConfig`]: what edged reads from `modules.edged` of `edgecore.yaml`, plus timers
+//! KubeEdge does not expose (kubelet constants), which tests shorten.
+
+use crate::config::EdgeCoreConfig;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct EdgedConfig {
+    /// The node name (`hostnameOverride`).
+    pub node_name: String,
+    /// The node's InternalIP (`nodeIP`, else the address of the default route).
+    pub node_ip: String,
+    /// The machine's hostname (the `Hostname` address).
+    pub hostname: String,
+    pub runtime_endpoint: String,
+    /// Pulled at start when missing, so that pods can start while offline later.
+    pub pod_sandbox_image: String,
+    /// Pod directories (volumes) live under `<root>/pods/<uid>`.
+    pub root_directory: PathBuf,
+    /// Container logs: `<dir>/<namespace>_<name>_<uid>/<container>/<attempt>.log`.
+    pub pod_logs_directory: PathBuf,
+    pub register_node: bool,
+    pub register_schedulable: bool,
+    pub node_labels: BTreeMap<String, String>,
+    pub register_with_taints: Vec<Value>,
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: String,
+    pub resolv_conf: String,
+    pub max_pods: i64,
+    pub system_reserved: BTreeMap<String, String>,
+    pub kube_reserved: BTreeMap<String, String>,
+    pub eviction_hard: BTreeMap<String, String>,
+    pub node_status_update_frequency: Duration,
+    pub node_status_report_frequency: Duration,
+    pub node_lease_duration_seconds: i32,
+    pub sync_frequency: Duration,
+    pub runtime_request_timeout: Duration,
+    pub image_pull_timeout: Duration,
+    /// Exited containers kept per container name (the newest ones; for `lastState` and logs).
+    pub max_per_pod_container_count: usize,
+    /// The kubelet port reported in `daemonEndpoints` (edgecore's read-only port).
+    pub kubelet_port: i32,
+    /// Crash-loop back-off: first delay, doubled per crash up to the maximum.
+    pub crash_backoff_initial: Duration,
+    pub crash_backoff_max: Duration,
+    /// Image pull back-off.
+    pub image_backoff_initial: Duration,
+    pub image_backoff_max: Duration,
+    /// How often the runtime is listed to notice containers that exited (the kubelet's PLEG
+    /// relist period).
+    pub relist_period: Duration,
+    /// Retry interval for status patches and deletions that failed (e.g. while offline).
+    pub retry_period: Duration,
+}
+
+impl EdgedConfig {
+    /// From a validated configuration.
+    pub fn from_edgecore(config: &EdgeCoreConfig) -> Self {
+        let e = &config.modules.edged;
+        let k = &e.tailored_kubelet_config;
+        let node_ip = if e.node_ip.is_empty() {
+            crate::config::local_ip()
+        } else {
+            e.node_ip.clone()
+        };
+        let register_node = k.register_node.unwrap_or(e.register_node);
+        EdgedConfig {
+            node_name: config.node_name().to_string(),
+            node_ip,
+            hostname: crate::config::hostname(),
+            runtime_endpoint: e.remote_runtime_endpoint.clone(),
+            pod_sandbox_image: e.pod_sandbox_image.clone(),
+            root_directory: PathBuf::from(&e.root_directory),
+            pod_logs_directory: PathBuf::from("/var/log/pods"),
+            register_node,
+            register_schedulable: e.register_schedulable,
+            node_labels: e.node_labels.clone(),
+            register_with_taints: e.register_with_taints.clone(),
+            cluster_dns: k.cluster_dns.clone(),
+            cluster_domain: k.cluster_domain.clone(),
+            resolv_conf: k.resolv_conf.clone(),
+            max_pods: k.max_pods.max(0) as i64,
+            system_reserved: k.system_reserved.clone(),
+            kube_reserved: k.kube_reserved.clone(),
+            eviction_hard: k.eviction_hard.clone(),
+            node_status_update_frequency: k.node_status_update_frequency.0,
+            node_status_report_frequency: k.node_status_report_frequency.0,
+            node_lease_duration_seconds: k.node_lease_duration_seconds.max(1),
+            sync_frequency: k.sync_frequency.0,
+            runtime_request_timeout: nonzero(k.runtime_request_timeout.0, 120),
+            image_pull_timeout: nonzero(e.image_pull_progress_deadline.0, 60)
+                .max(Duration::from_secs(600)),
+            max_per_pod_container_count: e.max_per_pod_container_count.max(1) as usize,
+            kubelet_port: k.read_only_port,
+            ..Self::defaults()
+        }
+    }
+
+    fn defaults() -> Self {
+        EdgedConfig {
+            node_name: String::new(),
+            node_ip: "127.0.0.1".into(),
+            hostname: String::new(),
+            runtime_endpoint: crate::config::DEFAULT_RUNTIME_ENDPOINT.into(),
+            pod_sandbox_image: String::new(),
+            root_directory: PathBuf::from("/var/lib/edged"),
+            pod_logs_directory: PathBuf::from("/var/log/pods"),
+            register_node: true,
+            register_schedulable: true,
+            node_labels: BTreeMap::new(),
+            register_with_taints: Vec::new(),
+            cluster_dns: Vec::new(),
+            cluster_domain: "cluster.local".into(),
+            resolv_conf: "/etc/resolv.conf".into(),
+            max_pods: 110,
+            system_reserved: BTreeMap::new(),
+            kube_reserved: BTreeMap::new(),
+            eviction_hard: BTreeMap::new(),
+            node_status_update_frequency: Duration::from_secs(10),
+            node_status_report_frequency: Duration::from_secs(300),
+            node_lease_duration_seconds: 40,
+            sync_frequency: Duration::from_secs(60),
+            runtime_request_timeout: Duration::from_secs(120),
+            image_pull_timeout: Duration::from_secs(600),
+            max_per_pod_container_count: 1,
+            kubelet_port: 10350,
+            crash_backoff_initial: Duration::from_secs(10),
+            crash_backoff_max: Duration::from_secs(300),
+            image_backoff_initial: Duration::from_secs(10),
+            image_backoff_max: Duration::from_secs(300),
+            relist_period: Duration::from_secs(1),
+            retry_period: Duration::from_secs(5),
+        }
+    }
+
+    /// How often the node lease is renewed: a quarter of its duration (the kubelet's
+    /// `NodeLeaseRenewIntervalFraction`), 10 s by default.
+    pub fn lease_renew_interval(&self) -> Duration {
+        Duration::from_millis(self.node_lease_duration_seconds.max(1) as u64 * 250)
+    }
+
+    /// `<root>/pods/<uid>`.
+    pub fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.root_directory.join("pods").join(uid)
+    }
+}
+
+fn nonzero(d: Duration, default_secs: u64) -> Duration {
+    if d.is_zero() {
+        Duration::from_secs(default_secs)
+    } else {
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_kubelet() {
+        let mut config = EdgeCoreConfig::default();
+        config.modules.edged.hostname_override = "edge-9".into();
+        config.modules.edged.node_ip = "10.1.2.3".into();
+        let e = EdgedConfig::from_edgecore(&config);
+        assert_eq!(e.node_name, "edge-9");
+        assert_eq!(e.node_ip, "10.1.2.3");
+        assert_eq!(e.node_status_update_frequency, Duration::from_secs(10));
+        assert_eq!(e.lease_renew_interval(), Duration::from_secs(10));
+        assert_eq!(e.max_pods, 110);
+        assert_eq!(e.kubelet_port, 10350);
+        assert_eq!(e.crash_backoff_initial, Duration::from_secs(10));
+        assert_eq!(e.crash_backoff_max, Duration::from_secs(300));
+        assert_eq!(e.pod_dir("u1"), PathBuf::from("/var/lib/edged/pods/u1"));
+    }
+}
