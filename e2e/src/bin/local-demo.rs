@@ -1,9 +1,9 @@
 //! The local demo: everything kubeedge-rs needs on one machine, without a cluster.
 //!
 //! Today it starts the container runtime side — a private containerd with the locally built
-//! busybox and pause images and a local registry (`e2e::containerd`) — prints how to reach it,
-//! and tears it all down on Ctrl-C or SIGTERM. The control plane (in-memory API server),
-//! cloudcore and edgecore are wired in at the marked places.
+//! busybox and pause images and a local registry (`e2e::containerd`) — the in-memory API server
+//! (with a kubeconfig for kubectl) and cloudcore (cloudhub + edge controllers), prints how to
+//! reach each, and tears it all down on Ctrl-C or SIGTERM. edgecore joins at the marked place.
 //!
 //! Run with `bash scripts/demo.sh` (installs the packages, then
 //! `cargo run --release -p e2e --bin local-demo`). Needs root.
@@ -11,6 +11,9 @@
 use std::time::Instant;
 
 use anyhow::Context as _;
+use e2e::apiserver::{ApiServer, Config as ApiConfig};
+use e2e::channel::Pki;
+use e2e::cloud::CloudFixture;
 use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE, PAUSE_IMAGE};
 use tokio::signal::unix::{SignalKind, signal};
@@ -66,12 +69,39 @@ async fn main() -> anyhow::Result<()> {
     println!("    logs           {}", containerd.log_path().display());
 
     // ── Control plane ────────────────────────────────────────────────────────────────────
-    // The lead wires the in-memory Kubernetes API server (e2e::apiserver) in here: start it,
-    // write a kubeconfig, print how to use kubectl against it.
+    step(2, "control plane: in-memory Kubernetes API server");
+    let demo_dir = std::env::temp_dir().join("kubeedge-rs-demo");
+    std::fs::create_dir_all(&demo_dir).context("creating the demo directory")?;
+    let kubeconfig = demo_dir.join("kubeconfig");
+    let api = ApiServer::start(ApiConfig {
+        kubeconfig_path: Some(kubeconfig.clone()),
+        ..ApiConfig::default()
+    })
+    .await
+    .context("starting the in-memory API server")?;
+    println!("    API server     {}", api.url());
+    println!(
+        "    kubectl        export KUBECONFIG={}",
+        kubeconfig.display()
+    );
+    println!("                   kubectl get nodes,pods -A -o wide");
 
-    // ── cloudcore and edgecore ──────────────────────────────────────────────────────────
-    // Later: start cloudcore against the API server, then edgecore with
-    // `remote-runtime-endpoint = containerd.endpoint()`.
+    // ── cloudcore ────────────────────────────────────────────────────────────────────────
+    step(3, "cloudcore: cloudhub + edge controllers");
+    let pki = Pki::new().context("creating the demo CA")?;
+    std::fs::write(demo_dir.join("rootCA.crt"), &pki.ca.cert.cert_pem)?;
+    let cloud = CloudFixture::start(api.client()?, &pki)
+        .await
+        .context("starting cloudcore")?;
+    println!(
+        "    cloudhub       wss://{}  (CA: {})",
+        cloud.hub.local_addr(),
+        demo_dir.join("rootCA.crt").display()
+    );
+
+    // ── edgecore ─────────────────────────────────────────────────────────────────────────
+    // Next: start edgecore with `remote-runtime-endpoint = containerd.endpoint()` once edged
+    // runs pods, and create a sample pod on the edge node.
 
     println!("\nReady. Press Ctrl-C to stop and remove everything.");
     tokio::select! {
@@ -81,6 +111,10 @@ async fn main() -> anyhow::Result<()> {
 
     println!("\nStopping: removing pods, containerd, registry, bridge and temporary files...");
     let stopping = Instant::now();
+    cloud.stop();
+    drop(cloud);
+    api.shutdown().await;
+    let _ = std::fs::remove_dir_all(&demo_dir);
     tokio::task::spawn_blocking(move || drop(containerd))
         .await
         .context("teardown task")?;
