@@ -272,9 +272,101 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// A process the harness started (control plane, cloudcore, edgecore…) with its stdout and
+/// stderr in a log file. Dropping it stops the process; when the drop happens while a test is
+/// failing (panicking), the tail of the log is printed so the failure shows what the process
+/// said.
+pub struct LoggedProcess {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl LoggedProcess {
+    /// Starts `command` tied to this process, output appended to `<log_dir>/<name>.log`.
+    pub fn spawn(name: &str, mut command: Command, log_dir: &Path) -> io::Result<LoggedProcess> {
+        std::fs::create_dir_all(log_dir)?;
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::options().create(true).append(true).open(&log)?;
+        let err = out.try_clone()?;
+        command
+            .stdout(out)
+            .stderr(err)
+            .stdin(std::process::Stdio::null());
+        let child = spawn_tied(command)?;
+        Ok(LoggedProcess {
+            name: name.to_string(),
+            child,
+            log,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The last `lines` lines of the log, headed with the process name and log path.
+    pub fn failure_report(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        let tail = &all[all.len().saturating_sub(lines)..];
+        format!(
+            "----- last {} lines of {} ({}) -----\n{}\n-----",
+            tail.len(),
+            self.name,
+            self.log.display(),
+            tail.join("\n")
+        )
+    }
+}
+
+impl Drop for LoggedProcess {
+    fn drop(&mut self) {
+        terminate(&mut self.child, Duration::from_secs(5));
+        if std::thread::panicking() {
+            eprintln!("{}", self.failure_report(60));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logged_process_captures_output_and_is_stopped_on_drop() {
+        let dir = std::env::temp_dir().join(format!("logged-process-{}", std::process::id()));
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo started-ok; echo oops >&2; exec sleep 30"]);
+        let mut p = LoggedProcess::spawn("sleeper", cmd, &dir).unwrap();
+        let pid = p.pid();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !p.failure_report(10).contains("oops") {
+            assert!(Instant::now() < deadline, "output reaches the log");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let report = p.failure_report(10);
+        assert!(
+            report.contains("started-ok") && report.contains("sleeper"),
+            "{report}"
+        );
+        assert!(p.is_running());
+        drop(p);
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "process stopped on drop"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn mountinfo_escapes_are_decoded() {
