@@ -1,8 +1,10 @@
 //! The edgecore process: configuration → TLS material → edge database → edgehub ⇄
-//! metamanager. edged (the pod lifecycle over CRI) plugs in through [`EdgeCore::edged_link`]:
-//! a [`MetaClient`] for its reads and writes and the channel of [`ObjectChange`]s it acts on.
+//! metamanager ⇄ edged (the pod lifecycle over CRI, when `modules.edged.enable`). edged gets
+//! a [`MetaClient`] for its reads and writes and the channel of [`ObjectChange`]s it acts on;
+//! with edged disabled, [`EdgeCore::edged_link`] hands both out instead.
 
 use crate::config::EdgeCoreConfig;
+use crate::edged::{Edged, EdgedConfig};
 use crate::edgehub::EdgeHub;
 use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, StoreError};
 use kubeedge_shared::tls::{self, TlsError};
@@ -39,6 +41,8 @@ pub enum StartError {
     Database { path: String, source: StoreError },
     #[error("{0}")]
     Unsupported(String),
+    #[error("cannot start edged: {0}")]
+    Edged(#[from] crate::edged::EdgedError),
 }
 
 /// The running edge: edgehub, the database and the metamanager.
@@ -47,6 +51,7 @@ pub struct EdgeCore {
     store: MetaStore,
     meta: MetaManager,
     edged: Option<(MetaClient, mpsc::Receiver<ObjectChange>)>,
+    running_edged: Option<Edged>,
 }
 
 /// Loads the client TLS configuration from the files `modules.edgeHub` names.
@@ -76,8 +81,23 @@ pub fn load_tls(config: &EdgeCoreConfig) -> Result<Arc<rustls::ClientConfig>, St
 }
 
 impl EdgeCore {
-    /// Starts edgehub and the metamanager on a validated configuration.
+    /// Starts edgehub, the metamanager and (when `modules.edged.enable`) edged on a
+    /// validated configuration.
     pub async fn start(config: &EdgeCoreConfig) -> Result<EdgeCore, StartError> {
+        let edged = config
+            .modules
+            .edged
+            .enable
+            .then(|| EdgedConfig::from_edgecore(config));
+        Self::start_with(config, edged).await
+    }
+
+    /// Like [`EdgeCore::start`], with edged's settings given (`None`: no edged), e.g. with
+    /// timers a test shortens.
+    pub async fn start_with(
+        config: &EdgeCoreConfig,
+        edged: Option<EdgedConfig>,
+    ) -> Result<EdgeCore, StartError> {
         if !config.modules.edge_hub.enable {
             return Err(StartError::Unsupported(
                 "modules.edgeHub.enable is false: kubeedge-rs edgecore needs its cloud link".into(),
@@ -88,6 +108,10 @@ impl EdgeCore {
                 "modules.metaManager.enable is false: kubeedge-rs edgecore needs its database"
                     .into(),
             ));
+        }
+        if let Some(e) = &edged {
+            crate::cri::socket_path(&e.runtime_endpoint)
+                .map_err(|e| StartError::Edged(crate::edged::EdgedError::Runtime(e)))?;
         }
         let tls = load_tls(config)?;
         let path = &config.database.data_source;
@@ -105,16 +129,29 @@ impl EdgeCore {
             hub.clone(),
             from_cloud,
         );
+        let (link, running_edged) = match edged {
+            Some(e) => match Edged::start(e, client, changes) {
+                Ok(running) => (None, Some(running)),
+                Err(err) => {
+                    meta.shutdown().await;
+                    hub.shutdown();
+                    store.close().await;
+                    return Err(err.into());
+                }
+            },
+            None => (Some((client, changes)), None),
+        };
         Ok(EdgeCore {
             hub,
             store,
             meta,
-            edged: Some((client, changes)),
+            edged: link,
+            running_edged,
         })
     }
 
-    /// What edged needs: the client and the channel of database changes. `None` after the
-    /// first call.
+    /// What edged needs: the client and the channel of database changes, when edged is not
+    /// running inside this edgecore. `None` after the first call (and with edged running).
     pub fn edged_link(&mut self) -> Option<(MetaClient, mpsc::Receiver<ObjectChange>)> {
         self.edged.take()
     }
@@ -123,20 +160,23 @@ impl EdgeCore {
         &self.hub
     }
 
-    /// Stops the metamanager (letting writes in progress finish), the cloud link and the
-    /// database, in that order.
+    /// Stops edged (pods keep running), the metamanager (letting writes in progress
+    /// finish), the cloud link and the database, in that order.
     pub async fn shutdown(self) {
+        if let Some(edged) = self.running_edged {
+            edged.shutdown().await;
+        }
         self.meta.shutdown().await;
         self.hub.shutdown();
         self.store.close().await;
     }
 }
 
-/// Until edged is built, the changes it would act on are logged (they are in the database,
-/// where edged will find them when it starts).
+/// With edged disabled, the changes it would act on are logged (they are in the database,
+/// where edged finds them when it starts).
 pub async fn log_changes_without_edged(mut changes: mpsc::Receiver<ObjectChange>) {
     while let Some(c) = changes.recv().await {
         tracing::info!(kind = ?c.kind, action = ?c.action, key = %c.key,
-            "stored; no edged in this build to act on it");
+            "stored; edged is disabled, nothing acts on it");
     }
 }

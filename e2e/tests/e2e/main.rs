@@ -4,4 +4,5 @@ mod apiserver_conformance;
 mod channel;
 mod containerd_smoke;
 mod controllers;
+mod edged;
 mod metamanager;

@@ -23,6 +23,7 @@ pub mod env;
 pub mod gc;
 pub mod lifecycle;
 pub mod node;
+pub mod objects;
 pub mod pod_worker;
 pub mod probes;
 pub mod quantity;
@@ -81,6 +82,7 @@ impl Edged {
             runtime: Runtime::new(cri, config.runtime_request_timeout),
             allocatable: node::allocatable(&machine, &config),
             config,
+            objects: objects::ObjectCache::new(meta.clone(), Duration::from_secs(5)),
             meta,
             runtime_name: OnceLock::new(),
             known_pods: Mutex::new(HashSet::new()),
@@ -255,7 +257,16 @@ impl Dispatcher {
                     });
                 }
             }
-            (kind @ (ObjectKind::ConfigMap | ObjectKind::Secret), _) => {
+            (kind @ (ObjectKind::ConfigMap | ObjectKind::Secret), action) => {
+                let cache_kind = if kind == ObjectKind::ConfigMap {
+                    objects::Kind::ConfigMap
+                } else {
+                    objects::Kind::Secret
+                };
+                let object = (action == ChangeAction::Upsert).then(|| change.object.clone());
+                self.shared
+                    .objects
+                    .changed(cache_kind, &change.namespace, &change.name, object);
                 for w in self.workers.values() {
                     let uses = volumes_use(
                         &w.intent.borrow().object,

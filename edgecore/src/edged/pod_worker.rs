@@ -52,6 +52,8 @@ pub struct Shared {
     pub config: EdgedConfig,
     pub runtime: Runtime,
     pub meta: MetaClient,
+    /// Configmaps and secrets, fetched once for concurrent readers.
+    pub objects: super::objects::ObjectCache,
     pub runtime_name: OnceLock<String>,
     pub allocatable: Allocatable,
     /// Pods with a worker (their sandboxes and containers are not garbage).
@@ -140,7 +142,13 @@ impl PodWorker {
 
     pub async fn run(mut self) {
         loop {
-            let next = self.sync().await;
+            // A sync may wait long (a stop with a grace period, a query to the cloud): it is
+            // abandoned when edgecore stops; the next edged picks up from what the runtime has.
+            let cancel = self.cancel.clone();
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return,
+                next = self.sync() => next,
+            };
             let wait = match next {
                 Next::Done => return,
                 Next::After(d) => d,
@@ -278,7 +286,7 @@ impl PodWorker {
         }
         let ctx = self.context(pod, rt);
         let dir = self.shared.config.pod_dir(&self.uid);
-        match volumes::prepare(pod, &dir, &ctx, &self.shared.meta, &mut self.tokens).await {
+        match volumes::prepare(pod, &dir, &ctx, &self.shared.objects, &mut self.tokens).await {
             Ok(v) => {
                 self.volumes = Some(v);
                 self.volumes_error = None;
@@ -627,7 +635,7 @@ impl PodWorker {
             false
         };
         let ctx = self.context(pod, rt);
-        let env = match container_env(pod, c, &ctx, &self.shared.meta).await {
+        let env = match container_env(pod, c, &ctx, &self.shared.objects).await {
             Ok(env) => env,
             Err(e) => return config_error(self, e.0),
         };
@@ -696,6 +704,10 @@ impl PodWorker {
     /// as precondition). The runtime objects go when the deletion comes back.
     async fn terminate(&mut self, pod: &Pod) -> Next {
         let retry = self.shared.config.retry_period;
+        if self.deleted_at_api {
+            // Done here; the runtime objects go when the deletion reaches the node.
+            return Next::After(self.shared.config.sync_frequency);
+        }
         self.set_state(PodState::Terminating);
         let Some(rt) = self.observe().await else {
             return Next::After(retry);

@@ -1,0 +1,744 @@
+//! edged end to end: a real edgecore (edgehub, metamanager, edged) against cloudcore's
+//! cloudhub and controllers in-process, the Kubernetes API (in-memory, or `E2E_KUBECONFIG`)
+//! and the private containerd of `e2e::containerd` (needs root and `scripts/setup.sh`).
+//!
+//! Pods are created through the API and checked through the API (status) and through CRI
+//! (what really runs). Waits are generous: these tests check behaviour, not speed. Set
+//! `E2E_LOG=edgecore=debug` to see edged's log.
+
+use e2e::channel::Pki;
+use e2e::cloud::CloudFixture;
+use e2e::cluster::TestCluster;
+use e2e::containerd::Containerd;
+use e2e::images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
+use edgecore::app::EdgeCore;
+use edgecore::config::EdgeCoreConfig;
+use edgecore::cri::{CriClient, api};
+use edgecore::edged::EdgedConfig;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("E2E_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+fn containerd() -> &'static Containerd {
+    Containerd::shared().unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn cri() -> CriClient {
+    containerd()
+        .cri()
+        .await
+        .unwrap_or_else(|e| panic!("connecting to the test containerd: {e}"))
+}
+
+/// A node name no other test of this process uses.
+fn node_name(prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Cluster + cloudcore + one edge node running a real edgecore on the shared containerd.
+struct EdgeEnv {
+    cluster: TestCluster,
+    _cloud: CloudFixture,
+    dir: tempfile::TempDir,
+    node: String,
+    ns: String,
+    config: EdgeCoreConfig,
+    edge: Option<EdgeCore>,
+}
+
+impl EdgeEnv {
+    async fn start(prefix: &str) -> EdgeEnv {
+        init_logs();
+        let containerd = tokio::task::spawn_blocking(containerd).await.unwrap();
+        let cluster = e2e::cluster::connect().await.expect("test cluster");
+        let pki = Pki::new().unwrap();
+        let cloud = CloudFixture::start(cluster.client(), &pki)
+            .await
+            .expect("cloudcore starts");
+        let node = node_name(prefix);
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let cert = pki.node_cert(&node).unwrap();
+        std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).unwrap();
+        std::fs::write(d.join("edge.crt"), &cert.cert_pem).unwrap();
+        std::fs::write(d.join("edge.key"), &cert.key_pem).unwrap();
+        let yaml = format!(
+            "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+             database:\n  dataSource: {db}\n\
+             modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
+             \x20   websocket:\n      server: {server}\n\
+             \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
+             \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n\
+             \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: 1s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
+            db = d.join("edgecore.db").display(),
+            ca = d.join("ca.crt").display(),
+            crt = d.join("edge.crt").display(),
+            key = d.join("edge.key").display(),
+            server = cloud.hub.local_addr(),
+            endpoint = containerd.endpoint(),
+            pause = PAUSE_IMAGE,
+            root = d.join("edged").display(),
+        );
+        let path = d.join("edgecore.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let config = EdgeCoreConfig::load(&path).expect("edgecore.yaml loads");
+        let ns = cluster.temp_namespace("edged").await.expect("namespace");
+        let mut env = EdgeEnv {
+            cluster,
+            _cloud: cloud,
+            dir,
+            node,
+            ns,
+            config,
+            edge: None,
+        };
+        env.start_edge().await;
+        env.wait_node_ready().await;
+        env
+    }
+
+    /// edged's settings from the config file, with test timers: quick back-offs and retries.
+    fn edged_config(&self) -> EdgedConfig {
+        let mut e = EdgedConfig::from_edgecore(&self.config);
+        e.pod_logs_directory = self.dir.path().join("pod-logs");
+        e.crash_backoff_initial = Duration::from_secs(1);
+        e.crash_backoff_max = Duration::from_secs(4);
+        e.image_backoff_initial = Duration::from_secs(1);
+        e.image_backoff_max = Duration::from_secs(4);
+        e.relist_period = Duration::from_millis(500);
+        e.retry_period = Duration::from_secs(1);
+        e
+    }
+
+    async fn start_edge(&mut self) {
+        let edged = self.edged_config();
+        let edge = EdgeCore::start_with(&self.config, Some(edged))
+            .await
+            .expect("edgecore starts");
+        self.edge = Some(edge);
+    }
+
+    async fn stop_edge(&mut self) {
+        if let Some(edge) = self.edge.take() {
+            edge.shutdown().await;
+        }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.cluster.client(), &self.ns)
+    }
+
+    async fn wait_node_ready(&self) -> Node {
+        let nodes: Api<Node> = Api::all(self.cluster.client());
+        wait_for(&format!("node {} Ready", self.node), WAIT, || async {
+            let node = nodes.get_opt(&self.node).await.ok()??;
+            let ready = node
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then_some(node)
+        })
+        .await
+    }
+
+    async fn create_pod(&self, spec: Value) -> Pod {
+        let mut pod = spec;
+        pod["apiVersion"] = json!("v1");
+        pod["kind"] = json!("Pod");
+        pod["spec"]["nodeName"] = json!(self.node);
+        let pod: Pod = serde_json::from_value(pod).expect("a Pod");
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("pod created")
+    }
+
+    async fn wait_pod(
+        &self,
+        name: &str,
+        what: &str,
+        mut check: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        let pods = self.pods();
+        let mut last = Value::Null;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Some(p)) = pods.get_opt(name).await {
+                let v = serde_json::to_value(&p).unwrap();
+                if check(&v) {
+                    return v;
+                }
+                last = v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {name}: {what} not seen within {WAIT:?}; last status:\n{:#}",
+                last["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn wait_running(&self, name: &str) -> Value {
+        self.wait_pod(name, "Running and Ready", |p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().all(|c| c["ready"] == true))
+        })
+        .await
+    }
+
+    async fn finish(mut self) {
+        self.stop_edge().await;
+        // Remove what the tests left running on the shared containerd.
+        let cri = cri().await;
+        let mut runtime = cri.runtime();
+        if let Ok(r) = runtime
+            .list_pod_sandbox(api::ListPodSandboxRequest {
+                filter: Some(api::PodSandboxFilter {
+                    label_selector: HashMap::from([(
+                        "kubeedge-rs.io/node".to_string(),
+                        self.node.clone(),
+                    )]),
+                    ..Default::default()
+                }),
+            })
+            .await
+        {
+            for s in r.into_inner().items {
+                let _ = runtime
+                    .stop_pod_sandbox(api::StopPodSandboxRequest {
+                        pod_sandbox_id: s.id.clone(),
+                    })
+                    .await;
+                let _ = runtime
+                    .remove_pod_sandbox(api::RemovePodSandboxRequest {
+                        pod_sandbox_id: s.id,
+                    })
+                    .await;
+            }
+        }
+        self.cluster.delete_namespace(&self.ns).await;
+    }
+}
+
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn container_id(status: &Value, index: usize) -> String {
+    let id = status["status"]["containerStatuses"][index]["containerID"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no containerID in {:#}", status["status"]));
+    id.strip_prefix("containerd://")
+        .unwrap_or_else(|| panic!("containerID {id} is not containerd://…"))
+        .to_string()
+}
+
+async fn exec(cri: &CriClient, id: &str, cmd: &[&str]) -> (i32, String) {
+    let r = cri
+        .runtime()
+        .exec_sync(api::ExecSyncRequest {
+            container_id: id.to_string(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            timeout: 10,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
+        .into_inner();
+    (
+        r.exit_code,
+        String::from_utf8_lossy(&r.stdout).into_owned() + &String::from_utf8_lossy(&r.stderr),
+    )
+}
+
+/// The CRI containers and sandboxes of a pod (by the kubelet's UID label).
+async fn runtime_objects(
+    cri: &CriClient,
+    uid: &str,
+) -> (Vec<api::Container>, Vec<api::PodSandbox>) {
+    let selector = HashMap::from([("io.kubernetes.pod.uid".to_string(), uid.to_string())]);
+    let containers = cri
+        .runtime()
+        .list_containers(api::ListContainersRequest {
+            filter: Some(api::ContainerFilter {
+                label_selector: selector.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    let sandboxes = cri
+        .runtime()
+        .list_pod_sandbox(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: selector,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    (containers, sandboxes)
+}
+
+fn condition<'a>(pod: &'a Value, ty: &str) -> &'a Value {
+    pod["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == ty))
+        .unwrap_or_else(|| panic!("no {ty} condition in {:#}", pod["status"]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
+    let env = EdgeEnv::start("edged-node").await;
+    let node = env.wait_node_ready().await;
+    let v = serde_json::to_value(&node).unwrap();
+    let labels = &v["metadata"]["labels"];
+    assert_eq!(labels["node-role.kubernetes.io/edge"], "");
+    assert_eq!(labels["node-role.kubernetes.io/agent"], "");
+    assert_eq!(labels["kubernetes.io/hostname"], env.node.as_str());
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert!(labels["kubernetes.io/arch"].is_string());
+    assert_eq!(labels["e2e.kubeedge-rs/edged"], "yes");
+    let s = &v["status"];
+    for r in ["cpu", "memory", "pods", "ephemeral-storage"] {
+        assert!(s["capacity"][r].is_string(), "capacity.{r} in {s:#}");
+        assert!(s["allocatable"][r].is_string(), "allocatable.{r} in {s:#}");
+    }
+    assert_eq!(s["capacity"]["pods"], "110");
+    assert!(
+        s["addresses"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"type": "InternalIP", "address": "127.0.0.1"})),
+        "{s:#}"
+    );
+    assert_eq!(s["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10350);
+    assert!(
+        s["nodeInfo"]["containerRuntimeVersion"]
+            .as_str()
+            .unwrap()
+            .starts_with("containerd://"),
+        "{s:#}"
+    );
+    for (ty, status) in [
+        ("Ready", "True"),
+        ("MemoryPressure", "False"),
+        ("DiskPressure", "False"),
+        ("PIDPressure", "False"),
+    ] {
+        let c = s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == ty)
+            .unwrap_or_else(|| panic!("{ty} missing in {s:#}"));
+        assert_eq!(c["status"], status, "{c}");
+    }
+
+    // The lease is renewed (every second with a 4 s duration): the node stays Ready past the
+    // node monitor's grace period and the renew time moves.
+    let leases: Api<Lease> = Api::namespaced(env.cluster.client(), "kube-node-lease");
+    let first = wait_for("the node lease", WAIT, || async {
+        leases.get_opt(&env.node).await.ok()?
+    })
+    .await;
+    let spec = first.spec.clone().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some(env.node.as_str()));
+    assert_eq!(spec.lease_duration_seconds, Some(4));
+    let renewed = wait_for("a lease renewal", WAIT, || async {
+        let l = leases.get_opt(&env.node).await.ok()??;
+        (l.spec.as_ref()?.renew_time != spec.renew_time).then_some(l)
+    })
+    .await;
+    assert!(renewed.spec.unwrap().renew_time > spec.renew_time);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    env.wait_node_ready().await;
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_runs_with_its_env_and_configmap_volume_and_deletion_removes_it() {
+    let env = EdgeEnv::start("edged-run").await;
+    let cms: Api<ConfigMap> = Api::namespaced(env.cluster.client(), &env.ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "settings"},
+        "data": {"greeting": "hello from a configmap", "COLOR": "blue"},
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    let created = Instant::now();
+    let pod = env
+        .create_pod(json!({
+            "metadata": {"name": "web", "labels": {"app": "web"}},
+            "spec": {
+                "terminationGracePeriodSeconds": 3,
+                "containers": [{
+                    "name": "main",
+                    "image": BUSYBOX_IMAGE,
+                    "command": ["sleep"],
+                    "args": ["$(NAP)"],
+                    "env": [
+                        {"name": "NAP", "value": "3600"},
+                        {"name": "LITERAL", "value": "plain-$(NAP)"},
+                        {"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "greeting"}}},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                        {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    ],
+                    "envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "CM_"}],
+                    "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"}],
+                    "ports": [{"containerPort": 8080}],
+                }],
+                "volumes": [{"name": "cfg", "configMap": {"name": "settings"}}],
+            },
+        }))
+        .await;
+    let uid = pod.metadata.uid.clone().unwrap();
+    let running = env.wait_running("web").await;
+    eprintln!(
+        "pod create → Running (ready) seen through the API: {:?}",
+        created.elapsed()
+    );
+
+    let s = &running["status"];
+    let c = &s["containerStatuses"][0];
+    assert_eq!(c["name"], "main");
+    assert!(c["state"]["running"]["startedAt"].is_string(), "{c:#}");
+    assert_eq!(c["restartCount"], 0);
+    assert_eq!(c["ready"], true);
+    assert_eq!(c["started"], true);
+    assert_eq!(c["image"], BUSYBOX_IMAGE);
+    assert!(
+        c["imageID"].as_str().is_some_and(|i| !i.is_empty()),
+        "{c:#}"
+    );
+    assert_eq!(s["hostIP"], "127.0.0.1");
+    assert!(s["startTime"].is_string());
+    let pod_ip: std::net::Ipv4Addr = s["podIP"].as_str().unwrap().parse().unwrap();
+    let subnet = containerd().pod_subnet();
+    let base: std::net::Ipv4Addr = subnet.trim_end_matches("/24").parse().unwrap();
+    assert_eq!(
+        u32::from(pod_ip) & 0xffff_ff00,
+        u32::from(base),
+        "{pod_ip} not in {subnet}"
+    );
+    assert_eq!(s["podIPs"], json!([{"ip": pod_ip.to_string()}]));
+    for ty in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+        assert_eq!(condition(&running, ty)["status"], "True", "{ty}");
+    }
+
+    // What runs is what the spec says.
+    let cri = cri().await;
+    let id = container_id(&running, 0);
+    let (code, out) = exec(&cri, &id, &["cat", "/etc/cfg/greeting"]).await;
+    assert_eq!((code, out.as_str()), (0, "hello from a configmap"));
+    let (_, env_out) = exec(&cri, &id, &["env"]).await;
+    for line in [
+        "NAP=3600".to_string(),
+        "LITERAL=plain-3600".to_string(),
+        "GREETING=hello from a configmap".to_string(),
+        "POD_NAME=web".to_string(),
+        format!("POD_NAMESPACE={}", env.ns),
+        format!("POD_UID={uid}"),
+        format!("POD_IP={pod_ip}"),
+        format!("NODE={}", env.node),
+        "CM_COLOR=blue".to_string(),
+        "CM_greeting=hello from a configmap".to_string(),
+    ] {
+        assert!(
+            env_out.lines().any(|l| l == line),
+            "{line} missing in:\n{env_out}"
+        );
+    }
+    let (_, ps) = exec(&cri, &id, &["cat", "/proc/1/cmdline"]).await;
+    assert_eq!(ps, "sleep\u{0}3600\u{0}", "$(NAP) expanded in args");
+    let (_, hosts) = exec(&cri, &id, &["cat", "/etc/hosts"]).await;
+    assert!(hosts.contains(&format!("{pod_ip}\tweb")), "{hosts}");
+
+    // A configmap update reaches the mounted file without a restart.
+    let mut updated = cms.get("settings").await.unwrap();
+    updated
+        .data
+        .as_mut()
+        .unwrap()
+        .insert("greeting".into(), "updated".into());
+    cms.replace("settings", &PostParams::default(), &updated)
+        .await
+        .unwrap();
+    wait_for("the configmap update in the container", WAIT, || async {
+        let (_, out) = exec(&cri, &id, &["cat", "/etc/cfg/greeting"]).await;
+        (out == "updated").then_some(())
+    })
+    .await;
+    let (containers, sandboxes) = runtime_objects(&cri, &uid).await;
+    assert_eq!((containers.len(), sandboxes.len()), (1, 1));
+
+    // Deleting the pod stops it within its grace period, removes the API object, then the
+    // containers and the sandbox.
+    let deleting = Instant::now();
+    env.pods()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the pod object to go", WAIT, || async {
+        match env.pods().get_opt("web").await {
+            Ok(None) => Some(()),
+            Ok(Some(p)) if p.metadata.uid.as_deref() != Some(uid.as_str()) => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    eprintln!("pod delete → object gone: {:?}", deleting.elapsed());
+    wait_for("the pod's containers and sandbox to go", WAIT, || async {
+        let (c, s) = runtime_objects(&cri, &uid).await;
+        (c.is_empty() && s.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        !env.dir.path().join("edged/pods").join(&uid).exists(),
+        "the pod directory is removed"
+    );
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_container_restarts_with_a_growing_count_and_crash_loop_back_off() {
+    let env = EdgeEnv::start("edged-crash").await;
+    env.create_pod(json!({
+        "metadata": {"name": "crasher"},
+        "spec": {"containers": [{"name": "boom", "image": BUSYBOX_IMAGE,
+            "command": ["sh", "-c", "exit 1"]}]},
+    }))
+    .await;
+    let mut saw_back_off = false;
+    let pod = env
+        .wait_pod(
+            "crasher",
+            "restartCount ≥ 3 after a CrashLoopBackOff",
+            |p| {
+                let c = &p["status"]["containerStatuses"][0];
+                if c["state"]["waiting"]["reason"] == "CrashLoopBackOff" {
+                    assert!(
+                        c["state"]["waiting"]["message"]
+                            .as_str()
+                            .unwrap_or("")
+                            .contains("restarting failed container=boom"),
+                        "{c:#}"
+                    );
+                    assert_eq!(c["lastState"]["terminated"]["exitCode"], 1, "{c:#}");
+                    assert_eq!(c["ready"], false, "{c:#}");
+                    assert_eq!(condition(p, "Ready")["status"], "False");
+                    // Always: a crash-looping pod is Running.
+                    assert_eq!(p["status"]["phase"], "Running");
+                    saw_back_off = true;
+                }
+                saw_back_off && c["restartCount"].as_u64().unwrap_or(0) >= 3
+            },
+        )
+        .await;
+    assert_eq!(pod["status"]["phase"], "Running");
+    // Old attempts are collected: at most the running/newest one and one exited.
+    let cri = cri().await;
+    let uid = pod["metadata"]["uid"].as_str().unwrap();
+    let (containers, _) = runtime_objects(&cri, uid).await;
+    assert!(
+        containers.len() <= 2,
+        "{} containers kept",
+        containers.len()
+    );
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_run_first_and_a_never_pod_completes() {
+    let env = EdgeEnv::start("edged-init").await;
+    env.create_pod(json!({
+        "metadata": {"name": "job"},
+        "spec": {
+            "restartPolicy": "Never",
+            "initContainers": [
+                {"name": "one", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", "echo one >> /work/log"],
+                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+                {"name": "two", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", "echo two >> /work/log"],
+                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+            ],
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE,
+                "command": ["sh", "-c", "test \"$(cat /work/log)\" = \"$(printf 'one\\ntwo')\""],
+                "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+            "volumes": [{"name": "work", "emptyDir": {}}],
+        },
+    }))
+    .await;
+    let done = env
+        .wait_pod("job", "Succeeded", |p| p["status"]["phase"] == "Succeeded")
+        .await;
+    let s = &done["status"];
+    for (i, name) in ["one", "two"].iter().enumerate() {
+        assert_eq!(s["initContainerStatuses"][i]["name"], *name);
+        assert_eq!(
+            s["initContainerStatuses"][i]["state"]["terminated"]["exitCode"],
+            0
+        );
+    }
+    let t = &s["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(t["exitCode"], 0, "{s:#}");
+    assert_eq!(t["reason"], "Completed");
+    assert_eq!(condition(&done, "Initialized")["status"], "True");
+    assert_eq!(condition(&done, "Ready")["status"], "False");
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_edged_cannot_run_says_why_and_other_pods_are_unaffected() {
+    let env = EdgeEnv::start("edged-bad").await;
+    env.create_pod(json!({
+        "metadata": {"name": "claims"},
+        "spec": {"containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "nope"}}]},
+    }))
+    .await;
+    env.create_pod(json!({
+        "metadata": {"name": "needs-config"},
+        "spec": {"containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"],
+                "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "later", "key": "x"}}}]}]},
+    }))
+    .await;
+    env.create_pod(json!({
+        "metadata": {"name": "fine"},
+        "spec": {"containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}]},
+    }))
+    .await;
+    let waiting = |reason: &'static str, needle: &'static str| {
+        move |p: &Value| {
+            let w = &p["status"]["containerStatuses"][0]["state"]["waiting"];
+            w["reason"] == reason && w["message"].as_str().is_some_and(|m| m.contains(needle))
+        }
+    };
+    let claims = env
+        .wait_pod(
+            "claims",
+            "CreateContainerConfigError naming persistentVolumeClaim",
+            waiting("CreateContainerConfigError", "persistentVolumeClaim"),
+        )
+        .await;
+    assert_eq!(claims["status"]["phase"], "Pending");
+    env.wait_pod(
+        "needs-config",
+        "CreateContainerConfigError naming the configmap",
+        waiting(
+            "CreateContainerConfigError",
+            "configmap \"later\" not found",
+        ),
+    )
+    .await;
+    env.wait_running("fine").await;
+
+    // Once the configmap exists, the pod starts.
+    let cms: Api<ConfigMap> = Api::namespaced(env.cluster.client(), &env.ns);
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "later"}, "data": {"x": "1"}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    env.wait_running("needs-config").await;
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_edgecore_adopts_running_containers_and_removes_pods_deleted_meanwhile() {
+    let mut env = EdgeEnv::start("edged-adopt").await;
+    env.create_pod(json!({
+        "metadata": {"name": "keeper"},
+        "spec": {"containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}]},
+    }))
+    .await;
+    env.create_pod(json!({
+        "metadata": {"name": "goner"},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}]},
+    }))
+    .await;
+    let before = env.wait_running("keeper").await;
+    let goner = env.wait_running("goner").await;
+    let id = container_id(&before, 0);
+    let goner_uid = goner["metadata"]["uid"].as_str().unwrap().to_string();
+
+    env.stop_edge().await;
+    // Containers outlive edgecore.
+    let cri = cri().await;
+    let (code, _) = exec(&cri, &id, &["true"]).await;
+    assert_eq!(
+        code, 0,
+        "the container keeps running while edgecore is down"
+    );
+    // Meanwhile the other pod is force-deleted at the API server.
+    env.pods()
+        .delete("goner", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+
+    env.start_edge().await;
+    env.wait_node_ready().await;
+    wait_for("the deleted pod's containers to go", WAIT, || async {
+        let (c, s) = runtime_objects(&cri, &goner_uid).await;
+        (c.is_empty() && s.is_empty()).then_some(())
+    })
+    .await;
+    // The adopted container: same ID, no restart, still Ready.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = env.wait_running("keeper").await;
+    assert_eq!(container_id(&after, 0), id);
+    assert_eq!(after["status"]["containerStatuses"][0]["restartCount"], 0);
+    assert_eq!(
+        after["status"]["containerStatuses"][0]["state"]["running"]["startedAt"],
+        before["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+    );
+    let uid = after["metadata"]["uid"].as_str().unwrap();
+    let (containers, sandboxes) = runtime_objects(&cri, uid).await;
+    assert_eq!((containers.len(), sandboxes.len()), (1, 1));
+    env.finish().await;
+}
