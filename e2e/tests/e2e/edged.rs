@@ -742,3 +742,86 @@ async fn a_restarted_edgecore_adopts_running_containers_and_removes_pods_deleted
     assert_eq!((containers.len(), sandboxes.len()), (1, 1));
     env.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_drive_readiness_and_restarts() {
+    let env = EdgeEnv::start("edged-probe").await;
+    env.create_pod(json!({
+        "metadata": {"name": "probed"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {"name": "app", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"],
+                 "readinessProbe": {"exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1},
+                 "livenessProbe": {"exec": {"command": ["sh", "-c", "test ! -e /tmp/die"]},
+                                   "periodSeconds": 1, "failureThreshold": 1}},
+                {"name": "web", "image": BUSYBOX_IMAGE,
+                 "command": ["sh", "-c", "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www"],
+                 "ports": [{"name": "http", "containerPort": 8080}],
+                 "readinessProbe": {"httpGet": {"path": "/index.html", "port": "http"}, "periodSeconds": 1},
+                 "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}},
+            ],
+        },
+    }))
+    .await;
+    let ready = |name: &'static str, want: bool| {
+        move |p: &Value| {
+            p["status"]["containerStatuses"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+                .is_some_and(|c| c["state"]["running"].is_object() && c["ready"] == want)
+        }
+    };
+    // The HTTP server is ready; the app is running but not ready until its file exists.
+    let pod = env
+        .wait_pod("probed", "web ready over HTTP", ready("web", true))
+        .await;
+    assert_eq!(pod["status"]["phase"], "Running");
+    let app = pod["status"]["containerStatuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "app")
+        .unwrap();
+    assert_eq!(app["ready"], false, "{app:#}");
+    assert_eq!(condition(&pod, "Ready")["status"], "False");
+
+    let cri = cri().await;
+    let id = container_id(&pod, 0);
+    assert_eq!(exec(&cri, &id, &["touch", "/tmp/ready"]).await.0, 0);
+    let pod = env
+        .wait_pod("probed", "app ready", ready("app", true))
+        .await;
+    assert_eq!(condition(&pod, "Ready")["status"], "True");
+
+    // A failing liveness probe restarts the container (the new one is not ready yet).
+    assert_eq!(exec(&cri, &id, &["touch", "/tmp/die"]).await.0, 0);
+    let pod = env
+        .wait_pod("probed", "app restarted by its liveness probe", |p| {
+            let c = &p["status"]["containerStatuses"][0];
+            c["restartCount"] == 1 && c["state"]["running"].is_object()
+        })
+        .await;
+    assert_ne!(container_id(&pod, 0), id);
+    assert_eq!(pod["status"]["containerStatuses"][1]["restartCount"], 0);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_network_pod_uses_the_node_network() {
+    let env = EdgeEnv::start("edged-hostnet").await;
+    env.create_pod(json!({
+        "metadata": {"name": "hostnet"},
+        "spec": {"hostNetwork": true, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}]},
+    }))
+    .await;
+    let pod = env.wait_running("hostnet").await;
+    assert_eq!(pod["status"]["podIP"], "127.0.0.1");
+    assert_eq!(pod["status"]["hostIP"], "127.0.0.1");
+    let cri = cri().await;
+    let (_, hostname) = exec(&cri, &container_id(&pod, 0), &["hostname"]).await;
+    let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(hostname.trim(), machine.trim());
+    env.finish().await;
+}
