@@ -825,3 +825,47 @@ async fn a_host_network_pod_uses_the_node_network() {
     assert_eq!(hostname.trim(), machine.trim());
     env.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_hooks_run_around_the_container_and_host_paths_are_shared() {
+    let env = EdgeEnv::start("edged-hooks").await;
+    let host_dir = env.dir.path().join("shared-with-pod");
+    env.create_pod(json!({
+        "metadata": {"name": "hooked"},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"],
+                "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+                "lifecycle": {
+                    "postStart": {"exec": {"command": ["sh", "-c", "echo started > /host/post-start"]}},
+                    "preStop": {"exec": {"command": ["sh", "-c", "echo stopping > /host/pre-stop"]}},
+                }}],
+            "volumes": [{"name": "host", "hostPath": {"path": host_dir.display().to_string(), "type": "DirectoryOrCreate"}}],
+        },
+    }))
+    .await;
+    env.wait_running("hooked").await;
+    assert_eq!(
+        std::fs::read_to_string(host_dir.join("post-start")).unwrap(),
+        "started\n"
+    );
+    assert!(!host_dir.join("pre-stop").exists());
+    env.pods()
+        .delete("hooked", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the pod object to go", WAIT, || async {
+        env.pods()
+            .get_opt("hooked")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(host_dir.join("pre-stop")).unwrap(),
+        "stopping\n"
+    );
+    env.finish().await;
+}

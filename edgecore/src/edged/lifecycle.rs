@@ -179,7 +179,7 @@ fn next_attempt(rt: &PodRuntime, name: &str) -> u32 {
     rt.latest(name).map(|c| c.attempt + 1).unwrap_or(0)
 }
 
-fn should_restart(policy: RestartPolicy, exit_code: i32) -> bool {
+pub fn should_restart(policy: RestartPolicy, exit_code: i32) -> bool {
     match policy {
         RestartPolicy::Always => true,
         RestartPolicy::OnFailure => exit_code != 0,

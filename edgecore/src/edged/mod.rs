@@ -21,6 +21,7 @@ pub mod backoff;
 pub mod containers;
 pub mod env;
 pub mod gc;
+pub mod hooks;
 pub mod lifecycle;
 pub mod node;
 pub mod objects;

@@ -361,6 +361,14 @@ impl PodWorker {
             }
         }
         let mut waiting = self.notes.clone();
+        // An exited container that will not restart shows how it ended, not why it waits.
+        let policy = pod.spec.restart_policy();
+        waiting.retain(|name, _| match lifecycle::current(&rt, name) {
+            Some(c) if c.state == crate::cri::api::ContainerState::ContainerExited => {
+                self.finished.is_none() && lifecycle::should_restart(policy, c.exit_code)
+            }
+            _ => true,
+        });
         waiting.extend(decision.waiting.clone());
         if let Some(e) = &self.volumes_error {
             for c in pod.spec.containers.iter().chain(&pod.spec.init_containers) {
@@ -487,9 +495,7 @@ impl PodWorker {
                 }
                 Action::KillContainer { id, name, why } => {
                     tracing::info!(pod = %pod.key(), container = %name, why = %why, "stopping container");
-                    if let Err(e) = runtime.stop_container(id, grace).await {
-                        tracing::warn!(pod = %pod.key(), container = %name, error = %e, "StopContainer failed");
-                    } else {
+                    if self.stop_one(rt, id, name, grace).await {
                         progressed = true;
                     }
                     self.probes.forget(id);
@@ -511,19 +517,49 @@ impl PodWorker {
         progressed
     }
 
+    /// The address hooks and probes reach the pod at.
+    fn pod_host(&self, rt: &PodRuntime) -> String {
+        let node_ip = self.shared.config.node_ip.clone();
+        match &self.pod {
+            Some(p) if !p.spec.host_network => rt
+                .latest_sandbox()
+                .and_then(|s| s.ips.first().cloned())
+                .unwrap_or(node_ip),
+            _ => node_ip,
+        }
+    }
+
+    /// Stops one container: its preStop hook, then SIGTERM and SIGKILL after what is left
+    /// of `grace`.
+    async fn stop_one(&self, rt: &PodRuntime, id: &str, name: &str, grace: Duration) -> bool {
+        let spec = self.pod.as_ref().and_then(|p| {
+            p.spec
+                .containers
+                .iter()
+                .chain(&p.spec.init_containers)
+                .find(|c| c.name == name)
+        });
+        let host = self.pod_host(rt);
+        let runtime = &self.shared.runtime;
+        let left = super::hooks::pre_stop(spec, id, &host, grace, runtime).await;
+        match runtime.stop_container(id, left).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(container = %name, id, error = %e, "StopContainer failed");
+                false
+            }
+        }
+    }
+
     /// Stops every running container at once, each with `grace`.
     async fn kill_all(&mut self, rt: &PodRuntime, grace: Duration) {
-        let runtime = &self.shared.runtime;
-        let stops = rt.running().map(|c| {
-            let id = c.id.clone();
-            async move {
-                if let Err(e) = runtime.stop_container(&id, grace).await {
-                    tracing::warn!(container = %id, error = %e, "StopContainer failed");
-                }
-                id
-            }
+        let this = &*self;
+        let stops = rt.running().map(|c| async move {
+            this.stop_one(rt, &c.id, &c.name, grace).await;
+            c.id.clone()
         });
-        for id in futures_util::future::join_all(stops).await {
+        let stopped = futures_util::future::join_all(stops).await;
+        for id in stopped {
             self.probes.forget(&id);
         }
     }
@@ -694,6 +730,25 @@ impl PodWorker {
             return true;
         }
         tracing::info!(pod = %pod.key(), container = %name, id = %id, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "container started");
+        if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let host = ctx
+                .pod_ips
+                .first()
+                .cloned()
+                .unwrap_or_else(|| self.shared.config.node_ip.clone());
+            let timeout = self.shared.config.runtime_request_timeout;
+            if let Err(e) = super::hooks::run_handler(hook, c, &id, &host, timeout, &runtime).await
+            {
+                tracing::warn!(pod = %pod.key(), container = %name, error = %e, "postStart hook failed; stopping the container");
+                let grace = Duration::from_secs(pod.grace_period_seconds() as u64);
+                let _ = runtime.stop_container(&id, grace).await;
+                self.notes.insert(
+                    name,
+                    Waiting::new("PostStartHookError", format!("postStart hook failed: {e}")),
+                );
+                return true;
+            }
+        }
         self.notes.remove(&name);
         self.probes.started_container(&id);
         true

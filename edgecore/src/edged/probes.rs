@@ -297,7 +297,7 @@ async fn probe_once(
 }
 
 /// A port number, or the name of one of the container's ports.
-fn resolve_port(port: &Value, c: &Container) -> Result<u16, String> {
+pub(crate) fn resolve_port(port: &Value, c: &Container) -> Result<u16, String> {
     match port {
         Value::Number(n) => n
             .as_u64()
@@ -318,7 +318,7 @@ fn resolve_port(port: &Value, c: &Container) -> Result<u16, String> {
 }
 
 /// A plain HTTP/1.1 GET; 200–399 is success. HTTPS endpoints are checked by connecting only.
-async fn http_get(host: &str, port: u16, h: &HttpGetAction) -> Result<(), String> {
+pub(crate) async fn http_get(host: &str, port: u16, h: &HttpGetAction) -> Result<(), String> {
     let mut stream = tokio::net::TcpStream::connect((host, port))
         .await
         .map_err(|e| e.to_string())?;
