@@ -8,7 +8,7 @@
 //! Run with `bash scripts/demo.sh` (installs the packages, then
 //! `cargo run --release -p e2e --bin local-demo`). Needs root.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use e2e::apiserver::{ApiServer, Config as ApiConfig};
@@ -16,6 +16,10 @@ use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;
 use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE, PAUSE_IMAGE};
+use edgecore::app::EdgeCore;
+use edgecore::config::EdgeCoreConfig;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main]
@@ -100,8 +104,78 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // ── edgecore ─────────────────────────────────────────────────────────────────────────
-    // Next: start edgecore with `remote-runtime-endpoint = containerd.endpoint()` once edged
-    // runs pods, and create a sample pod on the edge node.
+    step(
+        4,
+        "edgecore: edge node `edge-demo` on the private containerd",
+    );
+    let node = "edge-demo";
+    let cert = pki.node_cert(node).context("edge certificate")?;
+    std::fs::write(demo_dir.join("edge.crt"), &cert.cert_pem)?;
+    std::fs::write(demo_dir.join("edge.key"), &cert.key_pem)?;
+    let yaml = format!(
+        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+         database:\n  dataSource: {db}\n\
+         modules:\n  edgeHub:\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
+         \x20   websocket:\n      server: {server}\n\
+         \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
+         \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
+        db = demo_dir.join("edgecore.db").display(),
+        ca = demo_dir.join("rootCA.crt").display(),
+        crt = demo_dir.join("edge.crt").display(),
+        key = demo_dir.join("edge.key").display(),
+        server = cloud.hub.local_addr(),
+        endpoint = containerd.endpoint(),
+        pause = PAUSE_IMAGE,
+        root = demo_dir.join("edged").display(),
+    );
+    let config_path = demo_dir.join("edgecore.yaml");
+    std::fs::write(&config_path, yaml)?;
+    let config = EdgeCoreConfig::load(&config_path).context("demo edgecore.yaml")?;
+    let edge = EdgeCore::start(&config)
+        .await
+        .context("starting edgecore")?;
+    println!("    config         {}", config_path.display());
+
+    step(5, "sample pod `hello` on the edge node");
+    let client = api.client()?;
+    wait_until("node edge-demo Ready", Duration::from_secs(60), || async {
+        let n = Api::<Node>::all(client.clone())
+            .get_opt(node)
+            .await
+            .ok()??;
+        n.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+            .then_some(())
+    })
+    .await?;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "hello", "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "hello", "image": BUSYBOX_IMAGE,
+            "command": ["sh", "-c", "echo hello from the edge; exec sleep 1000000"]}]}
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .context("creating the sample pod")?;
+    wait_until("pod hello Running", Duration::from_secs(120), || async {
+        let p = pods.get_opt("hello").await.ok()??;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await?;
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "pods", "-o", "wide"])
+        .output()
+        .await
+        .context("running kubectl")?;
+    println!("    $ kubectl get pods -o wide");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("    {line}");
+    }
 
     println!("\nReady. Press Ctrl-C to stop and remove everything.");
     tokio::select! {
@@ -111,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
 
     println!("\nStopping: removing pods, containerd, registry, bridge and temporary files...");
     let stopping = Instant::now();
+    edge.shutdown().await;
     cloud.stop();
     drop(cloud);
     api.shutdown().await;
@@ -119,6 +194,28 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("teardown task")?;
     println!("Stopped in {:.1?}.", stopping.elapsed());
+    Ok(())
+}
+
+/// Polls `probe` until it yields, or fails after `limit` naming what it waited for.
+async fn wait_until<F, Fut>(what: &str, limit: Duration, mut probe: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<()>>,
+{
+    let deadline = Instant::now() + limit;
+    let mut dots = Instant::now();
+    while probe().await.is_none() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        if dots.elapsed() > Duration::from_secs(5) {
+            println!("    … waiting for {what}");
+            dots = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
 }
 
