@@ -10,7 +10,7 @@ use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;
 use e2e::cluster::TestCluster;
 use e2e::containerd::Containerd;
-use e2e::images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
+use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE, PAUSE_IMAGE};
 use edgecore::app::EdgeCore;
 use edgecore::config::EdgeCoreConfig;
 use edgecore::cri::{CriClient, api};
@@ -60,7 +60,7 @@ fn node_name(prefix: &str) -> String {
 /// Cluster + cloudcore + one edge node running a real edgecore on the shared containerd.
 struct EdgeEnv {
     cluster: TestCluster,
-    _cloud: CloudFixture,
+    cloud: CloudFixture,
     dir: tempfile::TempDir,
     node: String,
     ns: String,
@@ -107,7 +107,7 @@ impl EdgeEnv {
         let ns = cluster.temp_namespace("edged").await.expect("namespace");
         let mut env = EdgeEnv {
             cluster,
-            _cloud: cloud,
+            cloud,
             dir,
             node,
             ns,
@@ -867,5 +867,119 @@ async fn lifecycle_hooks_run_around_the_container_and_host_paths_are_shared() {
         std::fs::read_to_string(host_dir.join("pre-stop")).unwrap(),
         "stopping\n"
     );
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_update_restarts_only_that_container() {
+    let env = EdgeEnv::start("edged-update").await;
+    env.create_pod(json!({
+        "metadata": {"name": "updated"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "a", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]},
+            {"name": "b", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]},
+        ]},
+    }))
+    .await;
+    let before = env.wait_running("updated").await;
+    let mut pod = env.pods().get("updated").await.unwrap();
+    pod.spec.as_mut().unwrap().containers[0].image = Some(BUSYBOX_DOCKER_HUB_IMAGE.into());
+    env.pods()
+        .replace("updated", &PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let after = env
+        .wait_pod("updated", "container a restarted with the new image", |p| {
+            let c = &p["status"]["containerStatuses"][0];
+            c["image"] == BUSYBOX_DOCKER_HUB_IMAGE
+                && c["restartCount"] == 1
+                && c["state"]["running"].is_object()
+        })
+        .await;
+    assert_ne!(container_id(&after, 0), container_id(&before, 0));
+    assert_eq!(container_id(&after, 1), container_id(&before, 1));
+    assert_eq!(after["status"]["containerStatuses"][1]["restartCount"], 0);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_pods_created_together_all_run() {
+    let env = EdgeEnv::start("edged-ten").await;
+    let created = Instant::now();
+    let names: Vec<String> = (0..10).map(|i| format!("p{i}")).collect();
+    futures::future::join_all(names.iter().map(|n| {
+        env.create_pod(json!({
+            "metadata": {"name": n},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [
+                {"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                 "command": ["sleep", "3600"]}]},
+        }))
+    }))
+    .await;
+    let mut times = Vec::new();
+    for n in &names {
+        env.wait_running(n).await;
+        times.push(created.elapsed());
+    }
+    eprintln!(
+        "10 pods created together → all Running: {:?} (first seen {:?})",
+        times[9], times[0]
+    );
+    let cri = cri().await;
+    let mut ips = std::collections::HashSet::new();
+    for n in &names {
+        let p = serde_json::to_value(env.pods().get(n).await.unwrap()).unwrap();
+        assert!(
+            ips.insert(p["status"]["podIP"].as_str().unwrap().to_string()),
+            "IPs are unique"
+        );
+        let (containers, sandboxes) =
+            runtime_objects(&cri, p["metadata"]["uid"].as_str().unwrap()).await;
+        assert_eq!((containers.len(), sandboxes.len()), (1, 1), "{n}");
+    }
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_come_back_from_the_database_while_the_cloud_is_gone() {
+    let mut env = EdgeEnv::start("edged-offline").await;
+    env.create_pod(json!({
+        "metadata": {"name": "survivor"},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"]}]},
+    }))
+    .await;
+    let running = env.wait_running("survivor").await;
+    let uid = running["metadata"]["uid"].as_str().unwrap().to_string();
+    let first = container_id(&running, 0);
+
+    // The cloud goes away, then edgecore restarts: it knows its pods from its database.
+    env.cloud.stop();
+    let hub = env.edge.as_ref().unwrap().hub().clone();
+    wait_for("the edge to notice the cloud is gone", WAIT, || async {
+        (!hub.is_connected()).then_some(())
+    })
+    .await;
+    env.stop_edge().await;
+    env.start_edge().await;
+    // The container crashes (is killed) while offline: edged restarts it.
+    let cri = cri().await;
+    cri.runtime()
+        .stop_container(api::StopContainerRequest {
+            container_id: first.clone(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+    let restarted = wait_for("a new container for the pod, offline", WAIT, || async {
+        let (containers, _) = runtime_objects(&cri, &uid).await;
+        containers
+            .into_iter()
+            .find(|c| c.id != first && c.state() == api::ContainerState::ContainerRunning)
+    })
+    .await;
+    assert_eq!(restarted.metadata.unwrap().attempt, 1);
+    assert!(!env.edge.as_ref().unwrap().hub().is_connected());
     env.finish().await;
 }

@@ -27,6 +27,7 @@ pub mod node;
 pub mod objects;
 pub mod pod_worker;
 pub mod probes;
+pub mod pull_secrets;
 pub mod quantity;
 pub mod runtime;
 pub mod sandbox;

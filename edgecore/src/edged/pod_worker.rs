@@ -11,7 +11,7 @@ use super::backoff::Backoff;
 use super::containers::{
     ContainerInput, ContainerKind, check_non_root, container_config, etc_hosts_content,
 };
-use super::env::{PodContext, container_env};
+use super::env::{ObjectSource, PodContext, container_env};
 use super::lifecycle::{self, Action, Phase, PlanInput, PodState, Waiting};
 use super::probes::Probes;
 use super::runtime::{PodRuntime, Runtime};
@@ -568,6 +568,8 @@ impl PodWorker {
         &mut self,
         image: &str,
         policy: PullPolicy,
+        namespace: &str,
+        secrets: &[super::spec::LocalObjectReference],
     ) -> Result<(String, Option<crate::cri::api::Image>), Waiting> {
         let runtime = &self.shared.runtime;
         let present = runtime
@@ -596,11 +598,40 @@ impl PodWorker {
             ));
         }
         let started = Instant::now();
+        // Each matching credential in turn; anonymously when none applies.
+        let mut auths: Vec<Option<crate::cri::api::AuthConfig>> = Vec::new();
+        for s in secrets {
+            match self.shared.objects.secret(namespace, &s.name).await {
+                Ok(Some(secret)) => auths.extend(
+                    super::pull_secrets::credentials_for(&secret, image)
+                        .into_iter()
+                        .map(Some),
+                ),
+                Ok(None) => tracing::warn!(image, secret = %s.name, "image pull secret not found"),
+                Err(e) => {
+                    tracing::warn!(image, secret = %s.name, error = %e, "cannot read an image pull secret")
+                }
+            }
+        }
+        if auths.is_empty() {
+            auths.push(None);
+        }
         let pulled = {
             let _one_at_a_time = self.shared.pull_lock.lock().await;
-            runtime
-                .pull_image(image, None, self.shared.config.image_pull_timeout)
-                .await
+            let mut result = Err(None);
+            for auth in auths {
+                match runtime
+                    .pull_image(image, auth, self.shared.config.image_pull_timeout)
+                    .await
+                {
+                    Ok(r) => {
+                        result = Ok(r);
+                        break;
+                    }
+                    Err(e) => result = Err(Some(e)),
+                }
+            }
+            result
         };
         match pulled {
             Ok(image_ref) => {
@@ -618,9 +649,10 @@ impl PodWorker {
                 let now = SystemTime::now();
                 self.image_backoff.next(image, now, now);
                 self.image_failures.insert(image.to_string(), now);
+                let why = e.map(|e| e.to_string()).unwrap_or_default();
                 Err(Waiting::new(
                     "ErrImagePull",
-                    format!("failed to pull image \"{image}\": {e}"),
+                    format!("failed to pull image \"{image}\": {why}"),
                 ))
             }
         }
@@ -654,7 +686,15 @@ impl PodWorker {
             self.crash_backoff
                 .next(&lifecycle::backoff_key(pod, &name), t, SystemTime::now());
         }
-        let (image_ref, image) = match self.ensure_image(c.image(), c.pull_policy()).await {
+        let pulled = self
+            .ensure_image(
+                c.image(),
+                c.pull_policy(),
+                &pod.metadata.namespace,
+                &pod.spec.image_pull_secrets,
+            )
+            .await;
+        let (image_ref, image) = match pulled {
             Ok(i) => i,
             Err(w) => {
                 tracing::warn!(pod = %pod.key(), container = %name, reason = %w.reason, message = %w.message, "image not available");
