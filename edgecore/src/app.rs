@@ -130,7 +130,7 @@ impl EdgeCore {
             from_cloud,
         );
         let (link, running_edged) = match edged {
-            Some(e) => match Edged::start(e, client, changes) {
+            Some(e) => match Edged::start(e, client, changes, Some(hub.subscribe())) {
                 Ok(running) => (None, Some(running)),
                 Err(err) => {
                     meta.shutdown().await;

@@ -983,3 +983,42 @@ async fn pods_come_back_from_the_database_while_the_cloud_is_gone() {
     assert!(!env.edge.as_ref().unwrap().hub().is_connected());
     env.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_are_sent_again_when_the_cloud_link_comes_back() {
+    let env = EdgeEnv::start("edged-resync").await;
+    env.create_pod(json!({
+        "metadata": {"name": "steady"},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"]}]},
+    }))
+    .await;
+    env.wait_running("steady").await;
+    // While the link is down the cloud side marks the pod not ready (as the node lifecycle
+    // controller does for an unreachable node); the edge cannot know.
+    let patch = json!({"status": {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "NodeUnreachable"},
+        {"type": "ContainersReady", "status": "False"},
+    ]}});
+    env.pods()
+        .patch_status(
+            "steady",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(patch),
+        )
+        .await
+        .unwrap();
+    let marked = env.pods().get("steady").await.unwrap();
+    let marked = serde_json::to_value(&marked).unwrap();
+    assert_eq!(condition(&marked, "Ready")["status"], "False");
+    assert!(env.cloud.hub.disconnect(&env.node));
+    // After the reconnect the edge reports what it sees: the pod is ready.
+    let back = env
+        .wait_pod("steady", "Ready again after the reconnect", |p| {
+            condition(p, "Ready")["status"] == "True"
+        })
+        .await;
+    assert_eq!(back["status"]["containerStatuses"][0]["restartCount"], 0);
+    env.finish().await;
+}

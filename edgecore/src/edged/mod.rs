@@ -40,6 +40,7 @@ pub mod volumes;
 pub use settings::EdgedConfig;
 
 use crate::cri::{CriClient, CriError};
+use crate::edgehub::LinkEvent;
 use crate::metamanager::{ChangeAction, MetaClient, ObjectChange, ObjectKind};
 use pod_worker::{PodIntent, PodWorker, Shared};
 use runtime::{LABEL_NODE, LABEL_POD_UID, Runtime};
@@ -47,7 +48,7 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -73,10 +74,14 @@ struct WorkerHandle {
 impl Edged {
     /// Starts edged; `changes` is the metamanager's channel of stored pods, configmaps and
     /// secrets.
+    ///
+    /// `link` (edgehub's link events) lets edged send pod and node status again after the
+    /// cloud link comes back.
     pub fn start(
         config: EdgedConfig,
         meta: MetaClient,
         changes: mpsc::Receiver<ObjectChange>,
+        link: Option<broadcast::Receiver<LinkEvent>>,
     ) -> Result<Edged, EdgedError> {
         let cri = CriClient::connect_lazy(&config.runtime_endpoint)?;
         let machine = node::Machine::detect(&config.root_directory);
@@ -89,9 +94,10 @@ impl Edged {
             runtime_name: OnceLock::new(),
             known_pods: Mutex::new(HashSet::new()),
             pull_lock: tokio::sync::Mutex::new(()),
+            resync: watch::channel(0).0,
         });
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(shared, machine, changes, cancel.clone()));
+        let task = tokio::spawn(run(shared, machine, changes, link, cancel.clone()));
         Ok(Edged { cancel, task })
     }
 
@@ -106,6 +112,7 @@ async fn run(
     shared: Arc<Shared>,
     machine: node::Machine,
     mut changes: mpsc::Receiver<ObjectChange>,
+    link: Option<broadcast::Receiver<LinkEvent>>,
     cancel: CancellationToken,
 ) {
     let node_task = tokio::spawn(node::run(shared.clone(), machine, cancel.child_token()));
@@ -116,6 +123,25 @@ async fn run(
         relisted: HashMap::new(),
         gc: None,
     };
+    if let Some(mut link) = link {
+        let shared = shared.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    e = link.recv() => e,
+                };
+                match event {
+                    Ok(LinkEvent::Connected) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                        shared.resync.send_modify(|n| *n += 1);
+                    }
+                    Ok(LinkEvent::Disconnected { .. }) => {}
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+    }
     if dispatcher.start_up(&cancel).await {
         dispatcher.serve(&mut changes).await;
     }

@@ -437,7 +437,13 @@ async fn report_status(shared: Arc<Shared>, machine: Machine, cancel: Cancellati
     let mut retry = Duration::from_millis(200);
     let mut last: Option<(Value, Instant)> = None;
     let mut previous_conditions: Vec<Value> = Vec::new();
+    let mut resync = shared.resync.subscribe();
     loop {
+        if resync.has_changed().unwrap_or(false) {
+            // Back online: the cloud may have marked the node Unknown meanwhile.
+            resync.mark_unchanged();
+            last = None;
+        }
         let runtime = shared.runtime.conditions().await.map_err(|e| e.to_string());
         let runtime_version = match shared.runtime.version().await {
             Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
@@ -485,10 +491,11 @@ async fn report_status(shared: Arc<Shared>, machine: Machine, cancel: Cancellati
                     }
                     Err(e) => {
                         tracing::debug!(node = %config.node_name, error = %e, "node status not sent");
+                        // Sent again on the next tick, changed or not.
+                        last = None;
                         if matches!(e, MetaError::NotFound { .. }) {
                             // Someone deleted the Node: register again.
                             registered = false;
-                            last = None;
                         }
                         wait = wait.min(Duration::from_secs(2));
                     }

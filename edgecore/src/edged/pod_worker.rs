@@ -60,6 +60,9 @@ pub struct Shared {
     pub known_pods: Mutex<HashSet<String>>,
     /// Image pulls one at a time (the kubelet's `serializeImagePulls`).
     pub pull_lock: tokio::sync::Mutex<()>,
+    /// Bumped when the cloud link comes back: statuses are sent again even if unchanged
+    /// here (the cloud side may have marked the node's pods not ready meanwhile).
+    pub resync: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -95,6 +98,8 @@ pub struct PodWorker {
     volumes_prepared: Option<(u64, Instant)>,
     deleted_at_api: bool,
     probes: Probes,
+    resync: watch::Receiver<u64>,
+    force_report: bool,
 }
 
 /// What a sync asks of the loop.
@@ -114,6 +119,7 @@ impl PodWorker {
         let c = &shared.config;
         let crash_backoff = Backoff::new(c.crash_backoff_initial, c.crash_backoff_max);
         let image_backoff = Backoff::new(c.image_backoff_initial, c.image_backoff_max);
+        let resync = shared.resync.subscribe();
         PodWorker {
             shared,
             uid,
@@ -137,6 +143,8 @@ impl PodWorker {
             volumes_prepared: None,
             deleted_at_api: false,
             probes: Probes::default(),
+            resync,
+            force_report: false,
         }
     }
 
@@ -157,6 +165,11 @@ impl PodWorker {
                 _ = self.cancel.cancelled() => return,
                 changed = self.intent.changed() => if changed.is_err() { return },
                 _ = self.wake.notified() => {}
+                changed = self.resync.changed() => {
+                    if changed.is_ok() {
+                        self.force_report = true;
+                    }
+                }
                 _ = tokio::time::sleep(wait) => {}
             }
         }
@@ -917,7 +930,7 @@ impl PodWorker {
 
     /// Sends the status when it differs from what the cloud last accepted.
     async fn report(&mut self, status: Value) {
-        if self.last_sent.as_ref() == Some(&status) {
+        if !self.force_report && self.last_sent.as_ref() == Some(&status) {
             self.status_pending = false;
             return;
         }
@@ -933,10 +946,12 @@ impl PodWorker {
                 tracing::debug!(pod = %self.key(), phase = %status["phase"], "pod status sent");
                 self.last_sent = Some(status);
                 self.status_pending = false;
+                self.force_report = false;
             }
             Err(MetaError::NotFound { .. }) => {
                 self.last_sent = Some(status);
                 self.status_pending = false;
+                self.force_report = false;
             }
             Err(e) => {
                 if !self.status_pending {
