@@ -129,6 +129,9 @@ impl EdgeEnv {
         e.image_backoff_max = Duration::from_secs(4);
         e.relist_period = Duration::from_millis(500);
         e.retry_period = Duration::from_secs(1);
+        e.container_log_max_size = 16 * 1024;
+        e.container_log_max_files = 3;
+        e.log_rotation_period = Duration::from_millis(500);
         e
     }
 
@@ -1020,5 +1023,77 @@ async fn statuses_are_sent_again_when_the_cloud_link_comes_back() {
         })
         .await;
     assert_eq!(back["status"]["containerStatuses"][0]["restartCount"], 0);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_past_its_active_deadline_fails() {
+    let env = EdgeEnv::start("edged-deadline").await;
+    env.create_pod(json!({
+        "metadata": {"name": "bounded"},
+        "spec": {"activeDeadlineSeconds": 3, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"]}]},
+    }))
+    .await;
+    env.wait_running("bounded").await;
+    let failed = env
+        .wait_pod("bounded", "Failed with DeadlineExceeded", |p| {
+            p["status"]["phase"] == "Failed" && p["status"]["reason"] == "DeadlineExceeded"
+        })
+        .await;
+    let c = &failed["status"]["containerStatuses"][0];
+    assert!(c["state"]["terminated"].is_object(), "{c:#}");
+    assert_eq!(condition(&failed, "Ready")["status"], "False");
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_logs_are_rotated_and_bounded() {
+    let env = EdgeEnv::start("edged-logs").await;
+    let pod = env
+        .create_pod(json!({
+            "metadata": {"name": "chatty"},
+            "spec": {"terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c",
+                        "i=0; while true; do i=$((i+1)); echo \"line $i 0123456789012345678901234567890123456789012345678901234567890123456789\"; sleep 0.005; done"]}]},
+        }))
+        .await;
+    env.wait_running("chatty").await;
+    let dir = env
+        .dir
+        .path()
+        .join("pod-logs")
+        .join(format!("{}_chatty_{}", env.ns, pod.metadata.uid.unwrap()))
+        .join("main");
+    let files = |dir: std::path::PathBuf| async move {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    // Rotated at least twice: the oldest rotated files are gone, three files at most remain.
+    wait_for("two rotations", WAIT, || async {
+        let names = files(dir.clone()).await;
+        (names.iter().filter(|n| n.starts_with("0.log.")).count() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let names = files(dir.clone()).await;
+    assert!(names.len() <= 3, "{names:?}");
+    assert!(names.contains(&"0.log".to_string()), "{names:?}");
+    // The runtime writes to the reopened file.
+    let size = |p: std::path::PathBuf| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let before = size(dir.join("0.log"));
+    wait_for("the current log to grow", WAIT, || async {
+        let now = size(dir.join("0.log"));
+        (now != before).then_some(())
+    })
+    .await;
     env.finish().await;
 }

@@ -23,6 +23,7 @@ pub mod env;
 pub mod gc;
 pub mod hooks;
 pub mod lifecycle;
+pub mod logs;
 pub mod node;
 pub mod objects;
 pub mod pod_worker;
@@ -246,6 +247,9 @@ impl Dispatcher {
         let mut housekeeping = tokio::time::interval(config.sync_frequency);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         housekeeping.tick().await;
+        let mut log_check = tokio::time::interval(config.log_rotation_period);
+        log_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rotation: Option<JoinHandle<()>> = None;
         let mut changes_open = true;
         loop {
             tokio::select! {
@@ -259,6 +263,19 @@ impl Dispatcher {
                 },
                 _ = relist.tick() => self.relist().await,
                 _ = housekeeping.tick() => self.housekeeping(),
+                _ = log_check.tick() => {
+                    if rotation.as_ref().is_none_or(|r| r.is_finished()) {
+                        let shared = self.shared.clone();
+                        rotation = Some(tokio::spawn(async move {
+                            let c = &shared.config;
+                            match logs::rotate(&shared.runtime, &c.node_name, c.container_log_max_size, c.container_log_max_files).await {
+                                Ok(0) => {}
+                                Ok(n) => tracing::info!(containers = n, "container logs rotated"),
+                                Err(e) => tracing::debug!(error = %e, "log rotation failed"),
+                            }
+                        }));
+                    }
+                }
             }
         }
     }

@@ -100,6 +100,8 @@ pub struct PodWorker {
     probes: Probes,
     resync: watch::Receiver<u64>,
     force_report: bool,
+    first_seen: SystemTime,
+    deadline_exceeded: bool,
 }
 
 /// What a sync asks of the loop.
@@ -145,6 +147,8 @@ impl PodWorker {
             probes: Probes::default(),
             resync,
             force_report: false,
+            first_seen: SystemTime::now(),
+            deadline_exceeded: false,
         }
     }
 
@@ -322,6 +326,7 @@ impl PodWorker {
             Some(rt) => rt,
             None => return Next::After(config.retry_period),
         };
+        let deadline_left = self.check_deadline(pod);
         if self.finished.is_none() {
             self.prepare_volumes(pod, &rt, config_version).await;
         }
@@ -407,10 +412,16 @@ impl PodWorker {
             runtime_name: self.shared.runtime_name(),
             previous: &previous,
             now: &now,
-            message: None,
+            reason: self.deadline_exceeded.then_some("DeadlineExceeded"),
+            message: self
+                .deadline_exceeded
+                .then_some("Pod was active on the node longer than the specified deadline"),
         });
         self.report(status).await;
         let mut wait = config.sync_frequency;
+        if let Some(left) = deadline_left {
+            wait = wait.min(left + Duration::from_millis(50));
+        }
         if let Some(w) = decision.wake_after {
             wait = wait.min(w + Duration::from_millis(50));
         }
@@ -424,6 +435,29 @@ impl PodWorker {
             wait = wait.min(w);
         }
         Next::After(wait)
+    }
+
+    /// `activeDeadlineSeconds`: past it the pod fails (its containers are stopped). Returns
+    /// the time left.
+    fn check_deadline(&mut self, pod: &Pod) -> Option<Duration> {
+        let deadline = Duration::from_secs(pod.spec.active_deadline_seconds?.max(0) as u64);
+        if self.finished.is_some() {
+            return None;
+        }
+        let start = self
+            .previous_status()
+            .get("startTime")
+            .and_then(Value::as_str)
+            .and_then(time::parse_rfc3339)
+            .unwrap_or(self.first_seen);
+        let active = SystemTime::now().duration_since(start).unwrap_or_default();
+        if active >= deadline {
+            tracing::info!(pod = %pod.key(), deadline_s = deadline.as_secs(), "active deadline exceeded; stopping the pod");
+            self.deadline_exceeded = true;
+            self.finished = Some(Phase::Failed);
+            return None;
+        }
+        Some(deadline - active)
     }
 
     fn next_image_retry(&self) -> Option<Duration> {
@@ -855,6 +889,7 @@ impl PodWorker {
             runtime_name: self.shared.runtime_name(),
             previous: &previous,
             now: &now,
+            reason: None,
             message: None,
         });
         self.report(status).await;

@@ -521,3 +521,19 @@ impl Runtime {
             .unwrap_or_default())
     }
 }
+
+impl Runtime {
+    /// Asks the runtime to reopen a container's log file (after it was rotated).
+    pub async fn reopen_container_log(&self, id: &str) -> Result<(), RuntimeError> {
+        let req = api::ReopenContainerLogRequest {
+            container_id: id.into(),
+        };
+        call(
+            "ReopenContainerLog",
+            self.timeout,
+            self.cri.runtime().reopen_container_log(req),
+        )
+        .await
+        .map(drop)
+    }
+}

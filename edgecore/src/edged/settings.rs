@@ -41,6 +41,12 @@ pub struct EdgedConfig {
     pub image_pull_timeout: Duration,
     /// Exited containers kept per container name (the newest ones; for `lastState` and logs).
     pub max_per_pod_container_count: usize,
+    /// A container's log is rotated past this many bytes (`containerLogMaxSize`; 0: never).
+    pub container_log_max_size: u64,
+    /// Log files kept per container, the current one included (`containerLogMaxFiles`).
+    pub container_log_max_files: usize,
+    /// How often log sizes are checked.
+    pub log_rotation_period: std::time::Duration,
     /// The kubelet port reported in `daemonEndpoints` (edgecore's read-only port).
     pub kubelet_port: i32,
     /// Crash-loop back-off: first delay, doubled per crash up to the maximum.
@@ -94,6 +100,10 @@ impl EdgedConfig {
             image_pull_timeout: nonzero(e.image_pull_progress_deadline.0, 60)
                 .max(Duration::from_secs(600)),
             max_per_pod_container_count: e.max_per_pod_container_count.max(1) as usize,
+            container_log_max_size: super::quantity::parse_units(&k.container_log_max_size)
+                .map(|b| b.max(0) as u64)
+                .unwrap_or(10 << 20),
+            container_log_max_files: k.container_log_max_files.max(2) as usize,
             kubelet_port: k.read_only_port,
             ..Self::defaults()
         }
@@ -126,6 +136,9 @@ impl EdgedConfig {
             runtime_request_timeout: Duration::from_secs(120),
             image_pull_timeout: Duration::from_secs(600),
             max_per_pod_container_count: 1,
+            container_log_max_size: 10 << 20,
+            container_log_max_files: 5,
+            log_rotation_period: Duration::from_secs(10),
             kubelet_port: 10350,
             crash_backoff_initial: Duration::from_secs(10),
             crash_backoff_max: Duration::from_secs(300),
@@ -172,6 +185,8 @@ mod tests {
         assert_eq!(e.lease_renew_interval(), Duration::from_secs(10));
         assert_eq!(e.max_pods, 110);
         assert_eq!(e.kubelet_port, 10350);
+        assert_eq!(e.container_log_max_size, 10 << 20);
+        assert_eq!(e.container_log_max_files, 5);
         assert_eq!(e.crash_backoff_initial, Duration::from_secs(10));
         assert_eq!(e.crash_backoff_max, Duration::from_secs(300));
         assert_eq!(e.pod_dir("u1"), PathBuf::from("/var/lib/edged/pods/u1"));

@@ -28,7 +28,8 @@ pub struct StatusInput<'a> {
     /// The status last sent (or stored): start time and transition times are kept.
     pub previous: &'a Value,
     pub now: &'a str,
-    /// A pod-level message (e.g. why the spec cannot run).
+    /// A pod-level reason and message (e.g. `DeadlineExceeded`).
+    pub reason: Option<&'a str>,
     pub message: Option<&'a str>,
 }
 
@@ -284,6 +285,9 @@ pub fn pod_status(input: &StatusInput<'_>) -> Value {
     }
     status.insert("containerStatuses".into(), json!(statuses));
     status.insert("qosClass".into(), json!(qos_class(pod)));
+    if let Some(r) = input.reason {
+        status.insert("reason".into(), json!(r));
+    }
     if let Some(m) = input.message {
         status.insert("message".into(), json!(m));
     }
@@ -409,6 +413,7 @@ mod tests {
             runtime_name: "containerd",
             previous: prev,
             now: "2024-01-01T00:00:00Z",
+            reason: None,
             message: None,
         })
     }
@@ -458,6 +463,7 @@ mod tests {
             runtime_name: "containerd",
             previous: &s,
             now: "2024-01-01T00:05:00Z",
+            reason: None,
             message: None,
         });
         assert_eq!(later, s);

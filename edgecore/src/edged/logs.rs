@@ -1,0 +1,130 @@
+//! Container log rotation (the kubelet's container log manager): a running container's log
+//! file above `containerLogMaxSize` is renamed with a timestamp and the runtime is asked to
+//! reopen it (`ReopenContainerLog`); at most `containerLogMaxFiles` files are kept per
+//! container. An edge disk must not fill up with one chatty container's output.
+
+use super::runtime::{LABEL_NODE, Runtime, RuntimeError};
+use crate::cri::api;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// Rotates the logs of this node's running containers that grew past `max_size` bytes.
+/// Returns how many were rotated.
+pub async fn rotate(
+    runtime: &Runtime,
+    node: &str,
+    max_size: u64,
+    max_files: usize,
+) -> Result<usize, RuntimeError> {
+    if max_size == 0 {
+        return Ok(0);
+    }
+    let selector = HashMap::from([(LABEL_NODE.to_string(), node.to_string())]);
+    let mut rotated = 0;
+    for c in runtime.list_containers(selector).await? {
+        if c.state() != api::ContainerState::ContainerRunning {
+            continue;
+        }
+        let Some(status) = runtime.container_status(&c.id).await? else {
+            continue;
+        };
+        if status.log_path.is_empty() {
+            continue;
+        }
+        let log = PathBuf::from(&status.log_path);
+        let size = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        if size <= max_size {
+            continue;
+        }
+        remove_excess(&log, max_files.max(2) - 2);
+        let rotated_path = PathBuf::from(format!("{}.{}", log.display(), stamp()));
+        if let Err(e) = std::fs::rename(&log, &rotated_path) {
+            tracing::warn!(log = %log.display(), error = %e, "cannot rotate a container log");
+            continue;
+        }
+        if let Err(e) = runtime.reopen_container_log(&c.id).await {
+            // The runtime keeps writing to the renamed file: put it back.
+            tracing::warn!(container = %c.id, error = %e, "ReopenContainerLog failed");
+            let _ = std::fs::rename(&rotated_path, &log);
+            continue;
+        }
+        rotated += 1;
+    }
+    Ok(rotated)
+}
+
+/// Keeps the newest `keep` rotated files of `log` (`<log>.<stamp>`).
+fn remove_excess(log: &Path, keep: usize) {
+    let (Some(dir), Some(name)) = (log.parent(), log.file_name()) else {
+        return;
+    };
+    let prefix = format!("{}.", name.to_string_lossy());
+    let mut old: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    // Stamps sort in time order.
+    old.sort();
+    let excess = old.len().saturating_sub(keep);
+    for p in old.into_iter().take(excess) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// `20240501-120000.123456789`: sortable, unique enough for one container.
+fn stamp() -> String {
+    let now = SystemTime::now();
+    let text = super::time::rfc3339(now);
+    let nanos = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}.{nanos:09}",
+        text.trim_end_matches('Z')
+            .replace(['-', ':'], "")
+            .replace('T', "-")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_newest_rotated_files_are_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("0.log");
+        std::fs::write(&log, "current").unwrap();
+        for s in [
+            "20240101-000000.1",
+            "20240101-000000.2",
+            "20240102-000000.0",
+        ] {
+            std::fs::write(tmp.path().join(format!("0.log.{s}")), s).unwrap();
+        }
+        std::fs::write(tmp.path().join("1.log.20230101-000000.0"), "other").unwrap();
+        remove_excess(&log, 2);
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "0.log",
+                "0.log.20240101-000000.2",
+                "0.log.20240102-000000.0",
+                "1.log.20230101-000000.0"
+            ]
+        );
+        let s = stamp();
+        assert_eq!(s.len(), "20240101-000000.000000000".len(), "{s}");
+    }
+}
