@@ -332,6 +332,10 @@ fn condition<'a>(pod: &'a Value, ty: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {ty} condition in {:#}", pod["status"]))
 }
 
+fn nodes_api(env: &EdgeEnv) -> Api<Node> {
+    Api::all(env.cluster.client())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
     let env = EdgeEnv::start("edged-node").await;
@@ -397,6 +401,21 @@ async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
     .await;
     assert!(renewed.spec.unwrap().renew_time > spec.renew_time);
     tokio::time::sleep(Duration::from_secs(5)).await;
+    env.wait_node_ready().await;
+
+    // The cloud side marks the node Unknown (as the node lifecycle controller does when a
+    // lease is late): the edge reads its node back, notices, and reports Ready again.
+    let unknown = json!({"status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"},
+    ]}});
+    nodes_api(&env)
+        .patch_status(
+            &env.node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(unknown),
+        )
+        .await
+        .unwrap();
     env.wait_node_ready().await;
     env.finish().await;
 }

@@ -423,14 +423,39 @@ pub fn node_object(config: &EdgedConfig, status: Value) -> Value {
     })
 }
 
+/// Every this many status ticks the Node is read back from the cloud: if the cloud side
+/// changed its conditions (the node lifecycle controller marks a node whose lease was late
+/// Unknown), the status is sent again although nothing changed here.
+const CHECK_EVERY_TICKS: u32 = 6;
+
 /// Runs registration, status reports and lease renewal until cancelled.
 pub async fn run(shared: Arc<Shared>, machine: Machine, cancel: CancellationToken) {
-    let lease = tokio::spawn(renew_lease(shared.clone(), cancel.clone()));
-    report_status(shared, machine, cancel).await;
+    // The lease is owned by the Node: it is created once the Node's UID is known.
+    let (node_uid, node_uid_rx) = tokio::sync::watch::channel(None);
+    let lease = tokio::spawn(renew_lease(shared.clone(), node_uid_rx, cancel.clone()));
+    report_status(shared, machine, node_uid, cancel).await;
     let _ = lease.await;
 }
 
-async fn report_status(shared: Arc<Shared>, machine: Machine, cancel: CancellationToken) {
+/// Whether the cloud's copy of the Node disagrees with the conditions last sent.
+fn conditions_differ(node: &Value, sent: &[Value]) -> bool {
+    let theirs = node["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    sent.iter().any(|c| {
+        !theirs
+            .iter()
+            .any(|t| t["type"] == c["type"] && t["status"] == c["status"])
+    })
+}
+
+async fn report_status(
+    shared: Arc<Shared>,
+    machine: Machine,
+    node_uid: tokio::sync::watch::Sender<Option<String>>,
+    cancel: CancellationToken,
+) {
     let config = &shared.config;
     let meta = &shared.meta;
     let mut registered = !config.register_node;
@@ -438,11 +463,36 @@ async fn report_status(shared: Arc<Shared>, machine: Machine, cancel: Cancellati
     let mut last: Option<(Value, Instant)> = None;
     let mut previous_conditions: Vec<Value> = Vec::new();
     let mut resync = shared.resync.subscribe();
+    let mut ticks: u32 = 0;
+    if registered && let Ok(node) = meta.get_node().await {
+        node_uid.send_replace(node["metadata"]["uid"].as_str().map(str::to_string));
+    }
     loop {
+        ticks = ticks.wrapping_add(1);
         if resync.has_changed().unwrap_or(false) {
             // Back online: the cloud may have marked the node Unknown meanwhile.
             resync.mark_unchanged();
             last = None;
+        }
+        if registered && last.is_some() && ticks.is_multiple_of(CHECK_EVERY_TICKS) {
+            let read = meta.get_node().await;
+            if let Ok(node) = &read
+                && node_uid.borrow().is_none()
+            {
+                node_uid.send_replace(node["metadata"]["uid"].as_str().map(str::to_string));
+            }
+            match read {
+                Ok(node) if conditions_differ(&node, &previous_conditions) => {
+                    tracing::info!(node = %config.node_name, "the cloud's node conditions differ from what this node reported; reporting again");
+                    last = None;
+                }
+                Ok(_) => {}
+                Err(MetaError::NotFound { .. }) => {
+                    registered = false;
+                    last = None;
+                }
+                Err(e) => tracing::debug!(error = %e, "reading the node back failed"),
+            }
         }
         let runtime = shared.runtime.conditions().await.map_err(|e| e.to_string());
         let runtime_version = match shared.runtime.version().await {
@@ -461,8 +511,9 @@ async fn report_status(shared: Arc<Shared>, machine: Machine, cancel: Cancellati
         let mut wait = config.node_status_update_frequency;
         if !registered {
             match register(&shared, node_object(config, status.clone())).await {
-                Ok(()) => {
+                Ok(uid) => {
                     tracing::info!(node = %config.node_name, "node registered");
+                    node_uid.send_replace(uid);
                     registered = true;
                     retry = Duration::from_millis(200);
                 }
@@ -509,10 +560,11 @@ async fn report_status(shared: Arc<Shared>, machine: Machine, cancel: Cancellati
     }
 }
 
-/// Creates the Node, or adopts an existing one (adding labels it lacks).
-async fn register(shared: &Shared, node: Value) -> Result<(), MetaError> {
+/// Creates the Node, or adopts an existing one (adding labels it lacks). Returns its UID.
+async fn register(shared: &Shared, node: Value) -> Result<Option<String>, MetaError> {
+    let uid = |n: &Value| n["metadata"]["uid"].as_str().map(str::to_string);
     match shared.meta.register_node(node.clone()).await {
-        Ok(_) => Ok(()),
+        Ok(created) => Ok(uid(&created)),
         Err(MetaError::Api(e)) if e.reason() == "AlreadyExists" || e.code() == 409 => {
             let mut existing = shared.meta.get_node().await?;
             let wanted = node_labels(&shared.config);
@@ -528,10 +580,12 @@ async fn register(shared: &Shared, node: Value) -> Result<(), MetaError> {
                 for (k, v) in wanted {
                     merged.insert(k, json!(v));
                 }
+                let id = uid(&existing);
                 existing["metadata"]["labels"] = Value::Object(merged);
                 shared.meta.update_node(existing).await?;
+                return Ok(id);
             }
-            Ok(())
+            Ok(uid(&existing))
         }
         Err(e) => Err(e),
     }
@@ -556,11 +610,20 @@ fn lease_object(config: &EdgedConfig, owner_uid: Option<&str>) -> Value {
     lease
 }
 
-async fn renew_lease(shared: Arc<Shared>, cancel: CancellationToken) {
+async fn renew_lease(
+    shared: Arc<Shared>,
+    mut node_uid: tokio::sync::watch::Receiver<Option<String>>,
+    cancel: CancellationToken,
+) {
     let config = &shared.config;
     let meta = &shared.meta;
     let interval = config.lease_renew_interval();
     let mut current: Option<Value> = None;
+    // Wait for the Node (its UID owns the lease).
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = node_uid.wait_for(Option::is_some) => {}
+    }
     loop {
         let wait = match current.take() {
             None => match meta.get_lease().await {
@@ -569,11 +632,7 @@ async fn renew_lease(shared: Arc<Shared>, cancel: CancellationToken) {
                     Duration::ZERO
                 }
                 Err(MetaError::NotFound { .. }) => {
-                    let owner = meta
-                        .get_node()
-                        .await
-                        .ok()
-                        .and_then(|n| n["metadata"]["uid"].as_str().map(str::to_string));
+                    let owner = node_uid.borrow().clone();
                     match meta
                         .create_lease(lease_object(config, owner.as_deref()))
                         .await
@@ -724,6 +783,25 @@ mod tests {
         );
         assert_eq!(h.not_ready, None);
         assert!(h.network_message.is_some());
+    }
+
+    #[test]
+    fn a_cloud_side_condition_change_is_noticed() {
+        let sent = vec![
+            json!({"type": "Ready", "status": "True"}),
+            json!({"type": "MemoryPressure", "status": "False"}),
+        ];
+        let same = json!({"status": {"conditions": [
+            {"type": "MemoryPressure", "status": "False", "lastHeartbeatTime": "x"},
+            {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+        ]}});
+        assert!(!conditions_differ(&same, &sent));
+        let unknown = json!({"status": {"conditions": [
+            {"type": "MemoryPressure", "status": "Unknown"},
+            {"type": "Ready", "status": "Unknown"},
+        ]}});
+        assert!(conditions_differ(&unknown, &sent));
+        assert!(conditions_differ(&json!({}), &sent));
     }
 
     #[test]
