@@ -1116,3 +1116,28 @@ async fn container_logs_are_rotated_and_bounded() {
     .await;
     env.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_containers_report_their_termination_message() {
+    let env = EdgeEnv::start("edged-term").await;
+    env.create_pod(json!({
+        "metadata": {"name": "reporter"},
+        "spec": {"restartPolicy": "Never", "containers": [
+            {"name": "file", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+             "command": ["sh", "-c", "echo 'all done' > /dev/termination-log; exit 3"]},
+            {"name": "logs", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+             "terminationMessagePolicy": "FallbackToLogsOnError",
+             "command": ["sh", "-c", "echo 'it broke'; exit 2"]},
+        ]},
+    }))
+    .await;
+    let done = env
+        .wait_pod("reporter", "Failed", |p| p["status"]["phase"] == "Failed")
+        .await;
+    let t = |i: usize| done["status"]["containerStatuses"][i]["state"]["terminated"].clone();
+    assert_eq!(t(0)["exitCode"], 3);
+    assert_eq!(t(0)["message"], "all done\n");
+    assert_eq!(t(1)["exitCode"], 2);
+    assert_eq!(t(1)["message"], "it broke");
+    env.finish().await;
+}

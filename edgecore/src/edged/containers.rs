@@ -66,6 +66,8 @@ pub struct ContainerInput<'a> {
     pub volumes: &'a HashMap<String, HostVolume>,
     /// The kubelet-managed `/etc/hosts` for pod-network pods.
     pub etc_hosts: Option<&'a Path>,
+    /// The file mounted at `terminationMessagePath`.
+    pub termination_log: Option<&'a Path>,
     /// The node's memory, to place Burstable containers' OOM score.
     pub memory_capacity: i128,
 }
@@ -173,7 +175,59 @@ fn mounts(input: &ContainerInput<'_>) -> Result<Vec<api::Mount>, ConfigError> {
             ..Default::default()
         });
     }
+    if let Some(log) = input.termination_log {
+        let path = termination_message_path(c);
+        if !c.volume_mounts.iter().any(|m| m.mount_path == path) {
+            out.push(api::Mount {
+                container_path: path.to_string(),
+                host_path: log.display().to_string(),
+                ..Default::default()
+            });
+        }
+    }
     Ok(out)
+}
+
+/// Where the container writes why it ended (`/dev/termination-log` by default).
+pub fn termination_message_path(c: &Container) -> &str {
+    c.termination_message_path
+        .as_deref()
+        .filter(|p| p.starts_with('/'))
+        .unwrap_or("/dev/termination-log")
+}
+
+/// The host file behind a container attempt's termination message.
+pub fn termination_log_file(pod_dir: &Path, name: &str, attempt: u32) -> PathBuf {
+    pod_dir
+        .join("containers")
+        .join(name)
+        .join(format!("{attempt}.termination-log"))
+}
+
+/// The message of an ended container: what it wrote to its termination log (at most 4 KiB),
+/// or with `FallbackToLogsOnError` and a failure, the tail of its log (80 lines, 2 KiB).
+pub fn termination_message(c: &Container, file: &Path, log: &Path, exit_code: i32) -> String {
+    let mut text = std::fs::read(file).unwrap_or_default();
+    text.truncate(4096);
+    let message = String::from_utf8_lossy(&text).into_owned();
+    if !message.is_empty()
+        || exit_code == 0
+        || c.termination_message_policy.as_deref() != Some("FallbackToLogsOnError")
+    {
+        return message;
+    }
+    let log_text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = log_text
+        .lines()
+        // CRI log lines: `<time> <stream> <P|F> <text>`.
+        .map(|l| l.splitn(4, ' ').nth(3).unwrap_or(""))
+        .collect();
+    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+    let start = tail.len().saturating_sub(2048);
+    let start = (start..tail.len())
+        .find(|i| tail.is_char_boundary(*i))
+        .unwrap_or(tail.len());
+    tail[start..].to_string()
 }
 
 /// `volume/sub`, created as a directory when missing, and refused when it resolves outside
@@ -430,6 +484,7 @@ mod tests {
             env: &env,
             volumes: &volumes,
             etc_hosts: Some(Path::new("/pods/u-1/etc-hosts")),
+            termination_log: Some(Path::new("/pods/u-1/containers/main/3.termination-log")),
             memory_capacity: 1 << 30,
         })
         .unwrap();
@@ -447,7 +502,8 @@ mod tests {
             p.container_hash("main")
         );
         assert_eq!(cfg.envs[0].key, "GREETING");
-        assert_eq!(cfg.mounts.len(), 3);
+        assert_eq!(cfg.mounts.len(), 4);
+        assert_eq!(cfg.mounts[3].container_path, "/dev/termination-log");
         assert_eq!(cfg.mounts[0].host_path, vol.display().to_string());
         assert!(cfg.mounts[0].readonly);
         assert_eq!(
@@ -499,6 +555,29 @@ mod tests {
             "containers": [{"name": "a", "image": "x"}]}));
         assert!(check_non_root(&nonroot, &nonroot.spec.containers[0], Some(&image_root)).is_err());
         assert!(check_non_root(&best, &best.spec.containers[0], Some(&image_root)).is_ok());
+    }
+
+    #[test]
+    fn termination_messages_come_from_the_file_or_the_log_tail() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("t");
+        let log = tmp.path().join("0.log");
+        std::fs::write(
+            &log,
+            "2024-01-01T00:00:00Z stdout F first\n2024-01-01T00:00:01Z stderr F boom happened\n",
+        )
+        .unwrap();
+        let p = pod(json!({"containers": [{"name": "a", "image": "x",
+            "terminationMessagePolicy": "FallbackToLogsOnError"}]}));
+        let c = &p.spec.containers[0];
+        assert_eq!(termination_message(c, &file, &log, 0), "");
+        assert_eq!(
+            termination_message(c, &file, &log, 1),
+            "first\nboom happened"
+        );
+        std::fs::write(&file, "written by the app").unwrap();
+        assert_eq!(termination_message(c, &file, &log, 1), "written by the app");
+        assert_eq!(termination_message_path(c), "/dev/termination-log");
     }
 
     #[test]

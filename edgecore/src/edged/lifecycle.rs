@@ -513,6 +513,7 @@ mod tests {
             image_ref: "sha256:1".into(),
             hash: pod.container_hash(name).to_string(),
             init: false,
+            log_path: String::new(),
         }
     }
 

@@ -267,11 +267,45 @@ impl PodWorker {
 
     async fn observe(&self) -> Option<PodRuntime> {
         match self.shared.runtime.observe(&self.uid).await {
-            Ok(rt) => Some(rt),
+            Ok(mut rt) => {
+                self.fill_termination_messages(&mut rt);
+                Some(rt)
+            }
             Err(e) => {
                 tracing::warn!(pod = %self.key(), error = %e, "cannot observe the pod in the runtime");
                 None
             }
+        }
+    }
+
+    /// Ended containers' messages from their termination logs (or their log's tail).
+    fn fill_termination_messages(&self, rt: &mut PodRuntime) {
+        let Some(pod) = &self.pod else {
+            return;
+        };
+        let dir = self.shared.config.pod_dir(&self.uid);
+        for info in rt.containers.iter_mut() {
+            if info.state != crate::cri::api::ContainerState::ContainerExited
+                || !info.message.is_empty()
+            {
+                continue;
+            }
+            let Some(c) = pod
+                .spec
+                .containers
+                .iter()
+                .chain(&pod.spec.init_containers)
+                .find(|c| c.name == info.name)
+            else {
+                continue;
+            };
+            let file = super::containers::termination_log_file(&dir, &info.name, info.attempt);
+            info.message = super::containers::termination_message(
+                c,
+                &file,
+                std::path::Path::new(&info.log_path),
+                info.exit_code,
+            );
         }
     }
 
@@ -550,6 +584,13 @@ impl PodWorker {
                 Action::RemoveContainer { id } => {
                     if let Err(e) = runtime.remove_container(id).await {
                         tracing::debug!(pod = %pod.key(), container = %id, error = %e, "RemoveContainer failed");
+                    } else if let Some(c) = rt.containers.iter().find(|c| &c.id == id) {
+                        let file = super::containers::termination_log_file(
+                            &self.shared.config.pod_dir(&self.uid),
+                            &c.name,
+                            c.attempt,
+                        );
+                        let _ = std::fs::remove_file(file);
                     }
                     self.probes.forget(id);
                 }
@@ -779,6 +820,24 @@ impl PodWorker {
             }
             Some(path)
         };
+        let termination_log = super::containers::termination_log_file(
+            &self.shared.config.pod_dir(&self.uid),
+            &name,
+            attempt,
+        );
+        let created = termination_log
+            .parent()
+            .map(std::fs::create_dir_all)
+            .unwrap_or(Ok(()))
+            .and_then(|_| std::fs::write(&termination_log, b""))
+            .and_then(|_| {
+                use std::os::unix::fs::PermissionsExt;
+                // Any user in the container may write its termination message.
+                std::fs::set_permissions(&termination_log, std::fs::Permissions::from_mode(0o666))
+            });
+        if let Err(e) = created {
+            return config_error(self, format!("creating {}: {e}", termination_log.display()));
+        }
         let config = match container_config(&ContainerInput {
             pod,
             container: c,
@@ -789,6 +848,7 @@ impl PodWorker {
             env: &env,
             volumes: &volumes,
             etc_hosts: etc_hosts.as_deref(),
+            termination_log: Some(&termination_log),
             memory_capacity: self.shared.allocatable.memory_capacity,
         }) {
             Ok(c) => c,

@@ -362,6 +362,7 @@ pub struct ContainerInfo {
     pub image_ref: String,
     pub hash: String,
     pub init: bool,
+    pub log_path: String,
 }
 
 /// Everything the runtime holds for one pod: newest sandbox first; containers newest first.
@@ -471,6 +472,7 @@ impl Runtime {
                     .is_some_and(|k| k == "init"),
                 sandbox_id: c.pod_sandbox_id.clone(),
                 id: c.id.clone(),
+                log_path: String::new(),
             };
             match self.container_status(&c.id).await {
                 Ok(Some(s)) => {
@@ -480,6 +482,7 @@ impl Runtime {
                     info.exit_code = s.exit_code;
                     info.reason = s.reason;
                     info.message = s.message;
+                    info.log_path = s.log_path;
                     if !s.image_ref.is_empty() {
                         info.image_ref = s.image_ref;
                     }

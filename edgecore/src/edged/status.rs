@@ -379,6 +379,7 @@ mod tests {
             image_ref: "sha256:abc".into(),
             hash: String::new(),
             init: false,
+            log_path: String::new(),
         }
     }
 
