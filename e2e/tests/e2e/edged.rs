@@ -70,6 +70,14 @@ struct EdgeEnv {
 
 impl EdgeEnv {
     async fn start(prefix: &str) -> EdgeEnv {
+        let env = Self::start_with(prefix, None).await;
+        env.wait_node_ready().await;
+        env
+    }
+
+    /// Starts everything; `endpoint` replaces the shared containerd's CRI endpoint. Does not
+    /// wait for the node to be Ready.
+    async fn start_with(prefix: &str, endpoint: Option<String>) -> EdgeEnv {
         init_logs();
         let containerd = tokio::task::spawn_blocking(containerd).await.unwrap();
         let cluster = e2e::cluster::connect().await.expect("test cluster");
@@ -97,7 +105,7 @@ impl EdgeEnv {
             crt = d.join("edge.crt").display(),
             key = d.join("edge.key").display(),
             server = cloud.hub.local_addr(),
-            endpoint = containerd.endpoint(),
+            endpoint = endpoint.unwrap_or_else(|| containerd.endpoint()),
             pause = PAUSE_IMAGE,
             root = d.join("edged").display(),
         );
@@ -115,7 +123,6 @@ impl EdgeEnv {
             edge: None,
         };
         env.start_edge().await;
-        env.wait_node_ready().await;
         env
     }
 
@@ -1139,5 +1146,45 @@ async fn ended_containers_report_their_termination_message() {
     assert_eq!(t(0)["message"], "all done\n");
     assert_eq!(t(1)["exitCode"], 2);
     assert_eq!(t(1)["message"], "it broke");
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edgecore_started_before_its_runtime_runs_pods_once_the_runtime_appears() {
+    // The endpoint is a symlink that does not exist yet: the runtime is "down".
+    let link_dir = tempfile::tempdir().unwrap();
+    let link = link_dir.path().join("cri.sock");
+    let env = EdgeEnv::start_with("edged-late", Some(format!("unix://{}", link.display()))).await;
+    let nodes = nodes_api(&env);
+    let not_ready = wait_for("the node registered NotReady", WAIT, || async {
+        let n = serde_json::to_value(nodes.get_opt(&env.node).await.ok()??).ok()?;
+        let ready = n["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready")?
+            .clone();
+        (ready["status"] == "False").then_some(ready)
+    })
+    .await;
+    assert!(
+        not_ready["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("container runtime is down"),
+        "{not_ready}"
+    );
+    // Pods still reach the node (the metamanager is not held up by edged).
+    env.create_pod(json!({
+        "metadata": {"name": "patient"},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"]}]},
+    }))
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The runtime appears.
+    std::os::unix::fs::symlink(containerd().socket(), &link).unwrap();
+    env.wait_node_ready().await;
+    env.wait_running("patient").await;
     env.finish().await;
 }

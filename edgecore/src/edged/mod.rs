@@ -6,11 +6,11 @@
 //!      └──── MetaClient: pod status, deletions, node status, lease, configmaps/secrets ◄┘
 //! ```
 //!
-//! * [`Edged::start`] connects to the runtime (lazily: edgecore may start first), lists the
-//!   pods of this node from the metamanager (the local database, so this works offline),
-//!   removes runtime objects of pods it does not know ([`gc`]), and starts one
-//!   [`pod_worker::PodWorker`] per pod, which adopts the sandbox and containers the runtime
-//!   already runs for it (by the kubelet's labels) without restarting them.
+//! * [`Edged::start`] lists the pods of this node from the metamanager (the local database,
+//!   so this works offline) and starts one [`pod_worker::PodWorker`] per pod, which adopts
+//!   the sandbox and containers the runtime already runs for it (by the kubelet's labels)
+//!   without restarting them. The runtime is dialled lazily (edgecore may start first);
+//!   once it answers, runtime objects of pods this node does not know are removed ([`gc`]).
 //! * The dispatcher routes pod changes to workers, tells workers when a configmap or secret
 //!   their volumes use changed, and lists the runtime every `relist_period` to wake the
 //!   workers whose containers changed state.
@@ -172,29 +172,12 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// Waits for the runtime, lists this node's pods from the database, collects what no pod
-    /// owns, and starts a worker per pod. False when cancelled first.
+    /// Lists this node's pods from the database and starts a worker per pod (they wait for
+    /// the runtime on their own), then, once the runtime answers, collects what no pod owns.
+    /// Changes are consumed from the start even while the runtime is down: a stalled edged
+    /// would stall the metamanager and with it the cloud link. False when cancelled first.
     async fn start_up(&mut self, cancel: &CancellationToken) -> bool {
         let shared = self.shared.clone();
-        let mut wait = Duration::from_millis(100);
-        loop {
-            match shared.runtime.version().await {
-                Ok(v) => {
-                    tracing::info!(runtime = %v.runtime_name, version = %v.runtime_version, endpoint = %shared.config.runtime_endpoint, "container runtime ready");
-                    let _ = shared.runtime_name.set(v.runtime_name);
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(endpoint = %shared.config.runtime_endpoint, error = %e, "container runtime not reachable; retrying");
-                }
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                _ = tokio::time::sleep(wait) => {}
-            }
-            wait = (wait * 2).min(Duration::from_secs(5));
-        }
-        tokio::spawn(ensure_sandbox_image(shared.clone()));
         let pods = loop {
             match shared.meta.list_pods().await {
                 Ok(pods) => break pods,
@@ -218,18 +201,6 @@ impl Dispatcher {
                 }
             }
         }
-        match gc::collect(&shared).await {
-            Ok(c) if c != gc::Collected::default() => {
-                tracing::info!(
-                    containers = c.containers,
-                    sandboxes = c.sandboxes,
-                    directories = c.directories,
-                    "removed what no pod of this node owns"
-                );
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "garbage collection at start failed"),
-        }
         tracing::info!(
             pods = mine.len(),
             "edged started; adopting the pods of this node"
@@ -237,6 +208,7 @@ impl Dispatcher {
         for p in mine {
             self.upsert(p);
         }
+        self.gc = Some(tokio::spawn(runtime_ready(shared, cancel.clone())));
         true
     }
 
@@ -459,6 +431,42 @@ impl Dispatcher {
                 Err(e) => tracing::debug!(error = %e, "garbage collection failed"),
             }
         }));
+    }
+}
+
+/// Waits for the runtime, then pulls the sandbox image if needed and collects what no pod
+/// of this node owns.
+async fn runtime_ready(shared: Arc<Shared>, cancel: CancellationToken) {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match shared.runtime.version().await {
+            Ok(v) => {
+                tracing::info!(runtime = %v.runtime_name, version = %v.runtime_version, endpoint = %shared.config.runtime_endpoint, "container runtime ready");
+                let _ = shared.runtime_name.set(v.runtime_name);
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(endpoint = %shared.config.runtime_endpoint, error = %e, "container runtime not reachable; retrying");
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+    tokio::spawn(ensure_sandbox_image(shared.clone()));
+    match gc::collect(&shared).await {
+        Ok(c) if c != gc::Collected::default() => {
+            tracing::info!(
+                containers = c.containers,
+                sandboxes = c.sandboxes,
+                directories = c.directories,
+                "removed what no pod of this node owns"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "garbage collection at start failed"),
     }
 }
 
