@@ -202,8 +202,9 @@ impl PodWorker {
         match Pod::from_value(object).and_then(|p| p.spec.validate().map(|_| p)) {
             Ok(pod) => {
                 if self.last_sent.is_none() && pod.status.is_object() {
-                    // What the cloud holds: an unchanged status is not sent again.
-                    self.last_sent = Some(pod.status.clone());
+                    // What the cloud holds (of the fields edged reports): an unchanged status
+                    // is not sent again, e.g. after a restart.
+                    self.last_sent = Some(super::status::reported_fields(&pod.status));
                 }
                 if self.finished.is_none()
                     && let Some(phase) = pod.status["phase"].as_str().and_then(Phase::parse)

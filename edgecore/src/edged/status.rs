@@ -3,7 +3,6 @@
 //! state, restart count, image, image ID, `containerd://` IDs, ready/started), IPs and start
 //! time. Built as JSON; patched only when it differs from what was last sent.
 
-use super::containers::qos_class;
 use super::lifecycle::{Phase, Waiting, current, initialized};
 use super::runtime::{ContainerInfo, PodRuntime};
 use super::spec::{Container, Pod};
@@ -284,7 +283,7 @@ pub fn pod_status(input: &StatusInput<'_>) -> Value {
         status.insert("initContainerStatuses".into(), json!(init_statuses));
     }
     status.insert("containerStatuses".into(), json!(statuses));
-    status.insert("qosClass".into(), json!(qos_class(pod)));
+    // qosClass is the API server's (set at creation, immutable): not sent.
     if let Some(r) = input.reason {
         status.insert("reason".into(), json!(r));
     }
@@ -292,6 +291,32 @@ pub fn pod_status(input: &StatusInput<'_>) -> Value {
         status.insert("message".into(), json!(m));
     }
     Value::Object(status)
+}
+
+/// The fields of a pod status edged reports (server-owned ones such as `qosClass` left out).
+pub fn reported_fields(status: &Value) -> Value {
+    const FIELDS: [&str; 11] = [
+        "phase",
+        "conditions",
+        "hostIP",
+        "hostIPs",
+        "podIP",
+        "podIPs",
+        "startTime",
+        "initContainerStatuses",
+        "containerStatuses",
+        "reason",
+        "message",
+    ];
+    let Some(map) = status.as_object() else {
+        return Value::Null;
+    };
+    Value::Object(
+        map.iter()
+            .filter(|(k, _)| FIELDS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    )
 }
 
 /// The status of a pod whose spec cannot run: Pending, every container waiting with `reason`.
@@ -450,7 +475,10 @@ mod tests {
         assert_eq!(cond("ContainersReady")["status"], "True");
         assert_eq!(cond("Initialized")["status"], "True");
         assert_eq!(cond("PodScheduled")["status"], "True");
-        assert_eq!(s["qosClass"], "BestEffort");
+        assert!(s.get("qosClass").is_none());
+        let mut stored = s.clone();
+        stored["qosClass"] = json!("BestEffort");
+        assert_eq!(reported_fields(&stored), s);
 
         // Unchanged conditions keep their transition times; the start time stays.
         let later = pod_status(&StatusInput {
