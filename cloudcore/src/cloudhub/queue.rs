@@ -154,7 +154,10 @@ impl NodeQueue {
     /// Queues an encoded message. `frame` must be the encoding of `msg` (resource trimmed).
     pub fn push(&self, msg: &Message, frame: Utf8Bytes) -> Result<Enqueued, QueueFull> {
         let needs_ack = msg.requires_ack();
-        let uid = needs_ack
+        // Replies answer one particular request: two replies carrying the same object (two
+        // pods asking for one configmap) are two deliveries, never a collapse.
+        let is_reply = !msg.header.parent_id.is_empty();
+        let uid = (needs_ack && !is_reply)
             .then(|| msg.object_uid().map(str::to_string))
             .flatten();
         let entry = Entry {
@@ -466,6 +469,26 @@ mod tests {
         let (out, _) = q.take_ready(Instant::now());
         assert_eq!(out.len(), 1);
         assert!(out[0].frame.as_str().contains("\"resourceversion\":\"3\""));
+    }
+
+    #[tokio::test]
+    async fn replies_carrying_the_same_object_are_never_collapsed() {
+        let q = queue(QueueLimits::default());
+        let reply = |parent: &str| {
+            Message::new(
+                "edgecontroller",
+                Group::Resource,
+                Operation::Response,
+                "default/configmap/kube-root-ca.crt",
+                json!({"metadata": {"uid": "cm-uid", "resourceVersion": "5"}}),
+            )
+            .with_resource_version("5")
+            .with_parent(parent)
+        };
+        assert_eq!(push(&q, &reply("q1")), Ok(Enqueued::Queued));
+        assert_eq!(push(&q, &reply("q2")), Ok(Enqueued::Queued));
+        let (out, _) = q.take_ready(Instant::now());
+        assert_eq!(out.len(), 2, "both waiting requests get their reply");
     }
 
     #[tokio::test]
