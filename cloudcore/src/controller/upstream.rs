@@ -186,14 +186,9 @@ impl UpstreamHandler {
             Err(e) => return Reply::object_err(*e),
         };
         let p = rest::path(kind, ns, None, None);
-        match call_retrying(
-            &self.client,
-            Method::POST,
-            &p,
-            "application/json",
-            Some(&body),
-        )
-        .await
+        match self
+            .api(Method::POST, &p, "application/json", Some(&body))
+            .await
         {
             Ok(obj) => Reply::object(with_type_meta(obj, kind)),
             Err(e) => Reply::object_err(status_error(&e)),
@@ -239,14 +234,9 @@ impl UpstreamHandler {
             }
         };
         let p = rest::path(kind, ns, Some(name), Some("status"));
-        match call_retrying(
-            &self.client,
-            Method::PATCH,
-            &p,
-            STRATEGIC_PATCH,
-            Some(&patch),
-        )
-        .await
+        match self
+            .api(Method::PATCH, &p, STRATEGIC_PATCH, Some(&patch))
+            .await
         {
             Ok(obj) => {
                 let rv = resource_version(&obj);
@@ -267,14 +257,9 @@ impl UpstreamHandler {
             "annotations": node["metadata"]["annotations"],
         }});
         let p = rest::path(Kind::Node, None, Some(name), None);
-        match call_retrying(
-            &self.client,
-            Method::PATCH,
-            &p,
-            STRATEGIC_PATCH,
-            Some(&patch),
-        )
-        .await
+        match self
+            .api(Method::PATCH, &p, STRATEGIC_PATCH, Some(&patch))
+            .await
         {
             Ok(obj) => Reply::ok().with_rv(resource_version(&obj)),
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
@@ -293,14 +278,14 @@ impl UpstreamHandler {
             .cloned()
             .unwrap_or(Value::Null);
         let p = rest::path(Kind::Node, None, Some(name), Some("status"));
-        match call_retrying(
-            &self.client,
-            Method::PATCH,
-            &p,
-            MERGE_PATCH,
-            Some(&json!({"status": status})),
-        )
-        .await
+        match self
+            .api(
+                Method::PATCH,
+                &p,
+                MERGE_PATCH,
+                Some(&json!({"status": status})),
+            )
+            .await
         {
             Ok(obj) => Reply::ok().with_rv(resource_version(&obj)),
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
@@ -341,14 +326,9 @@ impl UpstreamHandler {
             }
         };
         let p = rest::path(Kind::Pod, ns, Some(name), None);
-        match call_retrying(
-            &self.client,
-            Method::DELETE,
-            &p,
-            "application/json",
-            Some(&options),
-        )
-        .await
+        match self
+            .api(Method::DELETE, &p, "application/json", Some(&options))
+            .await
         {
             Ok(_) => Reply::ok(),
             Err(e) if rest::is_not_found(&e) => Reply::ok(),
@@ -371,14 +351,9 @@ impl UpstreamHandler {
             Err(e) => return Reply::object_err(*e),
         };
         let p = rest::path(Kind::Lease, ns, Some(name), None);
-        match call_retrying(
-            &self.client,
-            Method::PUT,
-            &p,
-            "application/json",
-            Some(&body),
-        )
-        .await
+        match self
+            .api(Method::PUT, &p, "application/json", Some(&body))
+            .await
         {
             Ok(obj) => Reply::object(with_type_meta(obj, Kind::Lease)),
             Err(e) => Reply::object_err(status_error(&e)),
@@ -400,14 +375,9 @@ impl UpstreamHandler {
             json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}})
         };
         let p = rest::path(Kind::ServiceAccount, ns, Some(name), Some("token"));
-        match call_retrying(
-            &self.client,
-            Method::POST,
-            &p,
-            "application/json",
-            Some(&body),
-        )
-        .await
+        match self
+            .api(Method::POST, &p, "application/json", Some(&body))
+            .await
         {
             Ok(tr) => Reply::bare(tr, None),
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
@@ -424,14 +394,9 @@ impl UpstreamHandler {
             .unwrap_or("default")
             .to_string();
         let p = rest::path(Kind::Event, Some(&ns), None, None);
-        match call_retrying(
-            &self.client,
-            Method::POST,
-            &p,
-            "application/json",
-            Some(&body),
-        )
-        .await
+        match self
+            .api(Method::POST, &p, "application/json", Some(&body))
+            .await
         {
             Ok(_) => Reply::ok(),
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
