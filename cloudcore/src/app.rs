@@ -56,16 +56,11 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
         .await?;
     }
 
-    let (hub, upstream) = CloudHub::bind(cfg.hub_config()?, certs.server_tls()?, hub_metrics)
+    let hub_config = cfg.hub_config()?;
+    let listen = hub_config.listen;
+    let (hub, upstream) = CloudHub::bind(hub_config, certs.server_tls()?, hub_metrics)
         .await
-        .with_context(|| {
-            format!(
-                "cloudhub cannot listen on {}",
-                cfg.hub_config()
-                    .map(|h| h.listen.to_string())
-                    .unwrap_or_default()
-            )
-        })?;
+        .with_context(|| format!("cloudhub cannot listen on {listen}"))?;
     tracing::info!(addr = %hub.local_addr(), "cloudcore running; ready once informers sync");
     crate::controller::run(
         client,

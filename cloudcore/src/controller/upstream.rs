@@ -138,9 +138,7 @@ impl UpstreamHandler {
                 return Handled::Dropped(format!("unsupported {ty}/{op}"));
             }
         };
-        let (content, rv) = match reply {
-            Reply::Ok(c, rv) => (c, rv),
-        };
+        let Reply { content, rv } = reply;
         let mut response = Message::new(
             source::EDGE_CONTROLLER,
             Group::Resource,
@@ -405,30 +403,35 @@ impl UpstreamHandler {
 }
 
 /// A reply: content plus the resourceversion header to stamp.
-enum Reply {
-    Ok(Value, Option<String>),
+struct Reply {
+    content: Value,
+    rv: Option<String>,
 }
 
 impl Reply {
     fn ok() -> Self {
-        Reply::Ok(content::ok(), None)
+        Self::bare(content::ok(), None)
     }
-    fn bare(v: Value, rv: Option<String>) -> Self {
-        Reply::Ok(v, rv)
+    fn bare(content: Value, rv: Option<String>) -> Self {
+        Reply { content, rv }
     }
     fn object(obj: Value) -> Self {
-        Reply::Ok(ObjectResp::object(obj).to_value(), None)
+        Self::bare(ObjectResp::object(obj).to_value(), None)
     }
     fn object_err(e: StatusError) -> Self {
-        Reply::Ok(ObjectResp::error(e).to_value(), None)
+        Self::bare(ObjectResp::error(e).to_value(), None)
     }
     fn with_rv(self, rv: Option<String>) -> Self {
-        let Reply::Ok(v, old) = self;
-        Reply::Ok(v, rv.or(old))
+        Reply {
+            rv: rv.or(self.rv),
+            ..self
+        }
     }
     fn map(self, f: impl FnOnce(Value) -> Value) -> Self {
-        let Reply::Ok(v, rv) = self;
-        Reply::Ok(f(v), rv)
+        Reply {
+            content: f(self.content),
+            ..self
+        }
     }
 }
 

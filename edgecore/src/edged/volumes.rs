@@ -98,34 +98,16 @@ pub async fn prepare<S: ObjectSource>(
             }
             VolumeKind::ConfigMap => {
                 let cm = v.config_map.clone().unwrap_or_default();
-                let mode = cm.default_mode.map(|m| m as u32).unwrap_or(DEFAULT_MODE);
-                let payload = match source
-                    .configmap(&pod.metadata.namespace, &cm.name)
-                    .await
-                    .map_err(|e| {
-                        ConfigError(format!(
-                            "volume {:?}: cannot get configmap \"{}\": {e}",
-                            v.name, cm.name
-                        ))
-                    })? {
-                    Some(obj) => object_payload(
-                        &obj,
-                        false,
-                        &cm.items,
-                        mode,
-                        cm.optional.unwrap_or(false),
-                        "ConfigMap",
-                        &cm.name,
-                    )
-                    .map_err(ctx_err)?,
-                    None if cm.optional.unwrap_or(false) => Payload::new(),
-                    None => {
-                        return Err(ConfigError(format!(
-                            "volume {:?}: configmap \"{}\" not found",
-                            v.name, cm.name
-                        )));
-                    }
+                let fetched = source.configmap(&pod.metadata.namespace, &cm.name).await;
+                let object = ObjectVolume {
+                    kind: "ConfigMap",
+                    secret: false,
+                    name: &cm.name,
+                    items: &cm.items,
+                    default_mode: cm.default_mode,
+                    optional: cm.optional.unwrap_or(false),
                 };
+                let payload = object.payload(fetched).map_err(ctx_err)?;
                 write_atomic(&dir, &payload).map_err(io_err(format!("volume {:?}", v.name)))?;
                 HostVolume {
                     path: dir,
@@ -134,34 +116,16 @@ pub async fn prepare<S: ObjectSource>(
             }
             VolumeKind::Secret => {
                 let s = v.secret.clone().unwrap_or_default();
-                let mode = s.default_mode.map(|m| m as u32).unwrap_or(DEFAULT_MODE);
-                let payload = match source
-                    .secret(&pod.metadata.namespace, &s.secret_name)
-                    .await
-                    .map_err(|e| {
-                        ConfigError(format!(
-                            "volume {:?}: cannot get secret \"{}\": {e}",
-                            v.name, s.secret_name
-                        ))
-                    })? {
-                    Some(obj) => object_payload(
-                        &obj,
-                        true,
-                        &s.items,
-                        mode,
-                        s.optional.unwrap_or(false),
-                        "Secret",
-                        &s.secret_name,
-                    )
-                    .map_err(ctx_err)?,
-                    None if s.optional.unwrap_or(false) => Payload::new(),
-                    None => {
-                        return Err(ConfigError(format!(
-                            "volume {:?}: secret \"{}\" not found",
-                            v.name, s.secret_name
-                        )));
-                    }
+                let fetched = source.secret(&pod.metadata.namespace, &s.secret_name).await;
+                let object = ObjectVolume {
+                    kind: "Secret",
+                    secret: true,
+                    name: &s.secret_name,
+                    items: &s.items,
+                    default_mode: s.default_mode,
+                    optional: s.optional.unwrap_or(false),
                 };
+                let payload = object.payload(fetched).map_err(ctx_err)?;
                 write_atomic(&dir, &payload).map_err(io_err(format!("volume {:?}", v.name)))?;
                 HostVolume {
                     path: dir,
@@ -261,6 +225,39 @@ pub async fn prepare<S: ObjectSource>(
         out.insert(v.name.clone(), volume);
     }
     Ok(out)
+}
+
+/// A configMap or secret volume: the same files from either kind of object.
+struct ObjectVolume<'a> {
+    kind: &'static str,
+    secret: bool,
+    name: &'a str,
+    items: &'a [KeyToPath],
+    default_mode: Option<i32>,
+    optional: bool,
+}
+
+impl ObjectVolume<'_> {
+    /// The files of the volume from the fetched object (a missing optional object is empty).
+    fn payload(&self, fetched: Result<Option<Value>, String>) -> Result<Payload, ConfigError> {
+        let what = self.kind.to_ascii_lowercase();
+        let mode = self.default_mode.map(|m| m as u32).unwrap_or(DEFAULT_MODE);
+        match fetched
+            .map_err(|e| ConfigError(format!("cannot get {what} \"{}\": {e}", self.name)))?
+        {
+            Some(obj) => object_payload(
+                &obj,
+                self.secret,
+                self.items,
+                mode,
+                self.optional,
+                self.kind,
+                self.name,
+            ),
+            None if self.optional => Ok(Payload::new()),
+            None => Err(ConfigError(format!("{what} \"{}\" not found", self.name))),
+        }
+    }
 }
 
 fn object_payload(
