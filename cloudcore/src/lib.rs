@@ -6,4 +6,5 @@ pub mod cloudhub;
 pub mod config;
 pub mod controller;
 pub mod http;
+pub mod leader;
 pub mod metrics;
