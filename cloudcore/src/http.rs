@@ -9,19 +9,50 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Readiness: set once listeners are up and informers have synced.
 #[derive(Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness(Arc<ReadyInner>);
+
+#[derive(Default)]
+struct ReadyInner {
+    ready: AtomicBool,
+    /// For a part made by [`Readiness::parts`]: the parts still unready and the whole.
+    whole: Option<(Arc<AtomicUsize>, Readiness)>,
+}
 
 impl Readiness {
     pub fn set_ready(&self) {
-        self.0.store(true, Ordering::Release);
+        if self.0.ready.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some((left, whole)) = &self.0.whole
+            && left.fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            whole.set_ready();
+        }
     }
 
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.ready.load(Ordering::Acquire)
+    }
+
+    /// Splits readiness between `n` independent components: this becomes ready once every
+    /// returned part has been set ready.
+    pub fn parts(&self, n: usize) -> Vec<Readiness> {
+        if n == 0 {
+            self.set_ready();
+        }
+        let left = Arc::new(AtomicUsize::new(n));
+        (0..n)
+            .map(|_| {
+                Readiness(Arc::new(ReadyInner {
+                    ready: AtomicBool::new(false),
+                    whole: Some((left.clone(), self.clone())),
+                }))
+            })
+            .collect()
     }
 }
 
@@ -70,5 +101,21 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
         (StatusCode::OK, "ok")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Readiness;
+
+    #[test]
+    fn ready_once_every_part_is() {
+        let whole = Readiness::default();
+        let parts = whole.parts(2);
+        parts[0].set_ready();
+        parts[0].set_ready();
+        assert!(!whole.is_ready(), "one part twice is still one part");
+        parts[1].set_ready();
+        assert!(whole.is_ready());
     }
 }

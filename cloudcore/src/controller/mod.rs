@@ -5,12 +5,14 @@ pub mod downstream;
 pub mod location;
 pub mod refs;
 pub mod rest;
+pub mod services;
 pub mod upstream;
 
 use crate::cloudhub::{CloudHub, Upstream};
 use crate::http::Readiness;
 use downstream::{Downstream, HeldObject, Input};
 use kubeedge_shared::inventory::Inventory;
+use services::ServiceCache;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use upstream::UpstreamHandler;
@@ -25,10 +27,22 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let (tx, rx) = mpsc::channel(1024);
-    let downstream = Downstream::new(client.clone(), hub.clone(), ready, tx.clone());
+    // Ready once both the downstream informers and the service informers have synced.
+    let mut parts = ready.parts(2).into_iter();
+    let (ds_ready, svc_ready) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    let downstream = Downstream::new(client.clone(), hub.clone(), ds_ready, tx.clone());
     let events = hub.subscribe();
     let ds = tokio::spawn(downstream.run(events, rx, shutdown.clone()));
-    let handler = UpstreamHandler::new(client, hub, 64, metrics);
+    let services = ServiceCache::default();
+    let svc = tokio::spawn(
+        services
+            .clone()
+            .run(client.clone(), svc_ready, shutdown.clone()),
+    );
+    let handler = UpstreamHandler::new(client, hub, 64, metrics, services);
     loop {
         let up = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -52,6 +66,7 @@ pub async fn run(
         }
     }
     let _ = ds.await;
+    let _ = svc.await;
 }
 
 /// Reads an edge's inventory (`kubeedge_shared::inventory`, `edgecore/INVENTORY.md`) into the

@@ -39,9 +39,24 @@ pub enum Kind {
     VolumeAttachment,
     Lease,
     Event,
+    Service,
+    Endpoints,
+    EndpointSlice,
 }
 
 impl Kind {
+    /// The resource as the apiserver names it in messages (`endpointslices.discovery.k8s.io`).
+    pub fn qualified_resource(self) -> String {
+        let (prefix, plural) = self.group_plural();
+        match prefix
+            .strip_prefix("/apis/")
+            .and_then(|g| g.split('/').next())
+        {
+            Some(group) => format!("{plural}.{group}"),
+            None => plural.to_string(),
+        }
+    }
+
     fn group_plural(self) -> (&'static str, &'static str) {
         match self {
             Kind::Node => ("/api/v1", "nodes"),
@@ -54,6 +69,9 @@ impl Kind {
             Kind::VolumeAttachment => ("/apis/storage.k8s.io/v1", "volumeattachments"),
             Kind::Lease => ("/apis/coordination.k8s.io/v1", "leases"),
             Kind::Event => ("/api/v1", "events"),
+            Kind::Service => ("/api/v1", "services"),
+            Kind::Endpoints => ("/api/v1", "endpoints"),
+            Kind::EndpointSlice => ("/apis/discovery.k8s.io/v1", "endpointslices"),
         }
     }
 
@@ -77,6 +95,9 @@ impl Kind {
             Kind::VolumeAttachment => ("storage.k8s.io/v1", "VolumeAttachment"),
             Kind::Lease => ("coordination.k8s.io/v1", "Lease"),
             Kind::Event => ("v1", "Event"),
+            Kind::Service => ("v1", "Service"),
+            Kind::Endpoints => ("v1", "Endpoints"),
+            Kind::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSlice"),
         }
     }
 }

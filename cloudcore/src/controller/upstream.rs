@@ -3,6 +3,7 @@
 use super::rest::{
     self, Kind, MERGE_PATCH, STRATEGIC_PATCH, call_retrying, status_error, with_type_meta,
 };
+use super::services::ServiceCache;
 use crate::cloudhub::{CloudHub, Upstream};
 use crate::metrics::{ControllerMetrics, OperationLabel};
 use http::Method;
@@ -22,6 +23,8 @@ pub struct UpstreamHandler {
     queries: Arc<Semaphore>,
     writes: Arc<Semaphore>,
     metrics: ControllerMetrics,
+    /// Services, Endpoints and EndpointSlices, answered from memory (`services.rs`).
+    services: ServiceCache,
 }
 
 /// What the handler did with a message (for tests and logs).
@@ -39,10 +42,12 @@ impl UpstreamHandler {
         hub: CloudHub,
         concurrency: usize,
         metrics: ControllerMetrics,
+        services: ServiceCache,
     ) -> Self {
         let c = concurrency.max(1);
         UpstreamHandler {
             metrics,
+            services,
             client,
             hub,
             status: Arc::new(Semaphore::new(c)),
@@ -60,7 +65,12 @@ impl UpstreamHandler {
             | "persistentvolumeclaim"
             | "volumeattachment"
             | "serviceaccounttoken"
-            | "node" => &self.queries,
+            | "node"
+            | "service"
+            | "servicelist"
+            | "endpoints"
+            | "endpointslist"
+            | "endpointslice" => &self.queries,
             _ => &self.writes,
         }
     }
@@ -125,6 +135,11 @@ impl UpstreamHandler {
                 self.query(Kind::VolumeAttachment, None, name).await
             }
             ("serviceaccounttoken", Operation::Query) => self.token(ns, name, msg).await,
+            ("service", Operation::Query) => self.cached(Kind::Service, ns, name).await,
+            ("endpoints", Operation::Query) => self.cached(Kind::Endpoints, ns, name).await,
+            ("endpointslice", Operation::Query) => self.cached(Kind::EndpointSlice, ns, name).await,
+            ("servicelist", Operation::Query) => self.cached_list(Kind::Service, ns).await,
+            ("endpointslist", Operation::Query) => self.cached_list(Kind::Endpoints, ns).await,
             ("lease", Operation::Insert) => {
                 self.create(Kind::Lease, ns, msg).await.map(wrap_object)
             }
@@ -209,6 +224,44 @@ impl UpstreamHandler {
             }
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
         }
+    }
+
+    /// A Service/Endpoints/EndpointSlice query answered from the watch cache: one object as
+    /// `query` answers it, or (no name) the namespace's objects as a JSON array. Until the
+    /// cache has synced, single objects come from the apiserver.
+    async fn cached(&self, kind: Kind, ns: Option<&str>, name: Option<&str>) -> Reply {
+        let Some(name) = name else {
+            return self.cached_list(kind, ns).await;
+        };
+        if !self.services.is_synced(kind) {
+            return self.query(kind, ns, Some(name)).await;
+        }
+        match self.services.get(kind, ns.unwrap_or_default(), name) {
+            Some((obj, rv)) => Reply::bare(obj, Some(rv.to_string())),
+            None => Reply::bare(
+                StatusError::not_found(&kind.qualified_resource(), name).to_value(),
+                None,
+            ),
+        }
+    }
+
+    /// KubeEdge's list content: a JSON array of objects. The namespace tokens `null` and
+    /// `namespace` (KubeEdge's placeholder in `servicelist` resources) mean every namespace.
+    async fn cached_list(&self, kind: Kind, ns: Option<&str>) -> Reply {
+        if !self.services.is_synced(kind) {
+            return Reply::bare(
+                StatusError::new(
+                    503,
+                    "ServiceUnavailable",
+                    "the watch cache is not synced yet",
+                )
+                .to_value(),
+                None,
+            );
+        }
+        let listed = self.services.list(kind, ns.filter(|n| *n != "namespace"));
+        let rv = (listed.resource_version > 0).then(|| listed.resource_version.to_string());
+        Reply::bare(Value::Array(listed.items), rv)
     }
 
     async fn patch_status(
