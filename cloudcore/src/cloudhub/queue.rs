@@ -6,8 +6,9 @@
 //! window), so one slow ACK does not stall the node.
 
 use crate::metrics::{HubMetrics, ReasonLabel};
-use kubeedge_shared::Message;
+use kubeedge_shared::{Group, Message, Operation, ResourcePath};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -75,6 +76,7 @@ struct Entry {
     is_delete: bool,
     needs_ack: bool,
     resource_type: String,
+    delivered: Option<Box<Delivered>>,
 }
 
 impl Entry {
@@ -111,6 +113,44 @@ pub struct AckedMessage {
     pub resource_version: u64,
     pub resource_type: String,
     pub is_delete: bool,
+    /// The object delivered, on queues that record deliveries.
+    pub delivered: Option<Box<Delivered>>,
+}
+
+/// The object an ACK-class message of group `resource` carried (also for replies), for
+/// recording what an edge holds (KubeEdge's ObjectSync).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    /// `None` for cluster-scoped objects (the `null` namespace token).
+    pub namespace: Option<String>,
+    pub resource_type: String,
+    pub name: String,
+    pub uid: String,
+    /// From the object; empty when it carried none.
+    pub api_version: String,
+    pub kind: String,
+    /// Operation `delete` (a terminating object sent as `update` is not one).
+    pub delete: bool,
+}
+
+impl Delivered {
+    fn of(msg: &Message) -> Option<Box<Delivered>> {
+        if msg.route.group != Group::Resource {
+            return None;
+        }
+        let uid = msg.object_uid().filter(|u| !u.is_empty())?;
+        let path = ResourcePath::parse(&msg.route.resource).ok()?;
+        let text = |k: &str| msg.content[k].as_str().unwrap_or_default().to_string();
+        Some(Box::new(Delivered {
+            namespace: path.namespace,
+            resource_type: path.resource_type,
+            name: path.name?,
+            uid: uid.to_string(),
+            api_version: text("apiVersion"),
+            kind: text("kind"),
+            delete: msg.route.operation == Operation::Delete,
+        }))
+    }
 }
 
 /// A frame ready to be written.
@@ -125,6 +165,7 @@ pub struct NodeQueue {
     notify: Notify,
     limits: QueueLimits,
     metrics: HubMetrics,
+    record_deliveries: AtomicBool,
 }
 
 /// Most frames handed to the writer per batch, so flushes interleave with large backlogs.
@@ -137,7 +178,14 @@ impl NodeQueue {
             notify: Notify::new(),
             limits,
             metrics,
+            record_deliveries: AtomicBool::new(false),
         }
+    }
+
+    /// Makes ACKs report the object delivered ([`AckedMessage::delivered`]) for messages
+    /// queued from now on.
+    pub fn set_record_deliveries(&self, on: bool) {
+        self.record_deliveries.store(on, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -169,6 +217,9 @@ impl NodeQueue {
             is_delete: msg.is_delete(),
             needs_ack,
             resource_type: msg.resource_type().unwrap_or("unknown").to_string(),
+            delivered: (needs_ack && self.record_deliveries.load(Ordering::Relaxed))
+                .then(|| Delivered::of(msg))
+                .flatten(),
         };
         let size = entry.size();
         let mut st = self.lock();
@@ -340,6 +391,7 @@ impl NodeQueue {
             resource_version: e.rv,
             resource_type: e.resource_type,
             is_delete: e.is_delete,
+            delivered: e.delivered,
         })
     }
 
@@ -428,7 +480,7 @@ fn supersedes(new: &Entry, old: &Entry) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kubeedge_shared::{FrameCodec, Group, Operation};
+    use kubeedge_shared::FrameCodec;
     use serde_json::json;
 
     fn pod(uid: &str, rv: u64, op: Operation) -> Message {
@@ -530,6 +582,46 @@ mod tests {
         assert_eq!(acked.resource_version, 1);
         assert_eq!(q.ack(m.id()), None, "duplicate ACK matches nothing");
         assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn acks_report_the_delivered_object_only_when_recording() {
+        let q = queue(QueueLimits::default());
+        let plain = pod("u", 1, Operation::Update);
+        push(&q, &plain).unwrap();
+        q.take_ready(Instant::now());
+        assert_eq!(q.ack(plain.id()).unwrap().delivered, None);
+
+        q.set_record_deliveries(true);
+        let reply = Message::new(
+            "edgecontroller",
+            Group::Resource,
+            Operation::Response,
+            "ns/configmap/cfg",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"uid": "c1", "name": "cfg", "resourceVersion": "7"}}),
+        )
+        .with_parent("query-1")
+        .with_resource_version("7");
+        let delete = pod("u", 2, Operation::Delete);
+        push(&q, &reply).unwrap();
+        push(&q, &delete).unwrap();
+        q.take_ready(Instant::now());
+        let d = q.ack(reply.id()).unwrap().delivered.unwrap();
+        assert_eq!(
+            *d,
+            Delivered {
+                namespace: Some("ns".into()),
+                resource_type: "configmap".into(),
+                name: "cfg".into(),
+                uid: "c1".into(),
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                delete: false,
+            }
+        );
+        let d = q.ack(delete.id()).unwrap().delivered.unwrap();
+        assert!(d.delete);
+        assert_eq!((d.resource_type.as_str(), d.name.as_str()), ("pod", "p"));
     }
 
     #[tokio::test]

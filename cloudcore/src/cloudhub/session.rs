@@ -69,11 +69,14 @@ fn register(
     cancel: CancellationToken,
 ) -> Arc<NodeQueue> {
     let capabilities = accepted.capabilities.clone();
+    // KubeEdge edges (no inventory) get their deliveries recorded as ObjectSyncs.
+    let record_deliveries = !capabilities.inventory_resync;
     match inner.sessions.entry(accepted.node.clone()) {
         Entry::Occupied(mut e) => {
             let old = e.get();
             old.cancel.cancel();
             let queue = old.queue.clone();
+            queue.set_record_deliveries(record_deliveries);
             queue.requeue_inflight();
             tracing::info!(node = %accepted.node, old = old.id, new = id, "replacing existing session");
             e.insert(SessionHandle {
@@ -89,6 +92,7 @@ fn register(
                 inner.config.queue.clone(),
                 inner.metrics.clone(),
             ));
+            queue.set_record_deliveries(record_deliveries);
             e.insert(SessionHandle {
                 id,
                 queue: queue.clone(),
