@@ -228,40 +228,90 @@ impl RawEdge {
 }
 
 /// A loopback TCP proxy that can freeze every connection (forward nothing, close nothing:
-/// a half-open link as a frozen peer or a dead NAT produces it).
+/// a half-open link as a frozen peer or a dead NAT produces it), thaw again, and move to
+/// another upstream (a restarted cloudcore) while edges keep dialling the same address.
 pub struct FaultProxy {
     pub addr: SocketAddr,
-    frozen: Arc<std::sync::atomic::AtomicBool>,
+    state: Arc<ProxyState>,
     stop: tokio_util::sync::CancellationToken,
+}
+
+struct ProxyState {
+    frozen: std::sync::atomic::AtomicBool,
+    upstream: std::sync::Mutex<SocketAddr>,
+    /// Cancelled by `thaw`: ends the connections the freeze held. Taken under this lock
+    /// together with a look at `frozen`, so a thaw never leaves a connection stuck.
+    released: std::sync::Mutex<tokio_util::sync::CancellationToken>,
+}
+
+impl ProxyState {
+    /// The token that releases this connection when it is frozen now; `None` when not.
+    fn frozen_until(&self) -> Option<tokio_util::sync::CancellationToken> {
+        let released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+        self.frozen
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| released.clone())
+    }
 }
 
 impl FaultProxy {
     pub async fn start(upstream: SocketAddr) -> anyhow::Result<FaultProxy> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let state = Arc::new(ProxyState {
+            frozen: std::sync::atomic::AtomicBool::new(false),
+            upstream: std::sync::Mutex::new(upstream),
+            released: std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()),
+        });
         let stop = tokio_util::sync::CancellationToken::new();
-        let (f, s) = (frozen.clone(), stop.clone());
+        let (st, s) = (state.clone(), stop.clone());
         tokio::spawn(async move {
             loop {
                 let (client, _) = tokio::select! {
                     _ = s.cancelled() => break,
                     r = listener.accept() => match r { Ok(c) => c, Err(_) => continue },
                 };
+                let upstream = *st.upstream.lock().unwrap_or_else(|e| e.into_inner());
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, f.clone(), s.clone()));
-                tokio::spawn(pump(sr, cw, f.clone(), s.clone()));
+                tokio::spawn(pump(cr, sw, st.clone(), s.clone()));
+                tokio::spawn(pump(sr, cw, st.clone(), s.clone()));
             }
         });
-        Ok(FaultProxy { addr, frozen, stop })
+        Ok(FaultProxy { addr, state, stop })
     }
 
+    /// Every connection, open or new, stops forwarding; nothing is closed.
     pub fn freeze(&self) {
-        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.state
+            .frozen
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Forwards again. Connections the freeze held are closed (their peers gave up on them or
+    /// will, as after a NAT or link failure); new ones flow.
+    pub fn thaw(&self) {
+        let mut released = self
+            .state
+            .released
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        self.state
+            .frozen
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        std::mem::take(&mut *released).cancel();
+    }
+
+    /// New connections go to `upstream` (open ones stay where they are).
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *self
+            .state
+            .upstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = upstream;
     }
 }
 
@@ -274,7 +324,7 @@ impl Drop for FaultProxy {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    frozen: Arc<std::sync::atomic::AtomicBool>,
+    state: Arc<ProxyState>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -284,9 +334,12 @@ async fn pump(
             _ = stop.cancelled() => return,
             r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
         };
-        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
-            // Swallow everything and keep both sockets open until the proxy is dropped.
-            stop.cancelled().await;
+        if let Some(released) = state.frozen_until() {
+            // Swallow everything and keep both sockets open until thawed or dropped.
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = released.cancelled() => {}
+            }
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {

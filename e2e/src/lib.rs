@@ -5,6 +5,7 @@ pub mod channel;
 pub mod cloud;
 pub mod cluster;
 pub mod containerd;
+pub mod edge;
 pub mod images;
 pub mod process;
 pub mod registry;

@@ -6,342 +6,18 @@
 //! (what really runs). Waits are generous: these tests check behaviour, not speed. Set
 //! `E2E_LOG=edgecore=debug` to see edged's log.
 
-use e2e::channel::Pki;
-use e2e::cloud::CloudFixture;
-use e2e::cluster::TestCluster;
-use e2e::containerd::Containerd;
-use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE, PAUSE_IMAGE};
-use edgecore::app::EdgeCore;
-use edgecore::config::EdgeCoreConfig;
-use edgecore::cri::{CriClient, api};
-use edgecore::edged::EdgedConfig;
+use e2e::edge::{
+    EdgeEnv, EdgeOptions, WAIT, condition, container_id, exec, runtime_objects, shared_containerd,
+    wait_for,
+};
+use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE};
+use edgecore::cri::api;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-const WAIT: Duration = Duration::from_secs(60);
-
-fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("E2E_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-fn containerd() -> &'static Containerd {
-    Containerd::shared().unwrap_or_else(|e| panic!("{e}"))
-}
-
-async fn cri() -> CriClient {
-    containerd()
-        .cri()
-        .await
-        .unwrap_or_else(|e| panic!("connecting to the test containerd: {e}"))
-}
-
-/// A node name no other test of this process uses.
-fn node_name(prefix: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Cluster + cloudcore + one edge node running a real edgecore on the shared containerd.
-struct EdgeEnv {
-    cluster: TestCluster,
-    cloud: CloudFixture,
-    dir: tempfile::TempDir,
-    node: String,
-    ns: String,
-    config: EdgeCoreConfig,
-    edge: Option<EdgeCore>,
-}
-
-impl EdgeEnv {
-    async fn start(prefix: &str) -> EdgeEnv {
-        let env = Self::start_with(prefix, None).await;
-        env.wait_node_ready().await;
-        env
-    }
-
-    /// Starts everything; `endpoint` replaces the shared containerd's CRI endpoint. Does not
-    /// wait for the node to be Ready.
-    async fn start_with(prefix: &str, endpoint: Option<String>) -> EdgeEnv {
-        init_logs();
-        let containerd = tokio::task::spawn_blocking(containerd).await.unwrap();
-        let cluster = e2e::cluster::connect().await.expect("test cluster");
-        let pki = Pki::new().unwrap();
-        let cloud = CloudFixture::start(cluster.client(), &pki)
-            .await
-            .expect("cloudcore starts");
-        let node = node_name(prefix);
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let cert = pki.node_cert(&node).unwrap();
-        std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).unwrap();
-        std::fs::write(d.join("edge.crt"), &cert.cert_pem).unwrap();
-        std::fs::write(d.join("edge.key"), &cert.key_pem).unwrap();
-        let yaml = format!(
-            "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
-             database:\n  dataSource: {db}\n\
-             modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
-             \x20   websocket:\n      server: {server}\n\
-             \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
-             \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n\
-             \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: 1s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
-            db = d.join("edgecore.db").display(),
-            ca = d.join("ca.crt").display(),
-            crt = d.join("edge.crt").display(),
-            key = d.join("edge.key").display(),
-            server = cloud.hub.local_addr(),
-            endpoint = endpoint.unwrap_or_else(|| containerd.endpoint()),
-            pause = PAUSE_IMAGE,
-            root = d.join("edged").display(),
-        );
-        let path = d.join("edgecore.yaml");
-        std::fs::write(&path, yaml).unwrap();
-        let config = EdgeCoreConfig::load(&path).expect("edgecore.yaml loads");
-        let ns = cluster.temp_namespace("edged").await.expect("namespace");
-        let mut env = EdgeEnv {
-            cluster,
-            cloud,
-            dir,
-            node,
-            ns,
-            config,
-            edge: None,
-        };
-        env.start_edge().await;
-        env
-    }
-
-    /// edged's settings from the config file, with test timers: quick back-offs and retries.
-    fn edged_config(&self) -> EdgedConfig {
-        let mut e = EdgedConfig::from_edgecore(&self.config);
-        e.pod_logs_directory = self.dir.path().join("pod-logs");
-        e.crash_backoff_initial = Duration::from_secs(1);
-        e.crash_backoff_max = Duration::from_secs(4);
-        e.image_backoff_initial = Duration::from_secs(1);
-        e.image_backoff_max = Duration::from_secs(4);
-        e.relist_period = Duration::from_millis(500);
-        e.retry_period = Duration::from_secs(1);
-        e.container_log_max_size = 16 * 1024;
-        e.container_log_max_files = 3;
-        e.log_rotation_period = Duration::from_millis(500);
-        e
-    }
-
-    async fn start_edge(&mut self) {
-        let edged = self.edged_config();
-        let edge = EdgeCore::start_with(&self.config, Some(edged))
-            .await
-            .expect("edgecore starts");
-        self.edge = Some(edge);
-    }
-
-    async fn stop_edge(&mut self) {
-        if let Some(edge) = self.edge.take() {
-            edge.shutdown().await;
-        }
-    }
-
-    fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.cluster.client(), &self.ns)
-    }
-
-    async fn wait_node_ready(&self) -> Node {
-        let nodes: Api<Node> = Api::all(self.cluster.client());
-        wait_for(&format!("node {} Ready", self.node), WAIT, || async {
-            let node = nodes.get_opt(&self.node).await.ok()??;
-            let ready = node
-                .status
-                .as_ref()?
-                .conditions
-                .as_ref()?
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            ready.then_some(node)
-        })
-        .await
-    }
-
-    async fn create_pod(&self, spec: Value) -> Pod {
-        let mut pod = spec;
-        pod["apiVersion"] = json!("v1");
-        pod["kind"] = json!("Pod");
-        pod["spec"]["nodeName"] = json!(self.node);
-        let pod: Pod = serde_json::from_value(pod).expect("a Pod");
-        self.pods()
-            .create(&PostParams::default(), &pod)
-            .await
-            .expect("pod created")
-    }
-
-    async fn wait_pod(
-        &self,
-        name: &str,
-        what: &str,
-        mut check: impl FnMut(&Value) -> bool,
-    ) -> Value {
-        let pods = self.pods();
-        let mut last = Value::Null;
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(Some(p)) = pods.get_opt(name).await {
-                let v = serde_json::to_value(&p).unwrap();
-                if check(&v) {
-                    return v;
-                }
-                last = v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pod {name}: {what} not seen within {WAIT:?}; last status:\n{:#}",
-                last["status"]
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn wait_running(&self, name: &str) -> Value {
-        self.wait_pod(name, "Running and Ready", |p| {
-            p["status"]["phase"] == "Running"
-                && p["status"]["containerStatuses"]
-                    .as_array()
-                    .is_some_and(|cs| cs.iter().all(|c| c["ready"] == true))
-        })
-        .await
-    }
-
-    async fn finish(mut self) {
-        self.stop_edge().await;
-        // Remove what the tests left running on the shared containerd.
-        let cri = cri().await;
-        let mut runtime = cri.runtime();
-        if let Ok(r) = runtime
-            .list_pod_sandbox(api::ListPodSandboxRequest {
-                filter: Some(api::PodSandboxFilter {
-                    label_selector: HashMap::from([(
-                        "kubeedge-rs.io/node".to_string(),
-                        self.node.clone(),
-                    )]),
-                    ..Default::default()
-                }),
-            })
-            .await
-        {
-            for s in r.into_inner().items {
-                let _ = runtime
-                    .stop_pod_sandbox(api::StopPodSandboxRequest {
-                        pod_sandbox_id: s.id.clone(),
-                    })
-                    .await;
-                let _ = runtime
-                    .remove_pod_sandbox(api::RemovePodSandboxRequest {
-                        pod_sandbox_id: s.id,
-                    })
-                    .await;
-            }
-        }
-        self.cluster.delete_namespace(&self.ns).await;
-    }
-}
-
-async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn container_id(status: &Value, index: usize) -> String {
-    let id = status["status"]["containerStatuses"][index]["containerID"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no containerID in {:#}", status["status"]));
-    id.strip_prefix("containerd://")
-        .unwrap_or_else(|| panic!("containerID {id} is not containerd://…"))
-        .to_string()
-}
-
-async fn exec(cri: &CriClient, id: &str, cmd: &[&str]) -> (i32, String) {
-    let r = cri
-        .runtime()
-        .exec_sync(api::ExecSyncRequest {
-            container_id: id.to_string(),
-            cmd: cmd.iter().map(|s| s.to_string()).collect(),
-            timeout: 10,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
-        .into_inner();
-    (
-        r.exit_code,
-        String::from_utf8_lossy(&r.stdout).into_owned() + &String::from_utf8_lossy(&r.stderr),
-    )
-}
-
-/// The CRI containers and sandboxes of a pod (by the kubelet's UID label).
-async fn runtime_objects(
-    cri: &CriClient,
-    uid: &str,
-) -> (Vec<api::Container>, Vec<api::PodSandbox>) {
-    let selector = HashMap::from([("io.kubernetes.pod.uid".to_string(), uid.to_string())]);
-    let containers = cri
-        .runtime()
-        .list_containers(api::ListContainersRequest {
-            filter: Some(api::ContainerFilter {
-                label_selector: selector.clone(),
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .containers;
-    let sandboxes = cri
-        .runtime()
-        .list_pod_sandbox(api::ListPodSandboxRequest {
-            filter: Some(api::PodSandboxFilter {
-                label_selector: selector,
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .items;
-    (containers, sandboxes)
-}
-
-fn condition<'a>(pod: &'a Value, ty: &str) -> &'a Value {
-    pod["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == ty))
-        .unwrap_or_else(|| panic!("no {ty} condition in {:#}", pod["status"]))
-}
-
-fn nodes_api(env: &EdgeEnv) -> Api<Node> {
-    Api::all(env.cluster.client())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
@@ -415,7 +91,7 @@ async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
     let unknown = json!({"status": {"conditions": [
         {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"},
     ]}});
-    nodes_api(&env)
+    env.nodes()
         .patch_status(
             &env.node,
             &kube::api::PatchParams::default(),
@@ -489,7 +165,7 @@ async fn a_pod_runs_with_its_env_and_configmap_volume_and_deletion_removes_it() 
     assert_eq!(s["hostIP"], "127.0.0.1");
     assert!(s["startTime"].is_string());
     let pod_ip: std::net::Ipv4Addr = s["podIP"].as_str().unwrap().parse().unwrap();
-    let subnet = containerd().pod_subnet();
+    let subnet = shared_containerd().pod_subnet();
     let base: std::net::Ipv4Addr = subnet.trim_end_matches("/24").parse().unwrap();
     assert_eq!(
         u32::from(pod_ip) & 0xffff_ff00,
@@ -502,7 +178,7 @@ async fn a_pod_runs_with_its_env_and_configmap_volume_and_deletion_removes_it() 
     }
 
     // What runs is what the spec says.
-    let cri = cri().await;
+    let cri = env.cri().await;
     let id = container_id(&running, 0);
     let (code, out) = exec(&cri, &id, &["cat", "/etc/cfg/greeting"]).await;
     assert_eq!((code, out.as_str()), (0, "hello from a configmap"));
@@ -612,7 +288,7 @@ async fn a_crashing_container_restarts_with_a_growing_count_and_crash_loop_back_
         .await;
     assert_eq!(pod["status"]["phase"], "Running");
     // Old attempts are collected: at most the running/newest one and one exited.
-    let cri = cri().await;
+    let cri = env.cri().await;
     let uid = pod["metadata"]["uid"].as_str().unwrap();
     let (containers, _) = runtime_objects(&cri, uid).await;
     assert!(
@@ -738,7 +414,7 @@ async fn a_restarted_edgecore_adopts_running_containers_and_removes_pods_deleted
 
     env.stop_edge().await;
     // Containers outlive edgecore.
-    let cri = cri().await;
+    let cri = env.cri().await;
     let (code, _) = exec(&cri, &id, &["true"]).await;
     assert_eq!(
         code, 0,
@@ -815,7 +491,7 @@ async fn probes_drive_readiness_and_restarts() {
     assert_eq!(app["ready"], false, "{app:#}");
     assert_eq!(condition(&pod, "Ready")["status"], "False");
 
-    let cri = cri().await;
+    let cri = env.cri().await;
     let id = container_id(&pod, 0);
     assert_eq!(exec(&cri, &id, &["touch", "/tmp/ready"]).await.0, 0);
     let pod = env
@@ -848,7 +524,7 @@ async fn a_host_network_pod_uses_the_node_network() {
     let pod = env.wait_running("hostnet").await;
     assert_eq!(pod["status"]["podIP"], "127.0.0.1");
     assert_eq!(pod["status"]["hostIP"], "127.0.0.1");
-    let cri = cri().await;
+    let cri = env.cri().await;
     let (_, hostname) = exec(&cri, &container_id(&pod, 0), &["hostname"]).await;
     let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     assert_eq!(hostname.trim(), machine.trim());
@@ -954,7 +630,7 @@ async fn ten_pods_created_together_all_run() {
         "10 pods created together → all Running: {:?} (first seen {:?})",
         times[9], times[0]
     );
-    let cri = cri().await;
+    let cri = env.cri().await;
     let mut ips = std::collections::HashSet::new();
     for n in &names {
         let p = serde_json::to_value(env.pods().get(n).await.unwrap()).unwrap();
@@ -984,7 +660,7 @@ async fn pods_come_back_from_the_database_while_the_cloud_is_gone() {
     let first = container_id(&running, 0);
 
     // The cloud goes away, then edgecore restarts: it knows its pods from its database.
-    env.cloud.stop();
+    env.stop_cloud();
     let hub = env.edge.as_ref().unwrap().hub().clone();
     wait_for("the edge to notice the cloud is gone", WAIT, || async {
         (!hub.is_connected()).then_some(())
@@ -993,7 +669,7 @@ async fn pods_come_back_from_the_database_while_the_cloud_is_gone() {
     env.stop_edge().await;
     env.start_edge().await;
     // The container crashes (is killed) while offline: edged restarts it.
-    let cri = cri().await;
+    let cri = env.cri().await;
     cri.runtime()
         .stop_container(api::StopContainerRequest {
             container_id: first.clone(),
@@ -1041,7 +717,7 @@ async fn statuses_are_sent_again_when_the_cloud_link_comes_back() {
     let marked = env.pods().get("steady").await.unwrap();
     let marked = serde_json::to_value(&marked).unwrap();
     assert_eq!(condition(&marked, "Ready")["status"], "False");
-    assert!(env.cloud.hub.disconnect(&env.node));
+    assert!(env.cloud().hub.disconnect(&env.node));
     // After the reconnect the edge reports what it sees: the pod is ready.
     let back = env
         .wait_pod("steady", "Ready again after the reconnect", |p| {
@@ -1154,8 +830,12 @@ async fn edgecore_started_before_its_runtime_runs_pods_once_the_runtime_appears(
     // The endpoint is a symlink that does not exist yet: the runtime is "down".
     let link_dir = tempfile::tempdir().unwrap();
     let link = link_dir.path().join("cri.sock");
-    let env = EdgeEnv::start_with("edged-late", Some(format!("unix://{}", link.display()))).await;
-    let nodes = nodes_api(&env);
+    let env = EdgeEnv::start_with(EdgeOptions {
+        endpoint: Some(format!("unix://{}", link.display())),
+        ..EdgeOptions::new("edged-late")
+    })
+    .await;
+    let nodes = env.nodes();
     let not_ready = wait_for("the node registered NotReady", WAIT, || async {
         let n = serde_json::to_value(nodes.get_opt(&env.node).await.ok()??).ok()?;
         let ready = n["status"]["conditions"]
@@ -1183,7 +863,10 @@ async fn edgecore_started_before_its_runtime_runs_pods_once_the_runtime_appears(
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // The runtime appears.
-    std::os::unix::fs::symlink(containerd().socket(), &link).unwrap();
+    let containerd = tokio::task::spawn_blocking(shared_containerd)
+        .await
+        .unwrap();
+    std::os::unix::fs::symlink(containerd.socket(), &link).unwrap();
     env.wait_node_ready().await;
     env.wait_running("patient").await;
     env.finish().await;

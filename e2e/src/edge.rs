@@ -1,0 +1,444 @@
+//! One edge node end to end: the Kubernetes API (in-memory, or `E2E_KUBECONFIG`), cloudcore's
+//! cloudhub and controllers in-process, and a real edgecore (edgehub, metamanager, edged) on a
+//! containerd of `crate::containerd`, its cloud link through a [`FaultProxy`] the test can
+//! freeze. The cloud can be stopped and started again (a new cloudcore, same address for the
+//! edge), and so can edgecore (same database and directories).
+//!
+//! Helpers panic with a message naming what did not happen: they are for tests.
+
+use crate::channel::{FaultProxy, Pki};
+use crate::cloud::CloudFixture;
+use crate::cluster::TestCluster;
+use crate::containerd::Containerd;
+use crate::images::PAUSE_IMAGE;
+use edgecore::app::EdgeCore;
+use edgecore::config::EdgeCoreConfig;
+use edgecore::cri::{CriClient, api};
+use edgecore::edged::EdgedConfig;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long the waits of these helpers last: generous, tests check behaviour, not speed.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Logs to the test output, filtered by `E2E_LOG` (e.g. `E2E_LOG=edgecore=debug`).
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("E2E_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// The containerd all tests of the process share.
+pub fn shared_containerd() -> &'static Containerd {
+    Containerd::shared().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A node name no other test of this process uses.
+pub fn node_name(prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// What an [`EdgeEnv`] differs in.
+pub struct EdgeOptions {
+    /// Node name prefix (a unique suffix is added).
+    pub prefix: String,
+    /// CRI endpoint; `None`: the shared containerd's.
+    pub endpoint: Option<String>,
+    /// `tailoredKubeletConfig.nodeStatusUpdateFrequency` in seconds.
+    pub node_status_update_frequency_secs: u32,
+}
+
+impl EdgeOptions {
+    pub fn new(prefix: &str) -> Self {
+        EdgeOptions {
+            prefix: prefix.to_string(),
+            endpoint: None,
+            node_status_update_frequency_secs: 1,
+        }
+    }
+}
+
+/// Cluster + cloudcore + one edge node running a real edgecore.
+pub struct EdgeEnv {
+    pub cluster: TestCluster,
+    pub cloud: Option<CloudFixture>,
+    pub pki: Pki,
+    /// The edge's way to the cloud.
+    pub link: FaultProxy,
+    pub dir: tempfile::TempDir,
+    pub node: String,
+    pub ns: String,
+    pub config: EdgeCoreConfig,
+    pub edge: Option<EdgeCore>,
+    endpoint: String,
+}
+
+impl EdgeEnv {
+    /// Starts everything on the shared containerd and waits for the node to be Ready.
+    pub async fn start(prefix: &str) -> EdgeEnv {
+        let env = Self::start_with(EdgeOptions::new(prefix)).await;
+        env.wait_node_ready().await;
+        env
+    }
+
+    /// Starts everything; does not wait for the node to be Ready.
+    pub async fn start_with(options: EdgeOptions) -> EdgeEnv {
+        init_logs();
+        let endpoint = match options.endpoint {
+            Some(e) => e,
+            None => tokio::task::spawn_blocking(shared_containerd)
+                .await
+                .expect("starting the shared containerd")
+                .endpoint(),
+        };
+        let cluster = crate::cluster::connect().await.expect("test cluster");
+        let pki = Pki::new().expect("test PKI");
+        let cloud = CloudFixture::start(cluster.client(), &pki)
+            .await
+            .expect("cloudcore starts");
+        let link = FaultProxy::start(cloud.hub.local_addr())
+            .await
+            .expect("link proxy");
+        let node = node_name(&options.prefix);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        let cert = pki.node_cert(&node).expect("node certificate");
+        std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).expect("write ca.crt");
+        std::fs::write(d.join("edge.crt"), &cert.cert_pem).expect("write edge.crt");
+        std::fs::write(d.join("edge.key"), &cert.key_pem).expect("write edge.key");
+        let yaml = format!(
+            "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+             database:\n  dataSource: {db}\n\
+             modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
+             \x20   websocket:\n      server: {server}\n\
+             \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
+             \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n\
+             \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
+            db = d.join("edgecore.db").display(),
+            ca = d.join("ca.crt").display(),
+            crt = d.join("edge.crt").display(),
+            key = d.join("edge.key").display(),
+            server = link.addr,
+            pause = PAUSE_IMAGE,
+            root = d.join("edged").display(),
+            status = options.node_status_update_frequency_secs,
+        );
+        let path = d.join("edgecore.yaml");
+        std::fs::write(&path, yaml).expect("write edgecore.yaml");
+        let config = EdgeCoreConfig::load(&path).expect("edgecore.yaml loads");
+        let ns = cluster.temp_namespace("edged").await.expect("namespace");
+        let mut env = EdgeEnv {
+            cluster,
+            cloud: Some(cloud),
+            pki,
+            link,
+            dir,
+            node,
+            ns,
+            config,
+            edge: None,
+            endpoint,
+        };
+        env.start_edge().await;
+        env
+    }
+
+    /// edged's settings from the config file, with test timers: quick back-offs and retries.
+    pub fn edged_config(&self) -> EdgedConfig {
+        let mut e = EdgedConfig::from_edgecore(&self.config);
+        e.pod_logs_directory = self.dir.path().join("pod-logs");
+        e.crash_backoff_initial = Duration::from_secs(1);
+        e.crash_backoff_max = Duration::from_secs(4);
+        e.image_backoff_initial = Duration::from_secs(1);
+        e.image_backoff_max = Duration::from_secs(4);
+        e.relist_period = Duration::from_millis(500);
+        e.retry_period = Duration::from_secs(1);
+        e.container_log_max_size = 16 * 1024;
+        e.container_log_max_files = 3;
+        e.log_rotation_period = Duration::from_millis(500);
+        e
+    }
+
+    pub async fn start_edge(&mut self) {
+        let edged = self.edged_config();
+        let edge = EdgeCore::start_with(&self.config, Some(edged))
+            .await
+            .expect("edgecore starts");
+        self.edge = Some(edge);
+    }
+
+    /// Stops edgecore (containers keep running).
+    pub async fn stop_edge(&mut self) {
+        if let Some(edge) = self.edge.take() {
+            edge.shutdown().await;
+        }
+    }
+
+    /// Whether the running edgecore has its cloud link up.
+    pub fn edge_connected(&self) -> bool {
+        self.edge.as_ref().is_some_and(|e| e.hub().is_connected())
+    }
+
+    /// Waits until the running edgecore's link is `up` (or down); returns when it was seen.
+    pub async fn wait_edge_link(&self, up: bool) -> Instant {
+        let what = if up { "connected" } else { "disconnected" };
+        wait_for(&format!("edgecore {what}"), WAIT, || async {
+            (self.edge_connected() == up).then(Instant::now)
+        })
+        .await
+    }
+
+    /// The running cloudcore.
+    pub fn cloud(&self) -> &CloudFixture {
+        self.cloud.as_ref().expect("cloudcore is stopped")
+    }
+
+    /// Stops cloudcore (cloudhub and controllers); the API server stays.
+    pub fn stop_cloud(&mut self) {
+        if let Some(cloud) = self.cloud.take() {
+            cloud.stop();
+        }
+    }
+
+    /// Starts a new cloudcore (no memory of the old one) where the edge's link leads.
+    pub async fn start_cloud(&mut self) {
+        self.stop_cloud();
+        let cloud = CloudFixture::start(self.cluster.client(), &self.pki)
+            .await
+            .expect("cloudcore starts again");
+        self.link.set_upstream(cloud.hub.local_addr());
+        self.cloud = Some(cloud);
+    }
+
+    /// The CRI runtime the edge runs on.
+    pub async fn cri(&self) -> CriClient {
+        CriClient::connect(&self.endpoint)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.endpoint))
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.cluster.client(), &self.ns)
+    }
+
+    pub fn nodes(&self) -> Api<Node> {
+        Api::all(self.cluster.client())
+    }
+
+    /// The node's Ready condition as the API server has it.
+    pub async fn node_ready_condition(&self) -> Option<Value> {
+        let node = self.nodes().get_opt(&self.node).await.ok()??;
+        let v = serde_json::to_value(&node).ok()?;
+        v["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned()
+    }
+
+    /// Waits for the node's Ready condition to have `status` ("True", "False", "Unknown").
+    pub async fn wait_node_condition(&self, status: &str) -> Value {
+        wait_for(
+            &format!("node {} Ready={status}", self.node),
+            WAIT,
+            || async {
+                self.node_ready_condition()
+                    .await
+                    .filter(|c| c["status"] == status)
+            },
+        )
+        .await
+    }
+
+    pub async fn wait_node_ready(&self) -> Node {
+        self.wait_node_condition("True").await;
+        self.nodes().get(&self.node).await.expect("the node")
+    }
+
+    /// Creates a pod bound to this node from a JSON spec (apiVersion/kind/nodeName added).
+    pub async fn create_pod(&self, spec: Value) -> Pod {
+        let mut pod = spec;
+        pod["apiVersion"] = json!("v1");
+        pod["kind"] = json!("Pod");
+        pod["spec"]["nodeName"] = json!(self.node);
+        let pod: Pod = serde_json::from_value(pod).expect("a Pod");
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("pod created")
+    }
+
+    /// Polls the pod until `check` accepts it; panics with its last status after [`WAIT`].
+    pub async fn wait_pod(
+        &self,
+        name: &str,
+        what: &str,
+        mut check: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        let pods = self.pods();
+        let mut last = Value::Null;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Some(p)) = pods.get_opt(name).await {
+                let v = serde_json::to_value(&p).expect("a pod serialises");
+                if check(&v) {
+                    return v;
+                }
+                last = v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {name}: {what} not seen within {WAIT:?}; last status:\n{:#}",
+                last["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits for the pod to be Running with every container ready.
+    pub async fn wait_running(&self, name: &str) -> Value {
+        self.wait_pod(name, "Running and Ready", is_running_and_ready)
+            .await
+    }
+
+    /// Stops edgecore, removes what this node left in the runtime, deletes the namespace.
+    pub async fn finish(mut self) {
+        self.stop_edge().await;
+        self.stop_cloud();
+        let cri = self.cri().await;
+        let mut runtime = cri.runtime();
+        if let Ok(r) = runtime
+            .list_pod_sandbox(api::ListPodSandboxRequest {
+                filter: Some(api::PodSandboxFilter {
+                    label_selector: HashMap::from([(
+                        "kubeedge-rs.io/node".to_string(),
+                        self.node.clone(),
+                    )]),
+                    ..Default::default()
+                }),
+            })
+            .await
+        {
+            for s in r.into_inner().items {
+                let _ = runtime
+                    .stop_pod_sandbox(api::StopPodSandboxRequest {
+                        pod_sandbox_id: s.id.clone(),
+                    })
+                    .await;
+                let _ = runtime
+                    .remove_pod_sandbox(api::RemovePodSandboxRequest {
+                        pod_sandbox_id: s.id,
+                    })
+                    .await;
+            }
+        }
+        self.cluster.delete_namespace(&self.ns).await;
+    }
+}
+
+/// Running, and every container ready.
+pub fn is_running_and_ready(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running"
+        && pod["status"]["containerStatuses"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().all(|c| c["ready"] == true))
+}
+
+/// Polls `probe` every 200 ms until it returns something; panics after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The runtime's ID of container `index` of a pod (JSON), without `containerd://`.
+pub fn container_id(pod: &Value, index: usize) -> String {
+    let id = pod["status"]["containerStatuses"][index]["containerID"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no containerID in {:#}", pod["status"]));
+    id.strip_prefix("containerd://")
+        .unwrap_or_else(|| panic!("containerID {id} is not containerd://…"))
+        .to_string()
+}
+
+/// Runs `cmd` in a container (CRI ExecSync); exit code and stdout + stderr.
+pub async fn exec(cri: &CriClient, id: &str, cmd: &[&str]) -> (i32, String) {
+    let r = cri
+        .runtime()
+        .exec_sync(api::ExecSyncRequest {
+            container_id: id.to_string(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            timeout: 10,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
+        .into_inner();
+    (
+        r.exit_code,
+        String::from_utf8_lossy(&r.stdout).into_owned() + &String::from_utf8_lossy(&r.stderr),
+    )
+}
+
+/// The CRI containers and sandboxes of a pod (by the kubelet's UID label).
+pub async fn runtime_objects(
+    cri: &CriClient,
+    uid: &str,
+) -> (Vec<api::Container>, Vec<api::PodSandbox>) {
+    let selector = HashMap::from([("io.kubernetes.pod.uid".to_string(), uid.to_string())]);
+    let containers = cri
+        .runtime()
+        .list_containers(api::ListContainersRequest {
+            filter: Some(api::ContainerFilter {
+                label_selector: selector.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers;
+    let sandboxes = cri
+        .runtime()
+        .list_pod_sandbox(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: selector,
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items;
+    (containers, sandboxes)
+}
+
+/// A pod's condition of type `ty`.
+pub fn condition<'a>(pod: &'a Value, ty: &str) -> &'a Value {
+    pod["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == ty))
+        .unwrap_or_else(|| panic!("no {ty} condition in {:#}", pod["status"]))
+}
