@@ -62,12 +62,13 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
         .await
         .with_context(|| format!("cloudhub cannot listen on {listen}"))?;
     tracing::info!(addr = %hub.local_addr(), "cloudcore running; ready once informers sync");
-    crate::controller::run(
+    crate::controller::run_with(
         client,
         hub.clone(),
         upstream,
         ready,
         controller_metrics,
+        &cfg.sync_options(),
         shutdown,
     )
     .await;

@@ -63,7 +63,7 @@ pub struct Modules {
     pub cloud_hub: CloudHubConfig,
     pub edge_controller: EdgeControllerConfig,
     pub device_controller: Enable,
-    pub sync_controller: Enable,
+    pub sync_controller: SyncControllerConfig,
     pub dynamic_controller: Enable,
     pub cloud_stream: CloudStreamConfig,
     pub router: RouterConfig,
@@ -75,6 +75,16 @@ pub struct Modules {
 #[serde(rename_all = "camelCase", default)]
 pub struct Enable {
     pub enable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SyncControllerConfig {
+    /// ObjectSync records for KubeEdge edges (edges without kubeedge-rs's inventory).
+    pub enable: bool,
+    /// kubeedge-rs: seconds between comparisons of a connected KubeEdge edge's ObjectSync
+    /// records with the cluster (KubeEdge: 5). Reconnecting edges are compared at once.
+    pub resync_interval: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -234,8 +244,8 @@ impl Default for Modules {
         Modules {
             cloud_hub: CloudHubConfig::default(),
             edge_controller: EdgeControllerConfig::default(),
-            device_controller: on.clone(),
-            sync_controller: on,
+            device_controller: on,
+            sync_controller: SyncControllerConfig::default(),
             dynamic_controller: off.clone(),
             cloud_stream: CloudStreamConfig::default(),
             router: RouterConfig::default(),
@@ -248,6 +258,15 @@ impl Default for Modules {
 impl Default for Enable {
     fn default() -> Self {
         Enable { enable: true }
+    }
+}
+
+impl Default for SyncControllerConfig {
+    fn default() -> Self {
+        SyncControllerConfig {
+            enable: true,
+            resync_interval: crate::controller::objectsync::DEFAULT_RESYNC_INTERVAL_SECS,
+        }
     }
 }
 
@@ -482,6 +501,12 @@ impl CloudCoreConfig {
                 ));
             }
         }
+        if self.modules.sync_controller.resync_interval == 0 {
+            return Err(ConfigError::invalid(
+                "modules.syncController.resyncInterval",
+                "must be > 0 seconds",
+            ));
+        }
         if !self.common_config.monitor_server.bind_address.is_empty()
             && self
                 .common_config
@@ -496,6 +521,16 @@ impl CloudCoreConfig {
             ));
         }
         Ok(())
+    }
+
+    /// ObjectSync settings from this file (leader election from the environment).
+    pub fn sync_options(&self) -> crate::controller::objectsync::SyncOptions {
+        let sc = &self.modules.sync_controller;
+        crate::controller::objectsync::SyncOptions {
+            enable: sc.enable,
+            resync_interval: Duration::from_secs(sc.resync_interval.max(1)),
+            ..Default::default()
+        }
     }
 
     /// cloudhub settings from this file.
@@ -599,6 +634,8 @@ modules:
         assert_eq!(c.modules.cloud_hub.node_limit, 1000);
         assert!(c.modules.cloud_stream.enable);
         assert_eq!(c.modules.cloud_hub.keepalive_interval, 30, "default kept");
+        assert!(c.modules.sync_controller.enable);
+        assert_eq!(c.modules.sync_controller.resync_interval, 30);
         let hub = c.hub_config().unwrap();
         assert_eq!(hub.listen.port(), 10000);
     }

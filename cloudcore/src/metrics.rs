@@ -134,6 +134,51 @@ pub struct ControllerMetrics {
     pub upstream_duration: Family<OperationLabel, Histogram, fn() -> Histogram>,
     pub apiserver_errors: Family<CodeLabel, Counter>,
     pub upstream_dropped: Counter,
+    pub sync: SyncMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SyncWriteLabel {
+    pub operation: &'static str,
+    pub result: &'static str,
+}
+
+/// ObjectSync records of KubeEdge edges (`controller/objectsync`).
+#[derive(Clone, Default)]
+pub struct SyncMetrics {
+    /// Records in the cache.
+    pub records: Gauge,
+    /// Records waiting for (or in) a write.
+    pub pending_writes: Gauge,
+    pub writes: Family<SyncWriteLabel, Counter>,
+    /// Acknowledged deliveries not recorded (no CRDs, or too many writes pending).
+    pub dropped: Counter,
+}
+
+impl SyncMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("synccontroller");
+        r.register(
+            "records",
+            "ObjectSync and ClusterObjectSync records cached",
+            self.records.clone(),
+        );
+        r.register(
+            "pending_writes",
+            "Records waiting for a write after an edge's ACK",
+            self.pending_writes.clone(),
+        );
+        r.register(
+            "record_writes",
+            "Record writes by operation (update, delete) and result (ok, retry, failed)",
+            self.writes.clone(),
+        );
+        r.register(
+            "acks_not_recorded",
+            "Acknowledged deliveries not recorded (CRDs missing or too many writes pending)",
+            self.dropped.clone(),
+        );
+    }
 }
 
 impl Default for ControllerMetrics {
@@ -142,6 +187,7 @@ impl Default for ControllerMetrics {
             upstream_duration: Family::new_with_constructor(latency_histogram),
             apiserver_errors: Family::default(),
             upstream_dropped: Counter::default(),
+            sync: SyncMetrics::default(),
         }
     }
 }
@@ -164,6 +210,7 @@ impl ControllerMetrics {
             "Edge requests dropped (unsupported or malformed)",
             self.upstream_dropped.clone(),
         );
+        self.sync.register(registry);
     }
 }
 

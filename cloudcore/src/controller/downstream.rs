@@ -5,6 +5,7 @@
 //! the number of edge nodes, and nothing on the hot path takes a shared lock.
 
 use super::location::{LocationCache, ObjectKey};
+use super::objectsync::SyncRecords;
 use super::refs::pod_refs;
 use super::rest::{self, Kind, with_type_meta};
 use crate::cloudhub::{CloudHub, NodeEvent};
@@ -22,6 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -85,6 +87,10 @@ pub struct Downstream {
     ready: Readiness,
     /// Pods of nodes that just became edge nodes are listed and fed back here.
     feedback: mpsc::Sender<Input>,
+    /// What KubeEdge edges hold (ObjectSync records), when that mode is on.
+    records: Option<SyncRecords>,
+    /// Between comparisons of connected KubeEdge edges with their records.
+    records_interval: Duration,
 }
 
 type InputStream = Pin<Box<dyn Stream<Item = Input> + Send>>;
@@ -127,6 +133,45 @@ impl Downstream {
             synced: HashSet::new(),
             ready,
             feedback,
+            records: None,
+            records_interval: Duration::from_secs(30),
+        }
+    }
+
+    /// Serves KubeEdge edges from their ObjectSync records (`controller/objectsync`): on
+    /// connect and every `interval` they get exactly what differs from their records.
+    pub fn with_sync_records(mut self, records: Option<SyncRecords>, interval: Duration) -> Self {
+        self.records = records;
+        self.records_interval = interval.max(Duration::from_millis(100));
+        self
+    }
+
+    /// What a KubeEdge edge holds according to its records; empty (everything is sent) while
+    /// the records are unavailable.
+    fn recorded(&self, node: &str) -> Vec<HeldObject> {
+        self.records
+            .as_ref()
+            .and_then(|r| r.held_by(node))
+            .unwrap_or_default()
+    }
+
+    /// synccontroller's periodic pass, for the KubeEdge edges connected here.
+    async fn compare_recorded_edges(&mut self) {
+        let Some(records) = self.records.clone() else {
+            return;
+        };
+        if !self.ready.is_ready() || !records.is_available() {
+            return;
+        }
+        for node in self.hub.connected_nodes() {
+            if self
+                .hub
+                .capabilities(&node)
+                .is_some_and(|c| !c.inventory_resync)
+                && let Some(held) = records.held_by(&node)
+            {
+                self.resync(&node, &held).await;
+            }
         }
     }
 
@@ -164,16 +209,22 @@ impl Downstream {
                 "secrets",
             ),
         ]);
+        let mut compare = tokio::time::interval(self.records_interval);
+        compare.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        compare.reset();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(input) = streams.next() => self.apply(input).await,
                 Some(input) = inputs.recv() => self.apply(input).await,
+                _ = compare.tick(), if self.records.is_some() => self.compare_recorded_edges().await,
                 ev = hub_events.recv() => match ev {
                     Ok(NodeEvent::Connected { node, capabilities, .. }) => {
                         if !capabilities.inventory_resync {
-                            // KubeEdge edges send no inventory: push all they should hold.
-                            self.resync(&node, &[]).await;
+                            // KubeEdge edges send no inventory: what their records say they
+                            // hold (nothing without records: then everything is pushed).
+                            let held = self.recorded(&node);
+                            self.resync(&node, &held).await;
                         }
                     }
                     Ok(NodeEvent::QueueOverflow { node }) => {
@@ -252,6 +303,9 @@ impl Downstream {
             return;
         }
         tracing::info!(node, "edge node deleted; ending its session");
+        if let Some(records) = &self.records {
+            records.node_deleted(node);
+        }
         self.location.remove_node(node);
         for key in self.pods_by_node.remove(node).unwrap_or_default() {
             self.pods.remove(&key);
@@ -574,8 +628,11 @@ impl Downstream {
                 }
             }
         }
-        // Pods the node holds but should not.
-        for h in held.iter().filter(|h| h.resource_type == "pod") {
+        // Pods the node holds but should not (once the pod watcher has listed).
+        for h in held
+            .iter()
+            .filter(|h| h.resource_type == "pod" && self.ready.is_ready())
+        {
             if !wanted.contains(&("pod".into(), h.namespace.clone(), h.name.clone())) {
                 let key = (h.namespace.clone(), h.name.clone());
                 self.send(
@@ -588,6 +645,30 @@ impl Downstream {
                 );
                 deleted += 1;
             }
+        }
+        // Configmaps and secrets it holds that are gone or were replaced (before any update,
+        // so a replacement is not deleted after it arrives). Only once every watcher has
+        // listed: an object not seen yet is not gone.
+        for h in held.iter().filter(|_| self.ready.is_ready()) {
+            let (current, kind) = match h.resource_type.as_str() {
+                "configmap" => (&self.configmaps, Kind::ConfigMap),
+                "secret" => (&self.secrets, Kind::Secret),
+                _ => continue,
+            };
+            let key = (h.namespace.clone(), h.name.clone());
+            if current.get(&key).is_some_and(|(uid, _)| *uid == h.uid) {
+                continue;
+            }
+            let object = stub(kind, &key, &h.uid);
+            self.send(
+                node,
+                Operation::Delete,
+                &h.resource_type,
+                &key.0,
+                &key.1,
+                object,
+            );
+            deleted += 1;
         }
         // Configmaps and secrets its pods use.
         let (cms, secrets) = self.location.node_objects(node);
@@ -637,13 +718,17 @@ impl Downstream {
                 }
             }
         }
-        tracing::info!(
-            node,
-            held = held.len(),
-            sent,
-            deleted,
-            "resynchronised edge node"
-        );
+        if sent + deleted > 0 {
+            tracing::info!(
+                node,
+                held = held.len(),
+                sent,
+                deleted,
+                "resynchronised edge node"
+            );
+        } else {
+            tracing::debug!(node, held = held.len(), "edge node up to date");
+        }
     }
 }
 

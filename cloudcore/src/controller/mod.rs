@@ -3,6 +3,7 @@
 
 pub mod downstream;
 pub mod location;
+pub mod objectsync;
 pub mod refs;
 pub mod rest;
 pub mod services;
@@ -17,23 +18,46 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use upstream::UpstreamHandler;
 
-/// Runs the controllers until `shutdown`.
+/// Runs the controllers until `shutdown`, with the default `syncController` settings.
 pub async fn run(
+    client: kube::Client,
+    hub: CloudHub,
+    upstream: mpsc::Receiver<Upstream>,
+    ready: Readiness,
+    metrics: crate::metrics::ControllerMetrics,
+    shutdown: CancellationToken,
+) {
+    let sync = objectsync::SyncOptions::default();
+    run_with(client, hub, upstream, ready, metrics, &sync, shutdown).await
+}
+
+/// Runs the controllers until `shutdown`.
+pub async fn run_with(
     client: kube::Client,
     hub: CloudHub,
     mut upstream: mpsc::Receiver<Upstream>,
     ready: Readiness,
     metrics: crate::metrics::ControllerMetrics,
+    sync: &objectsync::SyncOptions,
     shutdown: CancellationToken,
 ) {
     let (tx, rx) = mpsc::channel(1024);
+    // ObjectSync records for KubeEdge edges; not part of readiness (the CRDs are optional).
+    let records = objectsync::start(
+        client.clone(),
+        &hub,
+        sync,
+        metrics.sync.clone(),
+        shutdown.clone(),
+    );
     // Ready once both the downstream informers and the service informers have synced.
     let mut parts = ready.parts(2).into_iter();
     let (ds_ready, svc_ready) = (
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     );
-    let downstream = Downstream::new(client.clone(), hub.clone(), ds_ready, tx.clone());
+    let downstream = Downstream::new(client.clone(), hub.clone(), ds_ready, tx.clone())
+        .with_sync_records(records, sync.resync_interval);
     let events = hub.subscribe();
     let ds = tokio::spawn(downstream.run(events, rx, shutdown.clone()));
     let services = ServiceCache::default();
