@@ -2,8 +2,10 @@
 
 use crate::channel::{Pki, test_hub_config};
 use cloudcore::cloudhub::CloudHub;
+use cloudcore::controller::objectsync::SyncOptions;
 use cloudcore::http::Readiness;
-use cloudcore::metrics::HubMetrics;
+use cloudcore::leader::ElectionConfig;
+use cloudcore::metrics::{ControllerMetrics, HubMetrics};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -11,12 +13,40 @@ pub struct CloudFixture {
     pub hub: CloudHub,
     pub ready: Readiness,
     pub metrics: HubMetrics,
+    pub controller_metrics: ControllerMetrics,
     shutdown: CancellationToken,
+}
+
+/// ObjectSync settings for tests: short intervals, and a Lease in `namespace` under a fresh
+/// identity with short timings (taken over within ~3 s of a replica vanishing).
+pub fn test_sync_options(namespace: &str) -> SyncOptions {
+    SyncOptions {
+        resync_interval: Duration::from_millis(500),
+        crd_retry: Duration::from_millis(200),
+        election: ElectionConfig {
+            namespace: namespace.to_string(),
+            identity: format!("cloudcore-test_{:08x}", rand::random::<u32>()),
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(200),
+            ..SyncOptions::default().election
+        },
+        ..SyncOptions::default()
+    }
 }
 
 impl CloudFixture {
     /// Starts cloudhub and the edge controllers; returns once informers have synced.
     pub async fn start(client: kube::Client, pki: &Pki) -> anyhow::Result<CloudFixture> {
+        Self::start_with(client, pki, test_sync_options("default")).await
+    }
+
+    /// `start` with explicit ObjectSync (syncController) settings.
+    pub async fn start_with(
+        client: kube::Client,
+        pki: &Pki,
+        sync: SyncOptions,
+    ) -> anyhow::Result<CloudFixture> {
         let metrics = HubMetrics::default();
         // Simulated edges in these tests do not send keepalives on a timer.
         let mut config = test_hub_config();
@@ -24,14 +54,13 @@ impl CloudFixture {
         let (hub, upstream) = CloudHub::bind(config, pki.server_tls()?, metrics.clone()).await?;
         let ready = Readiness::default();
         let shutdown = CancellationToken::new();
-        tokio::spawn(cloudcore::controller::run(
-            client,
-            hub.clone(),
-            upstream,
-            ready.clone(),
-            cloudcore::metrics::ControllerMetrics::default(),
-            shutdown.clone(),
-        ));
+        let controller_metrics = ControllerMetrics::default();
+        let (cm, token) = (controller_metrics.clone(), shutdown.clone());
+        let h = hub.clone();
+        let r = ready.clone();
+        tokio::spawn(async move {
+            cloudcore::controller::run_with(client, h, upstream, r, cm, &sync, token).await
+        });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while !ready.is_ready() {
             anyhow::ensure!(
@@ -44,6 +73,7 @@ impl CloudFixture {
             hub,
             ready,
             metrics,
+            controller_metrics,
             shutdown,
         })
     }

@@ -9,3 +9,4 @@ pub mod edge;
 pub mod images;
 pub mod process;
 pub mod registry;
+pub mod reliablesyncs;

@@ -6,3 +6,4 @@ mod containerd_smoke;
 mod controllers;
 mod edged;
 mod metamanager;
+mod objectsync;
