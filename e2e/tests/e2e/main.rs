@@ -7,3 +7,4 @@ mod controllers;
 mod edged;
 mod metamanager;
 mod objectsync;
+mod resilience;
