@@ -726,13 +726,11 @@ async fn service_and_endpoints_queries_are_answered_from_the_cloud_cache() {
     assert_eq!(r.content["ErrStatus"]["reason"], "NotFound");
 
     // A change shows on a later query; so does the deletion.
-    svcs.patch(
-        "web",
-        &PatchParams::default(),
-        &Patch::Merge(&json!({"metadata": {"labels": {"tier": "front"}}, "spec": {"ports": [{"port": 81, "targetPort": "http"}]}})),
-    )
-    .await
-    .unwrap();
+    let change = json!({"metadata": {"labels": {"tier": "front"}},
+        "spec": {"ports": [{"port": 81, "targetPort": "http"}]}});
+    svcs.patch("web", &PatchParams::default(), &Patch::Merge(&change))
+        .await
+        .unwrap();
     let r = poll_query(&mut e, &format!("{ns}/service/web"), |r| {
         r.content["metadata"]["labels"]["tier"] == "front"
     })
