@@ -553,9 +553,15 @@ async fn report_status(
                 }
             }
         }
+        // The link coming back does not wait for the next period: the cloud may have marked
+        // the node Unknown meanwhile, and it stays NotReady until this node reports.
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
+            changed = resync.changed() => match changed {
+                Ok(()) => last = None,
+                Err(_) => tokio::time::sleep(wait).await,
+            },
         }
     }
 }
