@@ -10,3 +10,4 @@ pub mod images;
 pub mod process;
 pub mod registry;
 pub mod reliablesyncs;
+pub mod sim_edge;

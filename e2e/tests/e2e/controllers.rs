@@ -1,9 +1,10 @@
 //! cloudcore's controllers against a Kubernetes API (in-memory, or a real cluster with
 //! `E2E_KUBECONFIG`) with simulated edges that speak the real protocol.
 
-use e2e::channel::{Pki, RawEdge};
+use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;
 use e2e::cluster::{self, TestCluster};
+use e2e::sim_edge::{SimEdge, WAIT, delete_node, edge_node, unique};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -11,29 +12,6 @@ use kubeedge_shared::content::{ObjectResp, patch_content};
 use kubeedge_shared::{Group, Message, Operation};
 use serde_json::{Value, json};
 use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(15);
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", rand::random::<u32>())
-}
-
-async fn edge_node(cluster: &TestCluster, name: &str) {
-    let nodes: Api<Node> = Api::all(cluster.client());
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"node-role.kubernetes.io/edge": "", "node-role.kubernetes.io/agent": ""}},
-    }))
-    .unwrap();
-    nodes
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("create edge node");
-}
-
-async fn delete_node(cluster: &TestCluster, name: &str) {
-    let nodes: Api<Node> = Api::all(cluster.client());
-    let _ = nodes.delete(name, &DeleteParams::default()).await;
-}
 
 fn pod_spec(name: &str, node: &str, configmap: Option<&str>) -> Pod {
     let mut p = json!({
@@ -44,78 +22,6 @@ fn pod_spec(name: &str, node: &str, configmap: Option<&str>) -> Pod {
         p["spec"]["volumes"] = json!([{"name": "cfg", "configMap": {"name": cm}}]);
     }
     serde_json::from_value(p).unwrap()
-}
-
-struct Edge {
-    raw: RawEdge,
-}
-
-impl Edge {
-    async fn connect(fx: &CloudFixture, pki: &Pki, node: &str, caps: &[&str]) -> Edge {
-        let tls = pki.edge_tls(&pki.node_cert(node).unwrap()).unwrap();
-        let raw = RawEdge::connect_with(fx.hub.local_addr(), node, tls, caps)
-            .await
-            .expect("edge connects");
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while !fx.hub.is_connected(node) {
-            assert!(tokio::time::Instant::now() < deadline, "session for {node}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Edge { raw }
-    }
-
-    /// Next message, ACKing it (like metamanager after its write) when it needs an ACK.
-    async fn next(&mut self, within: Duration) -> Option<Message> {
-        self.raw.keepalive().await.expect("connection open");
-        let m = self.raw.recv(within).await.expect("connection open")?;
-        if m.requires_ack() {
-            self.raw.ack(&m).await.unwrap();
-        }
-        Some(m)
-    }
-
-    /// Messages for `resource` until one with `op` arrives.
-    async fn expect(&mut self, op: Operation, resource: &str) -> Message {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let m = self
-                .next(left)
-                .await
-                .unwrap_or_else(|| panic!("no {op} for {resource}"));
-            if m.route.operation == op && m.route.resource == resource {
-                return m;
-            }
-        }
-    }
-
-    /// Everything that arrives within `d` (ACKed).
-    async fn drain(&mut self, d: Duration) -> Vec<Message> {
-        let mut out = Vec::new();
-        let deadline = tokio::time::Instant::now() + d;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                return out;
-            }
-            match self.next(left).await {
-                Some(m) => out.push(m),
-                None => return out,
-            }
-        }
-    }
-
-    async fn request(&mut self, msg: &Message) -> Message {
-        self.raw.send(msg).await.unwrap();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let m = self.next(left).await.expect("a reply");
-            if m.header.parent_id == msg.header.id {
-                return m;
-            }
-        }
-    }
 }
 
 struct Setup {
@@ -146,8 +52,8 @@ async fn pod_bound_to_an_edge_node_reaches_that_node_and_no_other() {
     let (n1, n2) = (unique("edge-a"), unique("edge-b"));
     edge_node(&s.cluster, &n1).await;
     edge_node(&s.cluster, &n2).await;
-    let mut e1 = Edge::connect(&s.fx, &s.pki, &n1, &[]).await;
-    let mut e2 = Edge::connect(&s.fx, &s.pki, &n2, &[]).await;
+    let mut e1 = SimEdge::connect(&s.fx, &s.pki, &n1, &[]).await;
+    let mut e2 = SimEdge::connect(&s.fx, &s.pki, &n2, &[]).await;
     let pods: Api<Pod> = Api::namespaced(s.cluster.client(), &s.ns);
     let created = pods
         .create(&PostParams::default(), &pod_spec("web", &n1, None))
@@ -215,8 +121,8 @@ async fn configmap_update_reaches_only_nodes_whose_pods_use_it() {
     let cm: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"k": "1"}})).unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
-    let mut e1 = Edge::connect(&s.fx, &s.pki, &n1, &[]).await;
-    let mut e2 = Edge::connect(&s.fx, &s.pki, &n2, &[]).await;
+    let mut e1 = SimEdge::connect(&s.fx, &s.pki, &n1, &[]).await;
+    let mut e2 = SimEdge::connect(&s.fx, &s.pki, &n2, &[]).await;
     let pods: Api<Pod> = Api::namespaced(s.cluster.client(), &s.ns);
     pods.create(
         &PostParams::default(),
@@ -276,7 +182,7 @@ async fn configmap_update_reaches_only_nodes_whose_pods_use_it() {
 async fn edge_reports_land_in_the_cluster() {
     let s = setup().await;
     let node = unique("edge");
-    let mut e = Edge::connect(&s.fx, &s.pki, &node, &[]).await;
+    let mut e = SimEdge::connect(&s.fx, &s.pki, &node, &[]).await;
 
     // Node registration: ObjectResp with the created node; a second time AlreadyExists.
     let reg = Message::new(
@@ -467,7 +373,7 @@ async fn changes_made_while_offline_converge_on_reconnect_without_duplicates() {
     edge_node(&s.cluster, &node).await;
     let pods: Api<Pod> = Api::namespaced(s.cluster.client(), &s.ns);
     let caps = ["inventory-resync"];
-    let mut e = Edge::connect(&s.fx, &s.pki, &node, &caps).await;
+    let mut e = SimEdge::connect(&s.fx, &s.pki, &node, &caps).await;
     // An inventory-capable edge sends its (empty) inventory first.
     let inv = Message::new(
         "metamanager",
@@ -518,7 +424,7 @@ async fn changes_made_while_offline_converge_on_reconnect_without_duplicates() {
         .await
         .unwrap();
 
-    let mut e = Edge::connect(&s.fx, &s.pki, &node, &caps).await;
+    let mut e = SimEdge::connect(&s.fx, &s.pki, &node, &caps).await;
     let held = |p: &Pod| {
         json!({"type": "pod", "key": format!("{}/pod/{}", s.ns, p.metadata.name.as_deref().unwrap()),
         "uid": p.metadata.uid, "resourceVersion": p.metadata.resource_version})
@@ -572,7 +478,7 @@ async fn kubeedge_edge_without_inventory_gets_everything_it_should_hold_on_conne
         .unwrap();
     // Give the informer a moment to see the pod before the edge connects.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut e = Edge::connect(&s.fx, &s.pki, &node, &[]).await;
+    let mut e = SimEdge::connect(&s.fx, &s.pki, &node, &[]).await;
     let m = e
         .expect(Operation::Update, &format!("{}/pod/early", s.ns))
         .await;
@@ -585,7 +491,7 @@ async fn deleting_the_node_ends_its_session() {
     let s = setup().await;
     let node = unique("edge");
     edge_node(&s.cluster, &node).await;
-    let mut e = Edge::connect(&s.fx, &s.pki, &node, &[]).await;
+    let mut e = SimEdge::connect(&s.fx, &s.pki, &node, &[]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     delete_node(&s.cluster, &node).await;
     assert!(

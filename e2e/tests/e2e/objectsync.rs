@@ -6,10 +6,11 @@
 use cloudcore::controller::objectsync::LEASE_NAME;
 use cloudcore::leader::{self, ElectionConfig};
 use e2e::apiserver::Config;
-use e2e::channel::{Pki, RawEdge};
+use e2e::channel::Pki;
 use e2e::cloud::{CloudFixture, test_sync_options};
 use e2e::cluster::{self, TestCluster};
 use e2e::reliablesyncs::{self, StoredRecord};
+use e2e::sim_edge::{SimEdge, WAIT, edge_node, poll, unique};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -20,8 +21,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-const WAIT: Duration = Duration::from_secs(15);
-
 async fn cluster(what: &str) -> Option<(TestCluster, String)> {
     let c = cluster::connect_in_memory_only(
         Config::for_tests(),
@@ -31,21 +30,6 @@ async fn cluster(what: &str) -> Option<(TestCluster, String)> {
     .expect("cluster")?;
     let ns = c.temp_namespace("osync").await.expect("namespace");
     Some((c, ns))
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", rand::random::<u32>())
-}
-
-async fn edge_node(c: &TestCluster, name: &str) {
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"node-role.kubernetes.io/edge": ""}},
-    }))
-    .unwrap();
-    Api::<Node>::all(c.client())
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("create edge node");
 }
 
 async fn create_pod(c: &TestCluster, ns: &str, name: &str, node: &str) -> Pod {
@@ -85,96 +69,6 @@ fn uid(pod: &Pod) -> String {
 
 fn rv(pod: &Pod) -> String {
     pod.metadata.resource_version.clone().unwrap_or_default()
-}
-
-/// A simulated edge that ACKs what needs an ACK, as metamanager does after its write.
-struct Edge {
-    raw: RawEdge,
-}
-
-impl Edge {
-    async fn connect(fx: &CloudFixture, pki: &Pki, node: &str, caps: &[&str]) -> Edge {
-        let tls = pki.edge_tls(&pki.node_cert(node).unwrap()).unwrap();
-        let raw = RawEdge::connect_with(fx.hub.local_addr(), node, tls, caps)
-            .await
-            .expect("edge connects");
-        poll(|| async { fx.hub.is_connected(node) }, "session").await;
-        Edge { raw }
-    }
-
-    async fn next(&mut self, within: Duration) -> Option<Message> {
-        self.raw.keepalive().await.expect("connection open");
-        let m = self.raw.recv(within).await.expect("connection open")?;
-        if m.requires_ack() {
-            self.raw.ack(&m).await.unwrap();
-        }
-        Some(m)
-    }
-
-    /// Messages until one with `op` on `resource` arrives; returns it.
-    async fn expect(&mut self, op: Operation, resource: &str) -> Message {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let m = self
-                .next(left)
-                .await
-                .unwrap_or_else(|| panic!("no {op} for {resource}"));
-            if m.route.operation == op && m.route.resource == resource {
-                return m;
-            }
-        }
-    }
-
-    /// Messages until one of each `(op, resource)` has arrived, in any order; returns them in
-    /// the order asked.
-    async fn expect_all(&mut self, wanted: &[(Operation, String)]) -> Vec<Message> {
-        let mut found: Vec<Option<Message>> = vec![None; wanted.len()];
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while found.iter().any(Option::is_none) {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let m = self
-                .next(left)
-                .await
-                .unwrap_or_else(|| panic!("not all of {wanted:?} arrived"));
-            if let Some(i) = wanted
-                .iter()
-                .position(|(op, r)| *op == m.route.operation && *r == m.route.resource)
-                && found[i].is_none()
-            {
-                found[i] = Some(m);
-            }
-        }
-        found.into_iter().flatten().collect()
-    }
-
-    /// Everything arriving within `d`, ACKed.
-    async fn drain(&mut self, d: Duration) -> Vec<Message> {
-        let deadline = tokio::time::Instant::now() + d;
-        let mut out = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                return out;
-            }
-            match self.next(left).await {
-                Some(m) => out.push(m),
-                None => return out,
-            }
-        }
-    }
-}
-
-async fn poll<F, Fut>(mut check: F, what: &str)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Polls the stored records until `ok` holds for them; returns them.
@@ -219,7 +113,7 @@ async fn acked_deliveries_to_a_kubeedge_edge_are_recorded_and_deletes_remove_the
     let fx = start(&c, &pki, &ns).await;
     let node = unique("ke");
     edge_node(&c, &node).await;
-    let mut edge = Edge::connect(&fx, &pki, &node, &[]).await;
+    let mut edge = SimEdge::connect(&fx, &pki, &node, &[]).await;
 
     let pod = create_pod(&c, &ns, "web", &node).await;
     let resource = format!("{ns}/pod/web");
@@ -290,7 +184,7 @@ async fn kubeedge_edge_gets_offline_deletes_and_updates_after_reconnect_and_noth
     let fx = start(&c, &pki, &ns).await;
     let node = unique("ke");
     edge_node(&c, &node).await;
-    let mut edge = Edge::connect(&fx, &pki, &node, &[]).await;
+    let mut edge = SimEdge::connect(&fx, &pki, &node, &[]).await;
     let mut pods = BTreeMap::new();
     for name in ["gone", "changed", "same"] {
         let p = create_pod(&c, &ns, name, &node).await;
@@ -310,7 +204,7 @@ async fn kubeedge_edge_gets_offline_deletes_and_updates_after_reconnect_and_noth
     force_delete_pod(&c, &ns, "gone").await;
     let changed = relabel_pod(&c, &ns, "changed", "offline").await;
 
-    let mut edge = Edge::connect(&fx, &pki, &node, &[]).await;
+    let mut edge = SimEdge::connect(&fx, &pki, &node, &[]).await;
     let got = edge
         .expect_all(&[
             (Operation::Delete, format!("{ns}/pod/gone")),
@@ -345,7 +239,7 @@ async fn kubeedge_edge_offline_during_a_restart_of_cloudcore_gets_the_delete() {
     let node = unique("ke");
     edge_node(&c, &node).await;
     let fx = start(&c, &pki, &ns).await;
-    let mut edge = Edge::connect(&fx, &pki, &node, &[]).await;
+    let mut edge = SimEdge::connect(&fx, &pki, &node, &[]).await;
     let pod = create_pod(&c, &ns, "web", &node).await;
     edge.expect(Operation::Insert, &format!("{ns}/pod/web"))
         .await;
@@ -357,7 +251,7 @@ async fn kubeedge_edge_offline_during_a_restart_of_cloudcore_gets_the_delete() {
     // Deleted while no cloudcore knew the pod: only the record remembers the edge has it.
     force_delete_pod(&c, &ns, "web").await;
     let fx = start(&c, &pki, &ns).await;
-    let mut edge = Edge::connect(&fx, &pki, &node, &[]).await;
+    let mut edge = SimEdge::connect(&fx, &pki, &node, &[]).await;
     let del = edge
         .expect(Operation::Delete, &format!("{ns}/pod/web"))
         .await;
@@ -376,8 +270,8 @@ async fn edges_with_their_own_inventory_cause_no_records() {
     let (ours, theirs) = (unique("rs"), unique("ke"));
     edge_node(&c, &ours).await;
     edge_node(&c, &theirs).await;
-    let mut our_edge = Edge::connect(&fx, &pki, &ours, &[CAPABILITY_INVENTORY]).await;
-    let mut kubeedge = Edge::connect(&fx, &pki, &theirs, &[]).await;
+    let mut our_edge = SimEdge::connect(&fx, &pki, &ours, &[CAPABILITY_INVENTORY]).await;
+    let mut kubeedge = SimEdge::connect(&fx, &pki, &theirs, &[]).await;
     let a = create_pod(&c, &ns, "a", &ours).await;
     our_edge
         .expect(Operation::Insert, &format!("{ns}/pod/a"))
@@ -415,7 +309,7 @@ async fn records_of_deleted_nodes_are_removed_by_the_leader() {
 
     let node = unique("ke");
     edge_node(&c, &node).await;
-    let mut edge = Edge::connect(&fx, &pki, &node, &[]).await;
+    let mut edge = SimEdge::connect(&fx, &pki, &node, &[]).await;
     let pod = create_pod(&c, &ns, "web", &node).await;
     edge.expect(Operation::Insert, &format!("{ns}/pod/web"))
         .await;
@@ -466,8 +360,8 @@ async fn two_replicas_serve_their_own_edges_once_and_one_leads() {
     let (n1, n2) = (unique("ke-a"), unique("ke-b"));
     edge_node(&c, &n1).await;
     edge_node(&c, &n2).await;
-    let mut e1 = Edge::connect(&a, &pki, &n1, &[]).await;
-    let mut e2 = Edge::connect(&b, &pki, &n2, &[]).await;
+    let mut e1 = SimEdge::connect(&a, &pki, &n1, &[]).await;
+    let mut e2 = SimEdge::connect(&b, &pki, &n2, &[]).await;
     assert!(!a.hub.is_connected(&n2) && !b.hub.is_connected(&n1));
     let p1 = create_pod(&c, &ns, "p1", &n1).await;
     let p2 = create_pod(&c, &ns, "p2", &n2).await;
@@ -547,7 +441,7 @@ async fn without_the_crds_cloudcore_is_ready_and_records_once_they_are_installed
     assert!(fx.ready.is_ready());
     let node = unique("ke");
     edge_node(&c, &node).await;
-    let mut edge = Edge::connect(&fx, &pki, &node, &[]).await;
+    let mut edge = SimEdge::connect(&fx, &pki, &node, &[]).await;
     create_pod(&c, &ns, "early", &node).await;
     edge.expect(Operation::Insert, &format!("{ns}/pod/early"))
         .await;

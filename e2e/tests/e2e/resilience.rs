@@ -9,8 +9,9 @@
 use e2e::apiserver::Config;
 use e2e::channel::{Pki, RawEdge};
 use e2e::cloud::CloudFixture;
-use e2e::cluster::{self, TestCluster};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use e2e::cluster;
+use e2e::sim_edge::{WAIT, delete_node, dial, edge_node, unique};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kubeedge_shared::constants::CAPABILITY_INVENTORY;
 use kubeedge_shared::inventory::{Inventory, InventoryEntry};
@@ -19,30 +20,8 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-const WAIT: Duration = Duration::from_secs(20);
 /// How long an edge listens after converging, to catch duplicates or late extras.
 const QUIET: Duration = Duration::from_millis(1000);
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", rand::random::<u32>())
-}
-
-async fn edge_node(cluster: &TestCluster, name: &str) {
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"node-role.kubernetes.io/edge": ""}},
-    }))
-    .unwrap();
-    Api::<Node>::all(cluster.client())
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("create edge node");
-}
-
-async fn delete_node(cluster: &TestCluster, name: &str) {
-    let _ = Api::<Node>::all(cluster.client())
-        .delete(name, &DeleteParams::default())
-        .await;
-}
 
 fn pod(name: &str, node: &str, configmap: Option<&str>) -> Pod {
     let mut p = json!({
@@ -85,7 +64,7 @@ struct Held {
 
 /// A simulated edge: applies downstream messages to its database model like metamanager does,
 /// ACKs them, and logs every downstream operation it received since its last (re)connect.
-struct SimEdge {
+struct ModelEdge {
     raw: RawEdge,
     node: String,
     inventory: bool,
@@ -96,11 +75,11 @@ struct SimEdge {
     seen_ids: BTreeSet<String>,
 }
 
-impl SimEdge {
+impl ModelEdge {
     /// Connects to `fx`; an inventory edge then reports what it holds.
-    async fn connect(fx: &CloudFixture, pki: &Pki, node: &str, inventory: bool) -> SimEdge {
-        let mut e = SimEdge {
-            raw: dial(fx, pki, node, inventory).await,
+    async fn connect(fx: &CloudFixture, pki: &Pki, node: &str, inventory: bool) -> ModelEdge {
+        let mut e = ModelEdge {
+            raw: dial(fx, pki, node, caps(inventory)).await,
             node: node.to_string(),
             inventory,
             held: BTreeMap::new(),
@@ -113,7 +92,7 @@ impl SimEdge {
 
     /// The same edge (same database) connecting to another cloudcore.
     async fn reconnect(&mut self, fx: &CloudFixture, pki: &Pki) {
-        self.raw = dial(fx, pki, &self.node, self.inventory).await;
+        self.raw = dial(fx, pki, &self.node, caps(self.inventory)).await;
         self.log.clear();
         self.seen_ids.clear();
         self.send_inventory().await;
@@ -206,7 +185,7 @@ impl SimEdge {
     }
 
     /// Pumps until `done` holds; panics with `what` and the model after `WAIT`.
-    async fn until(&mut self, what: &str, done: impl Fn(&SimEdge) -> bool) {
+    async fn until(&mut self, what: &str, done: impl Fn(&ModelEdge) -> bool) {
         let deadline = tokio::time::Instant::now() + WAIT;
         while !done(self) {
             assert!(
@@ -285,22 +264,12 @@ impl SimEdge {
     }
 }
 
-async fn dial(fx: &CloudFixture, pki: &Pki, node: &str, inventory: bool) -> RawEdge {
-    let tls = pki.edge_tls(&pki.node_cert(node).unwrap()).unwrap();
-    let caps: &[&str] = if inventory {
+fn caps(inventory: bool) -> &'static [&'static str] {
+    if inventory {
         &[CAPABILITY_INVENTORY]
     } else {
         &[]
-    };
-    let raw = RawEdge::connect_with(fx.hub.local_addr(), node, tls, caps)
-        .await
-        .expect("edge connects");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !fx.hub.is_connected(node) {
-        assert!(tokio::time::Instant::now() < deadline, "session for {node}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    raw
 }
 
 fn names(list: &[&str]) -> BTreeSet<String> {
@@ -327,8 +296,8 @@ async fn cloudcore_restart_converges_edges_to_the_changes_made_while_it_was_down
 
     let fx = CloudFixture::start(cluster.client(), &pki).await.unwrap();
     // A kubeedge-rs edge (inventory) and a KubeEdge edge (none), three pods each.
-    let mut rs = SimEdge::connect(&fx, &pki, &rs_node, true).await;
-    let mut ke = SimEdge::connect(&fx, &pki, &ke_node, false).await;
+    let mut rs = ModelEdge::connect(&fx, &pki, &rs_node, true).await;
+    let mut ke = ModelEdge::connect(&fx, &pki, &ke_node, false).await;
     for (node, suffix) in [(&rs_node, ""), (&ke_node, "-ke")] {
         for n in ["a", "b"] {
             pods.create(
@@ -396,7 +365,7 @@ async fn cloudcore_restart_converges_edges_to_the_changes_made_while_it_was_down
     let fx = CloudFixture::start(cluster.client(), &pki).await.unwrap();
     rs.reconnect(&fx, &pki).await;
     ke.reconnect(&fx, &pki).await;
-    let converged = |e: &SimEdge, suffix: &str| {
+    let converged = |e: &ModelEdge, suffix: &str| {
         let key = |n: &str| format!("{ns}/pod/{n}{suffix}");
         ["a", "c", "same"].iter().all(|n| {
             e.held
@@ -486,7 +455,7 @@ async fn watches_expiring_with_410_lose_no_change() {
             .unwrap();
     }
     let fx = CloudFixture::start(cluster.client(), &pki).await.unwrap();
-    let mut e = SimEdge::connect(&fx, &pki, &node, true).await;
+    let mut e = ModelEdge::connect(&fx, &pki, &node, true).await;
     let keep = pods
         .create(&PostParams::default(), &pod("keep", &node, Some("cfg")))
         .await
@@ -612,7 +581,7 @@ fn service(name: &str, app: &str) -> Service {
 }
 
 /// Queries `resource` until `ok` holds for the reply (the cache follows the apiserver's watch).
-async fn poll_query(e: &mut SimEdge, resource: &str, ok: impl Fn(&Message) -> bool) -> Message {
+async fn poll_query(e: &mut ModelEdge, resource: &str, ok: impl Fn(&Message) -> bool) -> Message {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let r = e.query(resource).await;
@@ -650,7 +619,7 @@ async fn service_and_endpoints_queries_are_answered_from_the_cloud_cache() {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns);
     let svcs: Api<Service> = Api::namespaced(cluster.client(), &ns);
     let fx = CloudFixture::start(cluster.client(), &pki).await.unwrap();
-    let mut e = SimEdge::connect(&fx, &pki, &node, false).await;
+    let mut e = ModelEdge::connect(&fx, &pki, &node, false).await;
 
     pods.create(&PostParams::default(), &pod("web", &node, None))
         .await
