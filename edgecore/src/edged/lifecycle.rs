@@ -292,7 +292,10 @@ pub fn plan(input: &PlanInput<'_>) -> Decision {
             return d;
         }
         d.state = PodState::CreatingSandbox;
-        if rt.running().next().is_some() || rt.sandboxes.iter().any(|s| s.ready) {
+        // As the kubelet: every sandbox of the pod is stopped first, dead ones too. One that
+        // died with the machine (a reboot) is NotReady with its network still allocated;
+        // stopping it releases its IP and host ports.
+        if rt.running().next().is_some() || !rt.sandboxes.is_empty() {
             d.actions.push(Action::KillPod);
         }
         let attempt = rt.latest_sandbox().map(|s| s.attempt + 1).unwrap_or(0);
@@ -723,6 +726,20 @@ mod tests {
         assert_eq!(
             plan_for(&never, &rt, &backoff(), 3).state,
             PodState::Finished(Phase::Failed)
+        );
+    }
+
+    #[test]
+    fn sandboxes_dead_with_their_containers_are_stopped_before_a_new_one() {
+        // After a reboot: nothing runs, the runtime still knows the old sandbox.
+        let p = pod(json!({"containers": [{"name": "a", "image": "x"}]}));
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", false, 1)],
+            containers: vec![container(&p, "a", 2, ContainerState::ContainerExited, 255)],
+        };
+        assert_eq!(
+            plan_for(&p, &rt, &backoff(), 3).actions,
+            [Action::KillPod, Action::CreateSandbox { attempt: 1 }]
         );
     }
 

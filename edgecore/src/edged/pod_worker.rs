@@ -513,7 +513,9 @@ impl PodWorker {
             match action {
                 Action::KillPod => {
                     self.kill_all(rt, grace).await;
-                    for s in rt.sandboxes.iter().filter(|s| s.ready) {
+                    // NotReady ones too: stopping tears down what the runtime still holds for
+                    // them (their network). Stopping a stopped sandbox is a no-op.
+                    for s in &rt.sandboxes {
                         if let Err(e) = runtime.stop_sandbox(&s.id).await {
                             tracing::warn!(pod = %pod.key(), sandbox = %s.id, error = %e, "stopping sandbox");
                         }
