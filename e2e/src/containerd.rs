@@ -41,6 +41,8 @@ use crate::images::{
 use crate::process;
 use crate::registry::{self, Registry, RegistryError};
 
+mod reboot;
+
 pub const CONTAINERD_BINARY: &str = "/usr/bin/containerd";
 pub const CTR_BINARY: &str = "/usr/bin/ctr";
 /// CNI plugins of Debian's `containernetworking-plugins`.
@@ -238,20 +240,7 @@ impl Containerd {
             .map_err(io_error("writing config.toml"))?;
 
         let t = Instant::now();
-        let log_path = dir.join("containerd.log");
-        let log = std::fs::File::create(&log_path).map_err(io_error("creating containerd.log"))?;
-        let log_err = log
-            .try_clone()
-            .map_err(io_error("duplicating containerd.log"))?;
-        let mut command = Command::new(CONTAINERD_BINARY);
-        command
-            .arg("--config")
-            .arg(&config)
-            .env("PATH", PATH_ENV)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
-        let containerd = process::spawn_tied(command).map_err(io_error("starting containerd"))?;
+        let containerd = spawn_containerd(&dir)?;
 
         let instance = Self {
             dir,
@@ -356,6 +345,20 @@ impl Containerd {
     /// The bridge interface pods attach to (also the CNI network name's suffix).
     pub fn bridge(&self) -> String {
         bridge_name(self.slot)
+    }
+
+    /// The pod IPs host-local IPAM holds leases for (its files named by IP): a sandbox's IP
+    /// is leased from its RunPodSandbox until its network is torn down (StopPodSandbox).
+    pub fn ip_leases(&self) -> Vec<Ipv4Addr> {
+        let dir = self.dir.join("cni-ipam").join(network_name(self.slot));
+        let mut ips: Vec<Ipv4Addr> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        ips.sort();
+        ips
     }
 
     /// containerd's log file.
@@ -510,6 +513,27 @@ impl Drop for Containerd {
     }
 }
 
+/// Starts containerd on the instance's `config.toml`, its output appended to `containerd.log`.
+fn spawn_containerd(dir: &Path) -> Result<Child, HarnessError> {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("containerd.log"))
+        .map_err(io_error("opening containerd.log"))?;
+    let log_err = log
+        .try_clone()
+        .map_err(io_error("duplicating containerd.log"))?;
+    let mut command = Command::new(CONTAINERD_BINARY);
+    command
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .env("PATH", PATH_ENV)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err);
+    process::spawn_tied(command).map_err(io_error("starting containerd"))
+}
+
 /// Stops and removes every pod sandbox (and with them their containers). Returns how many.
 async fn remove_all_sandboxes(endpoint: &str) -> Result<usize, String> {
     let cri = CriClient::connect(endpoint)
@@ -575,6 +599,11 @@ fn preflight() -> Result<(), HarnessError> {
 
 fn bridge_name(slot: u32) -> String {
     format!("kee2e{slot}")
+}
+
+/// The CNI network name of a slot (also host-local's lease directory name).
+fn network_name(slot: u32) -> String {
+    format!("kubeedge-e2e-{slot}")
 }
 
 fn subnet_base(slot: u32) -> Ipv4Addr {
@@ -644,6 +673,17 @@ fn delete_bridge(bridge: &str) {
     }
 }
 
+/// Unmounts a network namespace's bind mount (`/var/run/netns/…`) and removes the file.
+fn cleanup_netns(path: &Path) {
+    if let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
+        // SAFETY: c_path is a valid NUL-terminated string for the duration of the call.
+        unsafe {
+            libc::umount2(c_path.as_ptr(), libc::MNT_DETACH);
+        }
+    }
+    let _ = std::fs::remove_file(path);
+}
+
 /// Unmounts everything under `dir` and removes it; reports what it could not remove.
 fn cleanup_dir(dir: &Path) {
     let stuck = process::unmount_all_under(dir);
@@ -696,7 +736,7 @@ fn write_cni_config(dir: &Path, slot: u32) -> Result<(), HarnessError> {
     let base = subnet_base(slot);
     let conflist = json!({
         "cniVersion": "1.0.0",
-        "name": format!("kubeedge-e2e-{slot}"),
+        "name": network_name(slot),
         "plugins": [
             {
                 "type": "bridge",

@@ -193,13 +193,25 @@ impl EdgeEnv {
         self.edge.as_ref().is_some_and(|e| e.hub().is_connected())
     }
 
-    /// Waits until the running edgecore's link is `up` (or down); returns when it was seen.
+    /// Waits until the running edgecore's link is `up` (or down); returns when edgehub said so
+    /// (its link events, not a poll: the instant is exact).
     pub async fn wait_edge_link(&self, up: bool) -> Instant {
-        let what = if up { "connected" } else { "disconnected" };
-        wait_for(&format!("edgecore {what}"), WAIT, || async {
-            (self.edge_connected() == up).then(Instant::now)
-        })
-        .await
+        let hub = self.edge.as_ref().expect("edgecore is stopped").hub();
+        let mut events = hub.subscribe();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if hub.is_connected() == up {
+                return Instant::now();
+            }
+            let what = if up { "connected" } else { "disconnected" };
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Err(_) => panic!("edgecore not {what} within {WAIT:?}"),
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Ok(_) => {}
+            }
+        }
     }
 
     /// The running cloudcore.
@@ -350,16 +362,37 @@ impl EdgeEnv {
     }
 }
 
-/// Running, and every container ready.
+/// Running, every container ready, and the pod's Ready condition True (the cloud may have
+/// set it False on its own: the node lifecycle controller does for an unreachable node).
 pub fn is_running_and_ready(pod: &Value) -> bool {
-    pod["status"]["phase"] == "Running"
-        && pod["status"]["containerStatuses"]
+    let status = &pod["status"];
+    status["phase"] == "Running"
+        && status["containerStatuses"]
             .as_array()
             .is_some_and(|cs| cs.iter().all(|c| c["ready"] == true))
+        && status["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
 }
 
 /// Polls `probe` every 200 ms until it returns something; panics after `timeout`.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    poll_until(what, timeout, Duration::from_millis(200), probe).await
+}
+
+/// Polls `probe` every `every` until it returns something; panics after `timeout`. For
+/// measurements that want a finer grain than [`wait_for`].
+pub async fn poll_until<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut probe: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -370,7 +403,7 @@ where
             return v;
         }
         assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -1,6 +1,7 @@
 //! The one integration-test binary of the e2e crate.
 
 mod apiserver_conformance;
+mod autonomy;
 mod channel;
 mod containerd_smoke;
 mod controllers;
