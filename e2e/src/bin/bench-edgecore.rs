@@ -5,8 +5,13 @@
 //!     cargo build --profile bench-fast -p edgecore -p e2e
 //!     target/bench-fast/bench-edgecore
 //!
-//! Measures edgecore's RSS idle and with 10 and 30 running pods, pod creation → Running (as the
-//! API shows it) for 20 pods one by one and 20 at once, and the binary's size.
+//! Measures first the runtime's own floor (20 pods straight through CRI, one by one and all at
+//! once, with how busy the machine was), then edgecore's RSS idle and with 10 and 30 running
+//! pods, pod creation → Running (as the API shows it) for 20 pods one by one and 20 at once
+//! (with edgecore's CPU time during the burst), and the binary's size.
+//!
+//! `BENCH_EDGECORE_LOG=<filter>` sets edgecore's `RUST_LOG` (default `warn`);
+//! `BENCH_KEEP_LOG=<file>` copies edgecore's log there before cleaning up.
 
 use anyhow::Context;
 use e2e::apiserver::{ApiServer, Config};
@@ -15,9 +20,12 @@ use e2e::cloud::CloudFixture;
 use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
 use e2e::process::LoggedProcess;
+use edgecore::cri::{CriClient, api};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -40,30 +48,216 @@ fn pod(name: &str) -> anyhow::Result<Pod> {
     }))?)
 }
 
-async fn running(pods: &Api<Pod>, name: &str) -> bool {
-    let Ok(Some(p)) = pods.get_opt(name).await else {
-        return false;
-    };
-    p.status.and_then(|s| s.phase).as_deref() == Some("Running")
-}
-
+/// Waits until every named pod shows Running; returns for each the time from its `created`
+/// instant. Polls with one list call every 10 ms.
 async fn wait_running(
     pods: &Api<Pod>,
     names: &[String],
+    created: &[Instant],
     limit: Duration,
 ) -> anyhow::Result<Vec<Duration>> {
     let start = Instant::now();
     let mut done: Vec<Option<Duration>> = vec![None; names.len()];
     while done.iter().any(Option::is_none) {
         anyhow::ensure!(start.elapsed() < limit, "pods not Running within {limit:?}");
-        for (i, n) in names.iter().enumerate() {
-            if done[i].is_none() && running(pods, n).await {
-                done[i] = Some(start.elapsed());
+        let list = pods.list(&Default::default()).await?;
+        let now = Instant::now();
+        for p in list.items {
+            let running = p.status.and_then(|s| s.phase).as_deref() == Some("Running");
+            let Some(i) = names
+                .iter()
+                .position(|n| Some(n) == p.metadata.name.as_ref())
+            else {
+                continue;
+            };
+            if running && done[i].is_none() {
+                done[i] = Some(now - created[i]);
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(done.into_iter().flatten().collect())
+}
+
+/// Creates one pod and waits until the API shows it Running.
+async fn create_and_wait(pods: &Api<Pod>, name: &str) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    pods.create(&PostParams::default(), &pod(name)?).await?;
+    let d = wait_running(pods, &[name.to_string()], &[t], Duration::from_secs(60)).await?;
+    Ok(d[0])
+}
+
+/// One pod straight through CRI, as edged would run it: RunPodSandbox (pod network),
+/// CreateContainer, StartContainer. Returns when the container is started.
+async fn cri_pod(cri: &CriClient, name: String, logs: PathBuf) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let sandbox = api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: name.clone(),
+            uid: format!("uid-{name}"),
+            namespace: "cri-floor".into(),
+            attempt: 0,
+        }),
+        hostname: name.clone(),
+        log_directory: logs.display().to_string(),
+        labels: HashMap::from([("bench".to_string(), "cri-floor".to_string())]),
+        linux: Some(api::LinuxPodSandboxConfig {
+            security_context: Some(api::LinuxSandboxSecurityContext {
+                namespace_options: Some(api::NamespaceOption {
+                    network: api::NamespaceMode::Pod as i32,
+                    pid: api::NamespaceMode::Container as i32,
+                    ipc: api::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut rt = cri.runtime();
+    let id = rt
+        .run_pod_sandbox(api::RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: String::new(),
+        })
+        .await?
+        .into_inner()
+        .pod_sandbox_id;
+    let container = rt
+        .create_container(api::CreateContainerRequest {
+            pod_sandbox_id: id,
+            config: Some(api::ContainerConfig {
+                metadata: Some(api::ContainerMetadata {
+                    name: "c".into(),
+                    attempt: 0,
+                }),
+                image: Some(api::ImageSpec {
+                    image: BUSYBOX_IMAGE.into(),
+                    ..Default::default()
+                }),
+                command: vec!["sleep".into(), "1000000".into()],
+                log_path: "c/0.log".into(),
+                ..Default::default()
+            }),
+            sandbox_config: Some(sandbox),
+        })
+        .await?
+        .into_inner()
+        .container_id;
+    rt.start_container(api::StartContainerRequest {
+        container_id: container,
+    })
+    .await?;
+    Ok(t.elapsed())
+}
+
+/// The runtime's own floor: 20 pods through CRI one after the other, then 20 at once; then
+/// removes them. Prints the numbers.
+async fn cri_floor(containerd: &Containerd, dir: &Path) -> anyhow::Result<()> {
+    let cri = containerd.cri().await?;
+    let logs = dir.join("cri-floor-logs");
+    std::fs::create_dir_all(&logs)?;
+    let mut one = Vec::new();
+    for i in 0..20 {
+        one.push(cri_pod(&cri, format!("floor-seq-{i}"), logs.clone()).await?);
+    }
+    let cpu = CpuSample::now(None);
+    let burst = (0..20).map(|i| cri_pod(&cri, format!("floor-burst-{i}"), logs.clone()));
+    let mut burst: Vec<Duration> = futures::future::try_join_all(burst).await?;
+    let used = cpu.elapsed();
+    println!(
+        "  CRI alone (no edgecore), sandbox+create+start, 20 one by one: p50 {:.0} ms, p99 {:.0} ms; 20 at once: p50 {:.0} ms, p99 {:.0} ms ({used})",
+        pct(&mut one, 0.5),
+        pct(&mut one, 0.99),
+        pct(&mut burst, 0.5),
+        pct(&mut burst, 0.99),
+    );
+    let mut rt = cri.runtime();
+    let sandboxes = rt
+        .list_pod_sandbox(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: HashMap::from([("bench".to_string(), "cri-floor".to_string())]),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner()
+        .items;
+    for s in sandboxes {
+        rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+            pod_sandbox_id: s.id.clone(),
+        })
+        .await?;
+        rt.remove_pod_sandbox(api::RemovePodSandboxRequest {
+            pod_sandbox_id: s.id,
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Machine CPU time (and one process's) between two instants, from `/proc`.
+struct CpuSample {
+    at: Instant,
+    busy: u64,
+    pid: Option<(u32, u64)>,
+}
+
+fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().next() else {
+        return 0;
+    };
+    // user nice system idle iowait irq softirq steal: busy = all but idle and iowait.
+    cpu.split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .take(8)
+        .sum()
+}
+
+fn process_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may hold spaces): utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)
+}
+
+impl CpuSample {
+    fn now(pid: Option<u32>) -> Self {
+        CpuSample {
+            at: Instant::now(),
+            busy: machine_busy_ticks(),
+            pid: pid.map(|p| (p, process_ticks(p))),
+        }
+    }
+
+    /// "machine N % busy of C cores over T s[, edgecore M s CPU]".
+    fn elapsed(&self) -> String {
+        let secs = self.at.elapsed().as_secs_f64();
+        let hz = 100.0;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let busy = (machine_busy_ticks() - self.busy) as f64 / hz;
+        let mut s = format!(
+            "machine {:.0} % busy of {cores} cores over {secs:.2} s",
+            100.0 * busy / (secs * cores)
+        );
+        if let Some((pid, ticks)) = self.pid {
+            s += &format!(
+                ", edgecore {:.2} s CPU",
+                (process_ticks(pid) - ticks) as f64 / hz
+            );
+        }
+        s
+    }
 }
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -78,9 +272,10 @@ async fn bench() -> anyhow::Result<()> {
     let api = ApiServer::start(Config::default()).await?;
     let client = api.client()?;
     let pki = Pki::new()?;
-    let cloud = CloudFixture::start(client.clone(), &pki).await?;
     let dir = std::env::temp_dir().join(format!("bench-edgecore-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    cri_floor(&containerd, &dir).await?;
+    let cloud = CloudFixture::start(client.clone(), &pki).await?;
     let cert = pki.node_cert("edge-bench")?;
     std::fs::write(dir.join("ca.crt"), &pki.ca.cert.cert_pem)?;
     std::fs::write(dir.join("edge.crt"), &cert.cert_pem)?;
@@ -99,9 +294,10 @@ async fn bench() -> anyhow::Result<()> {
     std::fs::write(dir.join("edgecore.yaml"), yaml)?;
     let bin = std::env::current_exe()?.with_file_name("edgecore");
     let mut cmd = Command::new(&bin);
-    cmd.arg("--config")
-        .arg(dir.join("edgecore.yaml"))
-        .env("RUST_LOG", "warn");
+    cmd.arg("--config").arg(dir.join("edgecore.yaml")).env(
+        "RUST_LOG",
+        std::env::var("BENCH_EDGECORE_LOG").unwrap_or_else(|_| "warn".into()),
+    );
     let edge = LoggedProcess::spawn("edgecore", cmd, &dir)
         .with_context(|| format!("starting {}", bin.display()))?;
     let nodes: Api<Node> = Api::all(client.clone());
@@ -137,43 +333,51 @@ async fn bench() -> anyhow::Result<()> {
     );
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    // One by one: 20 pods, each created once the previous is Running.
+    // One by one: 20 pods, each created once the previous is Running (10 before the burst,
+    // 10 after it).
     let mut one_by_one = Vec::new();
-    for i in 0..20 {
-        let name = format!("seq-{i}");
-        let t = Instant::now();
-        pods.create(&PostParams::default(), &pod(&name)?).await?;
-        wait_running(&pods, std::slice::from_ref(&name), Duration::from_secs(60)).await?;
-        one_by_one.push(t.elapsed());
-        if i == 9 {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            println!(
-                "  edgecore RSS with 10 running pods: {:.1} MB",
-                rss_kb(pid) as f64 / 1024.0
-            );
-        }
+    for i in 0..10 {
+        one_by_one.push(create_and_wait(&pods, &format!("seq-{i}")).await?);
     }
+    tokio::time::sleep(Duration::from_secs(2)).await;
     println!(
-        "  create → Running, 20 pods one by one: p50 {:.0} ms, p99 {:.0} ms",
-        pct(&mut one_by_one, 0.5),
-        pct(&mut one_by_one, 0.99)
+        "  edgecore RSS with 10 running pods: {:.1} MB",
+        rss_kb(pid) as f64 / 1024.0
     );
-    // Burst: 10 more at once (30 running afterwards).
-    let names: Vec<String> = (0..10).map(|i| format!("burst-{i}")).collect();
+    // Burst: 20 at once (30 running afterwards).
+    let names: Vec<String> = (0..20).map(|i| format!("burst-{i}")).collect();
+    let cpu = CpuSample::now(Some(pid));
+    let mut created = Vec::new();
     for n in &names {
+        created.push(Instant::now());
         pods.create(&PostParams::default(), &pod(n)?).await?;
     }
-    let mut burst = wait_running(&pods, &names, Duration::from_secs(120)).await?;
+    let posting = created[0].elapsed();
+    let mut burst = wait_running(&pods, &names, &created, Duration::from_secs(120)).await?;
     println!(
-        "  create → Running, 10 pods at once: p50 {:.0} ms, p99 {:.0} ms",
+        "  create → Running, 20 pods at once: p50 {:.0} ms, p99 {:.0} ms (creating them took {:.0} ms; {})",
         pct(&mut burst, 0.5),
-        pct(&mut burst, 0.99)
+        pct(&mut burst, 0.99),
+        posting.as_secs_f64() * 1e3,
+        cpu.elapsed()
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!(
         "  edgecore RSS with 30 running pods: {:.1} MB",
         rss_kb(pid) as f64 / 1024.0
     );
+    for i in 10..20 {
+        one_by_one.push(create_and_wait(&pods, &format!("seq-{i}")).await?);
+    }
+    println!(
+        "  create → Running, 20 pods one by one (10 before the burst, 10 after): p50 {:.0} ms, p99 {:.0} ms",
+        pct(&mut one_by_one, 0.5),
+        pct(&mut one_by_one, 0.99)
+    );
+    if let Ok(keep) = std::env::var("BENCH_KEEP_LOG") {
+        std::fs::copy(edge.log_path(), &keep)?;
+        println!("  edgecore log copied to {keep}");
+    }
     drop(edge);
     cloud.stop();
     drop(cloud);
