@@ -146,7 +146,7 @@ impl UpstreamHandler {
             ("lease", Operation::Update) => self.lease_update(ns, name, msg).await,
             ("lease", Operation::Query) => self.query(Kind::Lease, ns, name).await.map(wrap_object),
             ("event", Operation::Insert | Operation::Update | Operation::Patch) => {
-                self.event(ns, msg).await
+                self.event(ns, name, msg).await
             }
             (ty, op) => {
                 tracing::warn!(node = %up.node, resource_type = ty, operation = %op, "unsupported upstream operation; dropped");
@@ -435,22 +435,81 @@ impl UpstreamHandler {
         }
     }
 
-    async fn event(&self, ns: Option<&str>, msg: &Message) -> Reply {
-        let body = match object_content(msg, Kind::Event) {
-            Ok(b) => b,
-            Err(e) => return Reply::bare(e.to_value(), None),
+    /// `event` (KubeEdge's edged event sink): `insert` creates the Event (one that exists
+    /// already counts as recorded); `update` replaces it; `patch` carries
+    /// `{"event": <Event>, "patchData": "<strategic merge patch>"}` and patches the Event,
+    /// creating it from `event` when it is gone (expired or never arrived), as the kubelet's
+    /// event sink does.
+    async fn event(&self, ns: Option<&str>, name: Option<&str>, msg: &Message) -> Reply {
+        let bad = |m: String| Reply::bare(StatusError::new(400, "BadRequest", m).to_value(), None);
+        let content = match content::content_json(&msg.content) {
+            Ok(c) => c,
+            Err(e) => return bad(format!("content is not JSON: {e}")),
         };
+        let op = &msg.route.operation;
+        let (event, patch) = match (op, content.get("patchData")) {
+            (Operation::Patch, Some(data)) => {
+                let patch = match data {
+                    Value::String(s) => match serde_json::from_str::<Value>(s) {
+                        Ok(p) => p,
+                        Err(e) => return bad(format!("patchData is not JSON: {e}")),
+                    },
+                    other => other.clone(),
+                };
+                (content["event"].clone(), Some(patch))
+            }
+            _ => (content, None),
+        };
+        if !event.is_object() {
+            return bad("the event must be an object".into());
+        }
+        let mut event = with_type_meta(event, Kind::Event);
         let ns = ns
-            .or_else(|| body["metadata"]["namespace"].as_str())
+            .or_else(|| event["metadata"]["namespace"].as_str())
             .unwrap_or("default")
             .to_string();
-        let p = rest::path(Kind::Event, Some(&ns), None, None);
-        match self
-            .api(Method::POST, &p, "application/json", Some(&body))
-            .await
-        {
+        let Some(name) = name
+            .or_else(|| event["metadata"]["name"].as_str())
+            .map(str::to_string)
+        else {
+            return bad("the event has no name".into());
+        };
+        if let Some(m) = event["metadata"].as_object_mut() {
+            m.remove("resourceVersion");
+        }
+        let named = rest::path(Kind::Event, Some(&ns), Some(&name), None);
+        let collection = rest::path(Kind::Event, Some(&ns), None, None);
+        let written = match (op, patch) {
+            (Operation::Patch, Some(patch)) => {
+                match self
+                    .api(Method::PATCH, &named, STRATEGIC_PATCH, Some(&patch))
+                    .await
+                {
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        self.api(Method::POST, &collection, "application/json", Some(&event))
+                            .await
+                    }
+                    r => r,
+                }
+            }
+            (Operation::Update, _) => {
+                self.api(Method::PUT, &named, "application/json", Some(&event))
+                    .await
+            }
+            _ => match self
+                .api(Method::POST, &collection, "application/json", Some(&event))
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(Value::Null),
+                r => r,
+            },
+        };
+        match written {
             Ok(_) => Reply::ok(),
-            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+            Err(e) => {
+                tracing::debug!(event = %name, namespace = %ns, error = %e, "event not recorded");
+                Reply::bare(status_error(&e).to_value(), None)
+            }
         }
     }
 }

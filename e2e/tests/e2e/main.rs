@@ -6,6 +6,7 @@ mod channel;
 mod containerd_smoke;
 mod controllers;
 mod edged;
+mod events;
 mod metamanager;
 mod objectsync;
 mod resilience;

@@ -20,6 +20,7 @@
 pub mod backoff;
 pub mod containers;
 pub mod env;
+pub mod events;
 pub mod gc;
 pub mod hooks;
 pub mod lifecycle;
@@ -86,8 +87,17 @@ impl Edged {
     ) -> Result<Edged, EdgedError> {
         let cri = CriClient::connect_lazy(&config.runtime_endpoint)?;
         let machine = node::Machine::detect(&config.root_directory);
+        let (events, occurrences) = events::Recorder::new(events::QUEUE_CAPACITY);
+        let cancel = CancellationToken::new();
+        tokio::spawn(events::run(
+            meta.clone(),
+            config.node_name.clone(),
+            occurrences,
+            cancel.child_token(),
+        ));
         let shared = Arc::new(Shared {
             runtime: Runtime::new(cri, config.runtime_request_timeout),
+            events,
             allocatable: node::allocatable(&machine, &config),
             config,
             objects: objects::ObjectCache::new(meta.clone(), Duration::from_secs(5)),
@@ -97,7 +107,6 @@ impl Edged {
             pull_lock: tokio::sync::Mutex::new(()),
             resync: watch::channel(0).0,
         });
-        let cancel = CancellationToken::new();
         let task = tokio::spawn(run(shared, machine, changes, link, cancel.clone()));
         Ok(Edged { cancel, task })
     }

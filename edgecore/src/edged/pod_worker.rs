@@ -12,6 +12,7 @@ use super::containers::{
     ContainerInput, ContainerKind, check_non_root, container_config, etc_hosts_content,
 };
 use super::env::{ObjectSource, PodContext, container_env};
+use super::events::{EventType, ObjectRef};
 use super::lifecycle::{self, Action, Phase, PlanInput, PodState, Waiting};
 use super::probes::Probes;
 use super::runtime::{PodRuntime, Runtime};
@@ -52,6 +53,8 @@ pub struct Shared {
     pub config: EdgedConfig,
     pub runtime: Runtime,
     pub meta: MetaClient,
+    /// Kubernetes Events about pods (never blocks).
+    pub events: super::events::Recorder,
     /// Configmaps and secrets, fetched once for concurrent readers.
     pub objects: super::objects::ObjectCache,
     pub runtime_name: OnceLock<String>,
@@ -184,6 +187,28 @@ impl PodWorker {
         format!("{}/{}", m.namespace, m.name)
     }
 
+    /// Records a Kubernetes Event about the pod, or about one of its containers.
+    fn event(
+        &self,
+        container: Option<&str>,
+        kind: EventType,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        let pod = ObjectRef::pod(&metadata_of(&self.raw));
+        let object = match container {
+            Some(name) => {
+                let init = self
+                    .pod
+                    .as_ref()
+                    .is_some_and(|p| p.spec.init_containers.iter().any(|c| c.name == name));
+                pod.container(name, init)
+            }
+            None => pod,
+        };
+        self.shared.events.record(&object, kind, reason, message);
+    }
+
     fn set_state(&mut self, state: PodState) {
         if self.state.as_ref() != Some(&state) {
             tracing::info!(pod = %self.key(), uid = %self.uid,
@@ -231,6 +256,12 @@ impl PodWorker {
         }
         let retry = self.shared.config.retry_period;
         if let Some(message) = self.spec_error.clone() {
+            self.event(
+                None,
+                EventType::Warning,
+                "Failed",
+                format!("Error: {message}"),
+            );
             self.set_state(PodState::Unrunnable {
                 message: message.clone(),
             });
@@ -346,6 +377,7 @@ impl PodWorker {
             }
             Err(e) => {
                 tracing::warn!(pod = %pod.key(), error = %e, "volumes not ready");
+                self.event(None, EventType::Warning, "FailedMount", e.0.clone());
                 self.volumes_error = Some(e.0);
                 // A volume that worked before keeps working for running containers.
                 if self.volumes.is_none() {
@@ -403,10 +435,32 @@ impl PodWorker {
                 break;
             }
         }
+        for (name, w) in &decision.waiting {
+            if w.reason == "CrashLoopBackOff" {
+                let m = &pod.metadata;
+                self.event(
+                    Some(name),
+                    EventType::Warning,
+                    "BackOff",
+                    format!(
+                        "Back-off restarting failed container {name} in pod {}_{}({})",
+                        m.name, m.namespace, m.uid
+                    ),
+                );
+            }
+        }
         let probe_wake = self
             .probes
             .run(pod, &rt, &self.shared.runtime, &config.node_ip)
             .await;
+        for f in self.probes.take_failures() {
+            self.event(
+                Some(&f.container),
+                EventType::Warning,
+                "Unhealthy",
+                format!("{} probe failed: {}", f.kind, f.output),
+            );
+        }
         if self.probes.take_changed() {
             // A readiness change shows at once; a liveness failure restarts at once.
             if !self.probes.unhealthy().is_empty() {
@@ -488,6 +542,12 @@ impl PodWorker {
         let active = SystemTime::now().duration_since(start).unwrap_or_default();
         if active >= deadline {
             tracing::info!(pod = %pod.key(), deadline_s = deadline.as_secs(), "active deadline exceeded; stopping the pod");
+            self.event(
+                None,
+                EventType::Normal,
+                "DeadlineExceeded",
+                "Pod was active on the node longer than the specified deadline",
+            );
             self.deadline_exceeded = true;
             self.finished = Some(Phase::Failed);
             return None;
@@ -527,6 +587,14 @@ impl PodWorker {
                         tracing::debug!(pod = %pod.key(), error = %e, "sandbox waits for volumes");
                         continue;
                     }
+                    if *attempt > 0 {
+                        self.event(
+                            None,
+                            EventType::Normal,
+                            "SandboxChanged",
+                            "Pod sandbox changed, it will be killed and re-created.",
+                        );
+                    }
                     let started = Instant::now();
                     let dir = self.shared.config.pod_dir(&self.uid);
                     let logs = log_directory(&self.shared.config, pod);
@@ -552,6 +620,12 @@ impl PodWorker {
                         }
                         Err(e) => {
                             tracing::warn!(pod = %pod.key(), error = %e, "RunPodSandbox failed");
+                            self.event(
+                                None,
+                                EventType::Warning,
+                                "FailedCreatePodSandBox",
+                                format!("Failed to create pod sandbox: {e}"),
+                            );
                             for c in pod.spec.containers.iter().chain(&pod.spec.init_containers) {
                                 self.notes.insert(
                                     c.name.clone(),
@@ -579,6 +653,14 @@ impl PodWorker {
                 }
                 Action::KillContainer { id, name, why } => {
                     tracing::info!(pod = %pod.key(), container = %name, why = %why, "stopping container");
+                    let message = if why.contains("liveness") {
+                        format!("Container {name} failed liveness probe, will be restarted")
+                    } else if why.contains("spec changed") {
+                        format!("Container {name} definition changed, will be restarted")
+                    } else {
+                        format!("Stopping container {name}")
+                    };
+                    self.event(Some(name), EventType::Normal, "Killing", message);
                     if self.stop_one(rt, id, name, grace).await {
                         progressed = true;
                     }
@@ -644,6 +726,10 @@ impl PodWorker {
 
     /// Stops every running container at once, each with `grace`.
     async fn kill_all(&mut self, rt: &PodRuntime, grace: Duration) {
+        for c in rt.running() {
+            let message = format!("Stopping container {}", c.name);
+            self.event(Some(&c.name), EventType::Normal, "Killing", message);
+        }
         let this = &*self;
         let stops = rt.running().map(|c| async move {
             this.stop_one(rt, &c.id, &c.name, grace).await;
@@ -655,27 +741,40 @@ impl PodWorker {
         }
     }
 
+    /// The image of `container`, pulled per its policy (with the kubelet's events).
     async fn ensure_image(
         &mut self,
+        container: &str,
         image: &str,
         policy: PullPolicy,
         namespace: &str,
         secrets: &[super::spec::LocalObjectReference],
     ) -> Result<(String, Option<crate::cri::api::Image>), Waiting> {
         let runtime = &self.shared.runtime;
-        let present = runtime
-            .image_status(image)
-            .await
-            .map_err(|e| Waiting::new("ErrImagePull", e.to_string()))?;
+        let present = match runtime.image_status(image).await {
+            Ok(p) => p,
+            Err(e) => {
+                let message = format!("Failed to inspect image \"{image}\": {e}");
+                self.event(Some(container), EventType::Warning, "Failed", &message);
+                return Err(Waiting::new("ErrImagePull", message));
+            }
+        };
         match (policy, present) {
             (PullPolicy::Never, Some(i)) | (PullPolicy::IfNotPresent, Some(i)) => {
+                let message = format!("Container image \"{image}\" already present on machine");
+                self.event(Some(container), EventType::Normal, "Pulled", message);
                 return Ok((i.id.clone(), Some(i)));
             }
             (PullPolicy::Never, None) => {
-                return Err(Waiting::new(
+                let message =
+                    format!("Container image \"{image}\" is not present with pull policy of Never");
+                self.event(
+                    Some(container),
+                    EventType::Warning,
                     "ErrImageNeverPull",
-                    format!("Container image \"{image}\" is not present with pull policy of Never"),
-                ));
+                    &message,
+                );
+                return Err(Waiting::new("ErrImageNeverPull", message));
             }
             _ => {}
         }
@@ -683,11 +782,16 @@ impl PodWorker {
         if let Some(failed) = self.image_failures.get(image)
             && self.image_backoff.remaining(image, *failed, now).is_some()
         {
-            return Err(Waiting::new(
-                "ImagePullBackOff",
-                format!("Back-off pulling image \"{image}\""),
-            ));
+            let message = format!("Back-off pulling image \"{image}\"");
+            self.event(Some(container), EventType::Normal, "BackOff", &message);
+            return Err(Waiting::new("ImagePullBackOff", message));
         }
+        self.event(
+            Some(container),
+            EventType::Normal,
+            "Pulling",
+            format!("Pulling image \"{image}\""),
+        );
         let started = Instant::now();
         // Each matching credential in turn; anonymously when none applies.
         let mut auths: Vec<Option<crate::cri::api::AuthConfig>> = Vec::new();
@@ -707,8 +811,9 @@ impl PodWorker {
         if auths.is_empty() {
             auths.push(None);
         }
-        let pulled = {
+        let (pulling, pulled) = {
             let _one_at_a_time = self.shared.pull_lock.lock().await;
+            let pulling = Instant::now();
             let mut result = Err(None);
             for auth in auths {
                 match runtime
@@ -722,7 +827,7 @@ impl PodWorker {
                     Err(e) => result = Err(Some(e)),
                 }
             }
-            result
+            (pulling, result)
         };
         match pulled {
             Ok(image_ref) => {
@@ -734,6 +839,18 @@ impl PodWorker {
                 self.image_failures.remove(image);
                 self.image_backoff.forget(image);
                 let status = runtime.image_status(&image_ref).await.ok().flatten();
+                let go = |d: Duration| crate::config::format_go_duration(d);
+                self.event(
+                    Some(container),
+                    EventType::Normal,
+                    "Pulled",
+                    format!(
+                        "Successfully pulled image \"{image}\" in {} ({} including waiting). Image size: {} bytes.",
+                        go(pulling.elapsed()),
+                        go(started.elapsed()),
+                        status.as_ref().map_or(0, |i| i.size)
+                    ),
+                );
                 Ok((image_ref, status))
             }
             Err(e) => {
@@ -741,6 +858,12 @@ impl PodWorker {
                 self.image_backoff.next(image, now, now);
                 self.image_failures.insert(image.to_string(), now);
                 let why = e.map(|e| e.to_string()).unwrap_or_default();
+                self.event(
+                    Some(container),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Failed to pull image \"{image}\": {why}"),
+                );
                 Err(Waiting::new(
                     "ErrImagePull",
                     format!("failed to pull image \"{image}\": {why}"),
@@ -779,6 +902,7 @@ impl PodWorker {
         }
         let pulled = self
             .ensure_image(
+                &name,
                 c.image(),
                 c.pull_policy(),
                 &pod.metadata.namespace,
@@ -789,12 +913,24 @@ impl PodWorker {
             Ok(i) => i,
             Err(w) => {
                 tracing::warn!(pod = %pod.key(), container = %name, reason = %w.reason, message = %w.message, "image not available");
+                self.event(
+                    Some(&name),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {}", w.reason),
+                );
                 self.notes.insert(name, w);
                 return false;
             }
         };
         let config_error = |this: &mut Self, message: String| {
             tracing::warn!(pod = %pod.key(), container = %name, error = %message, "container configuration error");
+            this.event(
+                Some(&name),
+                EventType::Warning,
+                "Failed",
+                format!("Error: {message}"),
+            );
             this.notes.insert(
                 name.clone(),
                 Waiting::new("CreateContainerConfigError", message),
@@ -867,19 +1003,43 @@ impl PodWorker {
             Ok(id) => id,
             Err(e) => {
                 tracing::warn!(pod = %pod.key(), container = %name, error = %e, "CreateContainer failed");
+                self.event(
+                    Some(&name),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {e}"),
+                );
                 self.notes
                     .insert(name, Waiting::new("CreateContainerError", e.to_string()));
                 return false;
             }
         };
+        self.event(
+            Some(&name),
+            EventType::Normal,
+            "Created",
+            format!("Created container: {name}"),
+        );
         if let Err(e) = runtime.start_container(&id).await {
             tracing::warn!(pod = %pod.key(), container = %name, error = %e, "StartContainer failed");
+            self.event(
+                Some(&name),
+                EventType::Warning,
+                "Failed",
+                format!("Error: {e}"),
+            );
             self.notes
                 .insert(name, Waiting::new("RunContainerError", e.to_string()));
             // The container exists (exited): the next sync restarts it under the back-off.
             return true;
         }
         tracing::info!(pod = %pod.key(), container = %name, id = %id, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "container started");
+        self.event(
+            Some(&name),
+            EventType::Normal,
+            "Started",
+            format!("Started container {name}"),
+        );
         if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let host = ctx
                 .pod_ips
@@ -890,6 +1050,12 @@ impl PodWorker {
             if let Err(e) = super::hooks::run_handler(hook, c, &id, &host, timeout, &runtime).await
             {
                 tracing::warn!(pod = %pod.key(), container = %name, error = %e, "postStart hook failed; stopping the container");
+                self.event(
+                    Some(&name),
+                    EventType::Warning,
+                    "FailedPostStartHook",
+                    format!("PostStartHook failed: {e}"),
+                );
                 let grace = Duration::from_secs(pod.grace_period_seconds() as u64);
                 let _ = runtime.stop_container(&id, grace).await;
                 self.notes.insert(

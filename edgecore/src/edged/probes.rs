@@ -18,6 +18,16 @@ enum Kind {
     Startup,
 }
 
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Liveness => "Liveness",
+            Kind::Readiness => "Readiness",
+            Kind::Startup => "Startup",
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Tracker {
     next_at: Option<Instant>,
@@ -25,6 +35,17 @@ struct Tracker {
     failures: i32,
     /// The thresholded result.
     ok: Option<bool>,
+    /// Why the last run failed, until reported.
+    failed: Option<String>,
+}
+
+/// One failed probe run (the kubelet's `Unhealthy` event).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeFailure {
+    pub container: String,
+    /// `Liveness`, `Readiness` or `Startup`.
+    pub kind: &'static str,
+    pub output: String,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +61,7 @@ struct ContainerProbes {
 pub struct Probes {
     containers: HashMap<String, ContainerProbes>,
     changed: bool,
+    failures: Vec<ProbeFailure>,
 }
 
 impl Probes {
@@ -74,6 +96,11 @@ impl Probes {
     pub fn started_container(&mut self, id: &str) {
         self.containers
             .insert(id.to_string(), ContainerProbes::default());
+    }
+
+    /// Probe runs that failed since the last call.
+    pub fn take_failures(&mut self) -> Vec<ProbeFailure> {
+        std::mem::take(&mut self.failures)
     }
 
     /// Whether a result changed since the last call.
@@ -179,6 +206,19 @@ impl Probes {
                 }
             }
             self.changed |= changed;
+            for (t, kind) in [
+                (&mut state.startup, Kind::Startup),
+                (&mut state.liveness, Kind::Liveness),
+                (&mut state.readiness, Kind::Readiness),
+            ] {
+                if let Some(output) = t.failed.take() {
+                    self.failures.push(ProbeFailure {
+                        container: c.name.clone(),
+                        kind: kind.name(),
+                        output,
+                    });
+                }
+            }
         }
         self.containers.retain(|id, _| running.contains(id));
         next.map(|t| t.saturating_duration_since(Instant::now()))
@@ -219,6 +259,7 @@ async fn step(
         Ok(()) => true,
         Err(why) => {
             tracing::debug!(container = %c.name, ?kind, %why, "probe failed");
+            t.failed = Some(why);
             false
         }
     };

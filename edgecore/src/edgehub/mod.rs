@@ -152,6 +152,24 @@ impl EdgeHub {
             .map_err(|_| HubError::Shutdown)
     }
 
+    /// Sends a message that can wait (events): it is rate-limited like a request but only takes
+    /// spare capacity, leaving half the burst to [`Self::send`], so a burst of events never
+    /// delays status patches or queries.
+    pub async fn send_background(&self, msg: Message) -> Result<(), HubError> {
+        if !self.is_connected() {
+            return Err(HubError::NotConnected);
+        }
+        self.shared.limiter.acquire_spare().await;
+        if !self.is_connected() {
+            return Err(HubError::NotConnected);
+        }
+        self.shared
+            .outbound
+            .send(msg)
+            .await
+            .map_err(|_| HubError::Shutdown)
+    }
+
     /// Sends a request and waits for the message whose `parent_msg_id` is its `msg_id`.
     pub async fn request(&self, msg: Message, timeout: Duration) -> Result<Message, HubError> {
         let id = msg.header.id.clone();

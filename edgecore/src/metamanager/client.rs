@@ -279,6 +279,28 @@ impl MetaClient {
         object_of(&reply.content, &resource)
     }
 
+    /// Sends a new Event (`insert` `<ns>/event/<name>`) to the cloud without waiting for the
+    /// API server. Fails at once while offline.
+    pub async fn create_event(&self, event: &Value) -> Result<(), MetaError> {
+        let resource = event_resource(event)?;
+        let reply = self
+            .call(Operation::Insert, resource.clone(), event.clone())
+            .await?;
+        ok_of(&reply.content, &resource)
+    }
+
+    /// Updates a recorded Event (`patch` `<ns>/event/<name>`, content KubeEdge's
+    /// `{"event": <Event>, "patchData": "<strategic merge patch>"}`; the cloud creates the
+    /// Event from `event` when it no longer exists).
+    pub async fn patch_event(&self, event: &Value, patch: &Value) -> Result<(), MetaError> {
+        let resource = event_resource(event)?;
+        let content = serde_json::json!({"event": event, "patchData": patch.to_string()});
+        let reply = self
+            .call(Operation::Patch, resource.clone(), content)
+            .await?;
+        ok_of(&reply.content, &resource)
+    }
+
     /// A service-account token (`query` `<ns>/serviceaccounttoken/<sa>` with a `TokenRequest`);
     /// needs the cloud. Returns the `TokenRequest` with its status filled.
     pub async fn request_service_account_token(
@@ -313,6 +335,11 @@ fn namespaced_name(obj: &Value) -> Result<(String, String), MetaError> {
         .and_then(Value::as_str)
         .unwrap_or("default");
     Ok((ns.to_string(), name.to_string()))
+}
+
+fn event_resource(event: &Value) -> Result<String, MetaError> {
+    let (ns, name) = namespaced_name(event)?;
+    Ok(format!("{ns}/event/{name}"))
 }
 
 fn text_of(content: &Value) -> String {

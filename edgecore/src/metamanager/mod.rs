@@ -120,6 +120,10 @@ pub struct ObjectChange {
 pub trait CloudLink: Clone + Send + Sync + 'static {
     fn is_connected(&self) -> bool;
     fn send(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send;
+    /// Sends a message that may wait behind everything else (events).
+    fn send_background(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send {
+        self.send(msg)
+    }
     fn request(
         &self,
         msg: Message,
@@ -135,6 +139,10 @@ impl CloudLink for EdgeHub {
 
     fn send(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send {
         EdgeHub::send(self, msg)
+    }
+
+    fn send_background(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send {
+        EdgeHub::send_background(self, msg)
     }
 
     fn request(

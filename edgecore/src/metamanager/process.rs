@@ -221,6 +221,9 @@ impl<L: CloudLink> Context<L> {
             .resource_path()
             .map_err(|e| MetaError::BadRequest(e.to_string()))?;
         let ty = path.resource_type.as_str();
+        if ty == "event" {
+            return self.forward_event(msg).await;
+        }
         match msg.route.operation {
             Operation::Query => {
                 if REMOTE_QUERY_TYPES.contains(&ty) && self.link.is_connected() {
@@ -264,6 +267,27 @@ impl<L: CloudLink> Context<L> {
                 "operation {other:?} is not supported by metamanager"
             ))),
         }
+    }
+
+    /// Events (`insert`/`update`/`patch` `<ns>/event/<name>`) go to the cloud as they are,
+    /// unstored and unanswered (KubeEdge's `sendToCloud`), behind other traffic; offline they
+    /// fail at once (edged drops them).
+    async fn forward_event(&self, msg: Message) -> Result<Message, MetaError> {
+        if !matches!(
+            msg.route.operation,
+            Operation::Insert | Operation::Update | Operation::Patch
+        ) {
+            return Err(MetaError::BadRequest(format!(
+                "operation {} is not supported for events",
+                msg.route.operation
+            )));
+        }
+        if !self.link.is_connected() {
+            return Err(MetaError::NotConnected);
+        }
+        let reply = self.local_reply(&msg, content::ok());
+        self.link.send_background(msg).await?;
+        Ok(reply)
     }
 
     fn local_reply(&self, req: &Message, content: Value) -> Message {
@@ -745,6 +769,44 @@ mod tests {
             Err(MetaError::NotConnected)
         ));
         assert!(r.link.requests.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn events_go_to_the_cloud_unstored_and_fail_fast_offline() {
+        let r = rig(true).await;
+        let event = json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "web.17a", "namespace": "ns"}, "reason": "Started", "count": 1});
+        r.client.create_event(&event).await.unwrap();
+        r.client
+            .patch_event(&event, &json!({"count": 2}))
+            .await
+            .unwrap();
+        let events = |link: &FakeLink| -> Vec<Message> {
+            link.sent()
+                .into_iter()
+                .filter(|m| m.route.resource.contains("/event/"))
+                .collect()
+        };
+        let sent = events(&r.link);
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent[0].route.resource, "ns/event/web.17a");
+        assert_eq!(sent[0].route.operation, Operation::Insert);
+        assert_eq!(sent[0].content["reason"], "Started");
+        assert_eq!(sent[1].route.operation, Operation::Patch);
+        assert_eq!(sent[1].content["event"]["metadata"]["name"], "web.17a");
+        assert_eq!(sent[1].content["patchData"], r#"{"count":2}"#);
+        assert!(
+            r.link.requests.lock().unwrap().is_empty(),
+            "no reply awaited"
+        );
+        assert_eq!(r.store.count().await.unwrap(), 0, "events are not stored");
+
+        r.link.connected.store(false, Ordering::SeqCst);
+        assert!(matches!(
+            r.client.create_event(&event).await,
+            Err(MetaError::NotConnected)
+        ));
+        assert_eq!(events(&r.link).len(), 2);
     }
 
     #[tokio::test]
