@@ -2,11 +2,16 @@
 //! them, they travel edge → cloudcore (`event` insert/patch) → API server, and are read back
 //! through kube-rs and `kubectl get events`.
 
+use e2e::channel::Pki;
+use e2e::cloud::CloudFixture;
 use e2e::edge::{EdgeEnv, WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
+use e2e::sim_edge::{SimEdge, delete_node, edge_node, unique};
 use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
+use kubeedge_shared::operation::source;
+use kubeedge_shared::{Group, Message, Operation};
 use serde_json::{Value, json};
 
 /// The events about one pod (by UID), as JSON.
@@ -252,4 +257,97 @@ async fn failures_are_warning_events_and_repeats_grow_one_events_count() {
         .unwrap_or_else(|| panic!("no Started event for boom in {events:#?}"));
     assert!(started["count"].as_i64().unwrap() >= 1);
     env.finish().await;
+}
+
+/// What cloudcore does with each `event` operation a KubeEdge edge sends (reference §11): insert
+/// creates (again: fine), update replaces, patch `{event, patchData}` patches, or creates the
+/// event when it is gone.
+#[tokio::test]
+async fn cloudcore_records_event_inserts_updates_and_patches_from_an_edge() {
+    let cluster = e2e::cluster::connect().await.expect("cluster");
+    let ns = cluster.temp_namespace("ev").await.expect("namespace");
+    let pki = Pki::new().unwrap();
+    let fx = CloudFixture::start(cluster.client(), &pki)
+        .await
+        .expect("cloudcore");
+    let node = unique("edge-ev");
+    edge_node(&cluster, &node).await;
+    let mut edge = SimEdge::connect(&fx, &pki, &node, &[]).await;
+    let events: Api<Event> = Api::namespaced(cluster.client(), &ns);
+    let event = |name: &str, count: i64, message: &str| {
+        json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": ns},
+            "involvedObject": {"kind": "Pod", "namespace": ns, "name": "p", "uid": "u-1", "apiVersion": "v1"},
+            "reason": "BackOff", "message": message, "type": "Warning", "count": count,
+            "source": {"component": "kubelet", "host": node},
+            "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z"})
+    };
+    let mut send = async |op: Operation, name: &str, content: Value| {
+        let msg = Message::new(
+            source::EDGED,
+            Group::Meta,
+            op,
+            format!("{ns}/event/{name}"),
+            content,
+        );
+        edge.request(&msg).await.content
+    };
+    let get = async |name: &str| {
+        let e = events.get(name).await.expect("the event exists");
+        serde_json::to_value(e).unwrap()
+    };
+
+    assert_eq!(
+        send(Operation::Insert, "a.1", event("a.1", 1, "m")).await,
+        "OK"
+    );
+    assert_eq!(get("a.1").await["count"], 1);
+    // Inserted again (e.g. re-sent after a reconnect): still recorded once.
+    assert_eq!(
+        send(Operation::Insert, "a.1", event("a.1", 1, "m")).await,
+        "OK"
+    );
+    // A patch carries the event and a strategic merge patch.
+    let patch = json!({"count": 5, "lastTimestamp": "2026-01-01T00:01:00Z"}).to_string();
+    let reply = send(
+        Operation::Patch,
+        "a.1",
+        json!({"event": event("a.1", 5, "m"), "patchData": patch}),
+    )
+    .await;
+    assert_eq!(reply, "OK");
+    let a = get("a.1").await;
+    assert_eq!(a["count"], 5);
+    assert_eq!(a["lastTimestamp"], "2026-01-01T00:01:00Z");
+    assert_eq!(a["firstTimestamp"], "2026-01-01T00:00:00Z");
+    // A patch of an event the API no longer has creates it from `event`.
+    let reply = send(
+        Operation::Patch,
+        "b.2",
+        json!({"event": event("b.2", 3, "gone"), "patchData": patch}),
+    )
+    .await;
+    assert_eq!(reply, "OK");
+    assert_eq!(get("b.2").await["message"], "gone");
+    // An update replaces the event.
+    let reply = send(Operation::Update, "a.1", event("a.1", 7, "replaced")).await;
+    assert_eq!(reply, "OK");
+    let a = get("a.1").await;
+    assert_eq!(
+        (a["count"].clone(), a["message"].clone()),
+        (json!(7), json!("replaced"))
+    );
+    // Garbage is refused with a reason.
+    let reply = send(
+        Operation::Patch,
+        "c.3",
+        json!({"event": {}, "patchData": "{not json"}),
+    )
+    .await;
+    let err = kubeedge_shared::content::StatusError::from_content(&reply)
+        .unwrap_or_else(|| panic!("a StatusError: {reply}"));
+    assert_eq!(err.code(), 400, "{reply}");
+
+    delete_node(&cluster, &node).await;
+    fx.stop();
 }
