@@ -40,6 +40,10 @@ pub const SPAM_BURST: f64 = 25.0;
 pub const SPAM_REFILL: Duration = Duration::from_secs(300);
 /// Entries kept per cache (events, similar-message groups, spam buckets).
 const CACHE_ENTRIES: usize = 1024;
+/// An event not seen again for this long is forgotten (a later occurrence is a new event), and
+/// so are idle spam buckets and similar-message groups: memory follows recent activity, not
+/// every pod the node ever ran.
+pub const FORGET_AFTER: Duration = Duration::from_secs(900);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventType {
@@ -205,6 +209,7 @@ pub struct Correlator {
     similar: HashMap<String, Similar>,
     spam: HashMap<String, Bucket>,
     last_name_nanos: u128,
+    pruned_at: Option<SystemTime>,
 }
 
 impl Correlator {
@@ -215,6 +220,7 @@ impl Correlator {
             similar: HashMap::new(),
             spam: HashMap::new(),
             last_name_nanos: 0,
+            pruned_at: None,
         }
     }
 
@@ -258,6 +264,7 @@ impl Correlator {
 
     /// Pending repeats (and held-back events) that may be sent now.
     pub fn flush(&mut self, now: SystemTime) -> Vec<Outgoing> {
+        self.prune(now);
         let mut due: Vec<(SystemTime, String)> = self
             .records
             .iter()
@@ -268,6 +275,32 @@ impl Correlator {
         due.into_iter()
             .filter_map(|(_, k)| self.outgoing(&k, now))
             .collect()
+    }
+
+    /// Forgets (at most once a minute) what has been idle for [`FORGET_AFTER`]: sent events,
+    /// similar-message groups, and spam buckets that have refilled.
+    fn prune(&mut self, now: SystemTime) {
+        let idle = |t: SystemTime| now.duration_since(t).unwrap_or_default() >= FORGET_AFTER;
+        if self
+            .pruned_at
+            .is_some_and(|t| now.duration_since(t).unwrap_or_default() < Duration::from_secs(60))
+        {
+            return;
+        }
+        self.pruned_at = Some(now);
+        self.records.retain(|_, r| r.dirty || !idle(r.last));
+        self.similar.retain(|_, g| !idle(g.last));
+        self.spam.retain(|_, b| {
+            let refilled = b.tokens
+                + now.duration_since(b.at).unwrap_or_default().as_secs_f64()
+                    / SPAM_REFILL.as_secs_f64();
+            refilled < SPAM_BURST
+        });
+    }
+
+    /// How many events, similar-message groups and spam buckets are remembered.
+    pub fn remembered(&self) -> (usize, usize, usize) {
+        (self.records.len(), self.similar.len(), self.spam.len())
     }
 
     /// The outcome of sending `out`: a failed create or patch forgets the event (a later
@@ -624,6 +657,25 @@ mod tests {
             ..pod()
         };
         assert!(c.observe(occ(&other, "R0", "m", 1)).is_some());
+    }
+
+    #[test]
+    fn idle_state_is_forgotten() {
+        let mut c = Correlator::new("edge-1");
+        let p = pod();
+        let first = c.observe(occ(&p, "Started", "m", 0)).unwrap();
+        c.sent(&first, true);
+        assert_eq!(c.remembered(), (1, 1, 1));
+        assert!(c.flush(at(60)).is_empty());
+        assert_eq!(c.remembered(), (1, 1, 1), "not idle yet");
+        c.flush(at(FORGET_AFTER.as_secs() + 60));
+        // The spam bucket refilled long ago (one token back after 5 min).
+        assert_eq!(c.remembered(), (0, 0, 0));
+        // The same event later is a new one.
+        assert!(matches!(
+            c.observe(occ(&p, "Started", "m", FORGET_AFTER.as_secs() + 61)),
+            Some(Outgoing::Create { .. })
+        ));
     }
 
     #[tokio::test]
