@@ -112,10 +112,8 @@ async fn load_ca(
         data: Some(
             [
                 ("cadata".to_string(), ByteString(ca.cert.cert_der.to_vec())),
-                (
-                    "cakeydata".to_string(),
-                    ByteString(ca.cert.key_pkcs8_der.clone()),
-                ),
+                // SEC1, as KubeEdge writes it (join tokens are HMACed with these bytes).
+                ("cakeydata".to_string(), ByteString(ca.key_der.clone())),
             ]
             .into(),
         ),

@@ -14,6 +14,7 @@ pub mod operation;
 pub mod pki;
 pub mod resource;
 pub mod tls;
+pub mod token;
 
 pub use codec::{CodecError, FrameCodec};
 pub use content::{ObjectResp, Status, StatusError};

@@ -34,6 +34,10 @@ impl IssuedCert {
 pub struct CertificateAuthority {
     issuer: Issuer<'static, KeyPair>,
     pub cert: IssuedCert,
+    /// The key DER as KubeEdge keeps it in Secret `kubeedge/casecret` (`cakeydata`): SEC1 for
+    /// a CA generated or loaded from PEM here, else exactly the bytes loaded. It is also the
+    /// HMAC key of join tokens (reference §6.2), so tokens match KubeEdge's for one secret.
+    pub key_der: Vec<u8>,
 }
 
 fn serial() -> SerialNumber {
@@ -82,10 +86,12 @@ impl CertificateAuthority {
         validity(&mut params, 365 * 100);
         let cert = params.self_signed(&key)?;
         let issued = issued(cert, &key);
+        let key_der = sec1_der(&key)?;
         let issuer = Issuer::new(params, key);
         Ok(CertificateAuthority {
             issuer,
             cert: issued,
+            key_der,
         })
     }
 
@@ -98,6 +104,7 @@ impl CertificateAuthority {
         );
         Ok(CertificateAuthority {
             issuer,
+            key_der: sec1_der(&key)?,
             cert: IssuedCert {
                 cert_der,
                 cert_pem: cert_pem.to_string(),
@@ -115,6 +122,7 @@ impl CertificateAuthority {
         let issuer = Issuer::from_ca_cert_der(&cert_der, key_from_der(key_der)?)?;
         Ok(CertificateAuthority {
             issuer,
+            key_der: key_der.to_vec(),
             cert: IssuedCert {
                 cert_pem: pem_encode("CERTIFICATE", &cert_der),
                 cert_der,
@@ -179,8 +187,18 @@ impl CertificateAuthority {
 
     /// Signs a DER PKCS#10 CSR: subject CN and O only, EKU clientAuth, `days` validity.
     pub fn sign_csr(&self, csr_der: &[u8], days: i64) -> Result<CertificateDer<'static>, PkiError> {
-        let csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())?;
-        let mut csr = csr;
+        self.sign_csr_with(csr_der, days, &[ExtendedKeyUsagePurpose::ClientAuth])
+    }
+
+    /// Signs a DER PKCS#10 CSR (signature verified): subject CN and O only, KeyUsage
+    /// DigitalSignature|KeyEncipherment, the given EKUs, `days` validity, random serial.
+    pub fn sign_csr_with(
+        &self,
+        csr_der: &[u8],
+        days: i64,
+        ekus: &[ExtendedKeyUsagePurpose],
+    ) -> Result<CertificateDer<'static>, PkiError> {
+        let mut csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())?;
         let mut dn = DistinguishedName::new();
         for (ty, value) in csr.params.distinguished_name.iter() {
             if matches!(ty, DnType::CommonName | DnType::OrganizationName) {
@@ -194,7 +212,7 @@ impl CertificateAuthority {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        csr.params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        csr.params.extended_key_usages = ekus.to_vec();
         csr.params.serial_number = Some(serial());
         validity(&mut csr.params, days);
         Ok(csr.signed_by(&self.issuer)?.der().clone())
@@ -222,6 +240,128 @@ pub fn node_csr(node: &str) -> Result<(Vec<u8>, KeyPair), PkiError> {
     Ok((csr.der().to_vec(), key))
 }
 
+/// Go's `x509.ExtKeyUsage` numbers (the `ExtKeyUsages` header of `/edge.crt`).
+pub fn go_ext_key_usage(n: i64) -> Option<ExtendedKeyUsagePurpose> {
+    Some(match n {
+        0 => ExtendedKeyUsagePurpose::Any,
+        1 => ExtendedKeyUsagePurpose::ServerAuth,
+        2 => ExtendedKeyUsagePurpose::ClientAuth,
+        3 => ExtendedKeyUsagePurpose::CodeSigning,
+        4 => ExtendedKeyUsagePurpose::EmailProtection,
+        8 => ExtendedKeyUsagePurpose::TimeStamping,
+        9 => ExtendedKeyUsagePurpose::OcspSigning,
+        _ => return None,
+    })
+}
+
+/// Subject CN and O values of a DER PKCS#10 CSR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsrSubject {
+    pub common_name: Option<String>,
+    pub organizations: Vec<String>,
+}
+
+pub fn csr_subject(csr_der: &[u8]) -> Result<CsrSubject, PkiError> {
+    use x509_parser::prelude::FromDer;
+    let (_, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
+        .map_err(|e| PkiError::Invalid(format!("not a DER PKCS#10 CSR: {e}")))?;
+    let subject = &csr.certification_request_info.subject;
+    Ok(CsrSubject {
+        common_name: subject
+            .iter_common_name()
+            .next()
+            .and_then(|c| c.as_str().ok())
+            .map(str::to_string),
+        organizations: subject
+            .iter_organization()
+            .filter_map(|o| o.as_str().ok())
+            .map(str::to_string)
+            .collect(),
+    })
+}
+
+/// A P-256 key as SEC1 `ECPrivateKey` DER with the curve and the public key, byte for byte
+/// what Go's `x509.MarshalECPrivateKey` writes (PEM label `EC PRIVATE KEY`).
+pub fn sec1_der(key: &KeyPair) -> Result<Vec<u8>, PkiError> {
+    let bad = || PkiError::Invalid("not a P-256 PKCS#8 key".into());
+    let pkcs8 = key.serialize_der();
+    // PrivateKeyInfo ::= SEQUENCE { version, AlgorithmIdentifier, OCTET STRING { ECPrivateKey } }
+    let (_, info) = der_item(&pkcs8, 0x30).ok_or_else(bad)?;
+    let (rest, _version) = der_item(info, 0x02).ok_or_else(bad)?;
+    let (rest, _alg) = der_item(rest, 0x30).ok_or_else(bad)?;
+    let (_, inner) = der_item(rest, 0x04).ok_or_else(bad)?;
+    let (_, ec) = der_item(inner, 0x30).ok_or_else(bad)?;
+    let (rest, _version) = der_item(ec, 0x02).ok_or_else(bad)?;
+    let (_, scalar) = der_item(rest, 0x04).ok_or_else(bad)?;
+    let public = key.public_key_raw();
+    if scalar.len() != 32 || public.len() != 65 {
+        return Err(bad());
+    }
+    const P256_OID: [u8; 10] = [0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+    let mut out = vec![0x30, 0x77, 0x02, 0x01, 0x01, 0x04, 0x20];
+    out.extend_from_slice(scalar);
+    out.extend_from_slice(&[0xa0, 0x0a]);
+    out.extend_from_slice(&P256_OID);
+    out.extend_from_slice(&[0xa1, 0x44, 0x03, 0x42, 0x00]);
+    out.extend_from_slice(public);
+    Ok(out)
+}
+
+/// Wraps a P-256 SEC1 `ECPrivateKey` into PKCS#8 (`ring` reads only PKCS#8).
+fn sec1_to_pkcs8(sec1: &[u8]) -> Vec<u8> {
+    const ALG: [u8; 21] = [
+        0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86,
+        0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
+    ];
+    let mut body = vec![0x02, 0x01, 0x00];
+    body.extend_from_slice(&ALG);
+    body.extend(der_tlv(0x04, sec1));
+    der_tlv(0x30, &body)
+}
+
+fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = content.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes: Vec<u8> = len
+            .to_be_bytes()
+            .into_iter()
+            .skip_while(|b| *b == 0)
+            .collect();
+        out.push(0x80 | bytes.len() as u8);
+        out.extend(bytes);
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// One DER TLV with the expected tag: (what follows it, its contents).
+fn der_item(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    let (&t, rest) = input.split_first()?;
+    if t != tag {
+        return None;
+    }
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    if rest.len() < len {
+        return None;
+    }
+    Some((&rest[len..], &rest[..len]))
+}
+
 fn key_from_der(der: &[u8]) -> Result<KeyPair, PkiError> {
     use rustls_pki_types::PrivateSec1KeyDer;
     KeyPair::try_from(der)
@@ -229,6 +369,7 @@ fn key_from_der(der: &[u8]) -> Result<KeyPair, PkiError> {
             let sec1 = PrivateKeyDer::Sec1(PrivateSec1KeyDer::from(der.to_vec()));
             KeyPair::try_from(&sec1)
         })
+        .or_else(|_| KeyPair::try_from(sec1_to_pkcs8(der).as_slice()))
         .map_err(|e| PkiError::Invalid(format!("CA key: {e}")))
 }
 
@@ -279,6 +420,44 @@ mod tests {
             crate::tls::common_name(&cert).as_deref(),
             Some("system:node:edge-1")
         );
+    }
+
+    #[test]
+    fn sec1_der_is_go_layout_and_loads_back() {
+        let ca = CertificateAuthority::generate().unwrap();
+        assert_eq!(ca.key_der.len(), 121);
+        assert_eq!(
+            &ca.key_der[..7],
+            &[0x30, 0x77, 0x02, 0x01, 0x01, 0x04, 0x20]
+        );
+        let again = CertificateAuthority::from_der(&ca.cert.cert_der, &ca.key_der).unwrap();
+        assert_eq!(
+            again.key_der, ca.key_der,
+            "stored bytes are kept as they are"
+        );
+        assert!(again.issue_client("x", None, 1).is_ok());
+        // An older PKCS#8 secret still loads, and its bytes stay the HMAC key.
+        let old =
+            CertificateAuthority::from_der(&ca.cert.cert_der, &ca.cert.key_pkcs8_der).unwrap();
+        assert_eq!(old.key_der, ca.cert.key_pkcs8_der);
+        let pem = CertificateAuthority::from_pem(&ca.cert.cert_pem, &ca.cert.key_pem).unwrap();
+        assert_eq!(pem.key_der, ca.key_der, "PEM keys are kept as SEC1 like Go");
+    }
+
+    #[test]
+    fn csr_subject_and_ekus() {
+        let ca = CertificateAuthority::generate().unwrap();
+        let (csr, _key) = node_csr("edge-2").unwrap();
+        let subject = csr_subject(&csr).unwrap();
+        assert_eq!(subject.common_name.as_deref(), Some("system:node:edge-2"));
+        assert_eq!(subject.organizations, vec!["system:nodes".to_string()]);
+        let ekus = [go_ext_key_usage(1).unwrap(), go_ext_key_usage(2).unwrap()];
+        let cert = ca.sign_csr_with(&csr, 1, &ekus).unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&cert).unwrap();
+        let eku = parsed.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.server_auth && eku.client_auth);
+        assert!(go_ext_key_usage(42).is_none());
+        assert!(csr_subject(b"junk").is_err());
     }
 
     #[test]
