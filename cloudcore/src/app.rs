@@ -32,6 +32,52 @@ pub async fn kube_client(cfg: &CloudCoreConfig) -> anyhow::Result<kube::Client> 
     Ok(kube::Client::try_from(config)?)
 }
 
+/// The join token in Secret `kubeedge/tokensecret` and the certificate server on
+/// `cloudHub.https` (reference §6.2, §6.3).
+async fn start_join(
+    client: &kube::Client,
+    hub: &crate::config::CloudHubConfig,
+    certs: &crate::certs::HubCerts,
+    metrics: crate::join::JoinMetrics,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    use crate::join::server::{self, JoinServer};
+    let ca = Arc::new(kubeedge_shared::pki::CertificateAuthority::from_der(
+        &certs.ca.cert.cert_der,
+        &certs.ca.key_der,
+    )?);
+    let refresh = std::time::Duration::from_secs(hub.token_refresh_duration.max(1) * 3600);
+    tokio::spawn(crate::join::token_secret::run(
+        client.clone(),
+        ca.clone(),
+        refresh,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    if !hub.https.enable {
+        tracing::info!("cloudHub.https is disabled: edges cannot join with a token");
+        return Ok(());
+    }
+    let ip: std::net::IpAddr = hub.https.address.parse().with_context(|| {
+        format!(
+            "cloudHub.https.address {:?} is not an IP",
+            hub.https.address
+        )
+    })?;
+    let tls = server::tls_config(
+        &ca,
+        certs.server_chain.clone(),
+        certs.server_key.clone_key(),
+    )?;
+    let join = Arc::new(JoinServer {
+        ca,
+        signing_days: hub.edge_cert_signing_duration.max(1) as i64,
+        metrics,
+    });
+    server::serve((ip, hub.https.port).into(), tls, join, shutdown.clone()).await?;
+    Ok(())
+}
+
 /// Runs cloudcore until `shutdown` is cancelled.
 pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let client = kube_client(&cfg).await?;
@@ -43,6 +89,8 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
     hub_metrics.register(&mut registry);
     let controller_metrics = crate::metrics::ControllerMetrics::default();
     controller_metrics.register(&mut registry);
+    let join_metrics = crate::join::JoinMetrics::default();
+    join_metrics.register(&mut registry);
     let registry = Arc::new(registry);
     let ready = Readiness::default();
     let monitor = &cfg.common_config.monitor_server.bind_address;
@@ -55,6 +103,8 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
         )
         .await?;
     }
+
+    start_join(&client, hub_cfg, &certs, join_metrics, &shutdown).await?;
 
     let hub_config = cfg.hub_config()?;
     let listen = hub_config.listen;

@@ -6,5 +6,6 @@ pub mod cloudhub;
 pub mod config;
 pub mod controller;
 pub mod http;
+pub mod join;
 pub mod leader;
 pub mod metrics;

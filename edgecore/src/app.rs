@@ -41,6 +41,8 @@ pub enum StartError {
     Database { path: String, source: StoreError },
     #[error("{0}")]
     Unsupported(String),
+    #[error("joining the cloud: {0}")]
+    Join(#[from] crate::certmanager::CertError),
     #[error("cannot start edged: {0}")]
     Edged(#[from] crate::edged::EdgedError),
 }
@@ -52,6 +54,8 @@ pub struct EdgeCore {
     meta: MetaManager,
     edged: Option<(MetaClient, mpsc::Receiver<ObjectChange>)>,
     running_edged: Option<Edged>,
+    /// Stops certificate rotation.
+    rotation: tokio_util::sync::CancellationToken,
 }
 
 /// Loads the client TLS configuration from the files `modules.edgeHub` names.
@@ -123,6 +127,11 @@ impl EdgeCore {
             })?;
         tracing::info!(database = %path, node = %config.node_name(), server = %config.modules.edge_hub.websocket.server, "edgecore starting");
         let (hub, from_cloud) = EdgeHub::start(config.edgehub_config(), tls);
+        let rotation = tokio_util::sync::CancellationToken::new();
+        let edge_hub = &config.modules.edge_hub;
+        if edge_hub.rotate_certificates && !edge_hub.http_server.is_empty() {
+            crate::certmanager::spawn_rotation(config, hub.clone(), rotation.clone());
+        }
         let (meta, client, changes) = MetaManager::start(
             config.metamanager_config(),
             store.clone(),
@@ -147,6 +156,7 @@ impl EdgeCore {
             meta,
             edged: link,
             running_edged,
+            rotation,
         })
     }
 
@@ -163,6 +173,7 @@ impl EdgeCore {
     /// Stops edged (pods keep running), the metamanager (letting writes in progress
     /// finish), the cloud link and the database, in that order.
     pub async fn shutdown(self) {
+        self.rotation.cancel();
         if let Some(edged) = self.running_edged {
             edged.shutdown().await;
         }

@@ -1,6 +1,7 @@
 //! edgecore: the edge side of kubeedge-rs.
 
 pub mod app;
+pub mod certmanager;
 pub mod config;
 pub mod cri;
 pub mod edged;

@@ -68,6 +68,14 @@ fn main() -> ExitCode {
         }
     };
     let result = rt.block_on(async {
+        // Obtain the edge certificate with the join token if there is none yet (keadm join
+        // waits up to 300 s for it).
+        edgecore::certmanager::bootstrap_if_needed(
+            &config,
+            Some(&args.config),
+            std::time::Duration::from_secs(300),
+        )
+        .await?;
         let mut edge = EdgeCore::start(&config).await?;
         if let Some((_client, changes)) = edge.edged_link() {
             tokio::spawn(log_changes_without_edged(changes));

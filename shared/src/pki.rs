@@ -240,6 +240,13 @@ pub fn node_csr(node: &str) -> Result<(Vec<u8>, KeyPair), PkiError> {
     Ok((csr.der().to_vec(), key))
 }
 
+/// `(notBefore, notAfter)` of a DER certificate, unix seconds.
+pub fn cert_validity(cert_der: &[u8]) -> Option<(i64, i64)> {
+    let (_, c) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let v = c.validity();
+    Some((v.not_before.timestamp(), v.not_after.timestamp()))
+}
+
 /// Go's `x509.ExtKeyUsage` numbers (the `ExtKeyUsages` header of `/edge.crt`).
 pub fn go_ext_key_usage(n: i64) -> Option<ExtendedKeyUsagePurpose> {
     Some(match n {

@@ -7,6 +7,7 @@ mod containerd_smoke;
 mod controllers;
 mod edged;
 mod events;
+mod join;
 mod metamanager;
 mod objectsync;
 mod resilience;

@@ -1,0 +1,405 @@
+//! Node join (reference §6): the join token in Secret `tokensecret`, the certificate server
+//! (`/ca.crt`, `/edge.crt`) over real TLS on loopback, and edgecore's certificate bootstrap
+//! with only a token, then a real cloudhub session with the certificate it obtained.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use cloudcore::join::JoinMetrics;
+use cloudcore::join::server::{self, JoinServer};
+use cloudcore::join::token_secret;
+use e2e::channel::*;
+use edgecore::certmanager::{self, CertError, CertPaths, client};
+use hmac::Mac;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kubeedge_shared::pki::CertificateAuthority;
+use kubeedge_shared::{pki, tls, token};
+use sha2::Digest;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+const REFRESH: Duration = Duration::from_secs(12 * 3600);
+
+struct Join {
+    pki: Pki,
+    url: String,
+    metrics: JoinMetrics,
+    shutdown: CancellationToken,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Join {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Join {
+    async fn start() -> Join {
+        let pki = Pki::new().unwrap();
+        let ca = CertificateAuthority::from_der(&pki.ca.cert.cert_der, &pki.ca.key_der).unwrap();
+        let tls = server::tls_config(&ca, vec![pki.server.cert_der.clone()], pki.server.key_der())
+            .unwrap();
+        let metrics = JoinMetrics::default();
+        let shutdown = CancellationToken::new();
+        let join = Arc::new(JoinServer {
+            ca: Arc::new(ca),
+            signing_days: 365,
+            metrics: metrics.clone(),
+        });
+        let addr = server::serve(([127, 0, 0, 1], 0).into(), tls, join, shutdown.clone())
+            .await
+            .unwrap();
+        Join {
+            pki,
+            url: format!("https://127.0.0.1:{}", addr.port()),
+            metrics,
+            shutdown,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn paths(&self, node: &str) -> CertPaths {
+        let d = self.dir.path().join(node);
+        CertPaths {
+            ca_file: d.join("ca/rootCA.crt").display().to_string(),
+            cert_file: d.join("certs/server.crt").display().to_string(),
+            key_file: d.join("certs/server.key").display().to_string(),
+            http_server: self.url.clone(),
+            node_name: node.to_string(),
+        }
+    }
+
+    fn token(&self, exp_in: i64) -> String {
+        token::generate(
+            &self.pki.ca.cert.cert_der,
+            &self.pki.ca.key_der,
+            now() + exp_in,
+        )
+    }
+
+    fn refused(&self, reason: &'static str) -> u64 {
+        self.metrics
+            .certificates_refused
+            .get_or_create(&cloudcore::join::RefusalLabel { reason })
+            .get()
+    }
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// KubeEdge's algorithm written out independently of `kubeedge_shared::token`:
+/// hex(sha256(CA DER)) + "." + base64url(header) + "." + base64url(claims) + "." + HS256.
+fn go_token(ca_der: &[u8], key_der: &[u8], exp: i64) -> String {
+    let hash: String = sha2::Sha256::digest(ca_der)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let input = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(format!(r#"{{"exp":{exp}}}"#))
+    );
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key_der).unwrap();
+    mac.update(input.as_bytes());
+    let sig = URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
+    format!("{hash}.{input}.{sig}")
+}
+
+fn refused_status(r: Result<(), CertError>) -> u16 {
+    match r {
+        Err(CertError::Refused { status, .. }) => status.as_u16(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn edge_with_only_a_token_joins_and_connects_to_cloudhub() {
+    e2e::edge::init_logs();
+    let j = Join::start().await;
+    let node = "join-edge-1";
+    let (hub, _up, hub_metrics) = start_hub(&j.pki, test_hub_config()).await.unwrap();
+
+    // An edgecore.yaml with a token and no certificates, as keadm join writes it.
+    let paths = j.paths(node);
+    let mut config = edgecore::config::EdgeCoreConfig::default_config();
+    config.modules.edged.hostname_override = node.into();
+    let hub_cfg = &mut config.modules.edge_hub;
+    hub_cfg.tls_ca_file = paths.ca_file.clone();
+    hub_cfg.tls_cert_file = paths.cert_file.clone();
+    hub_cfg.tls_private_key_file = paths.key_file.clone();
+    hub_cfg.http_server = j.url.clone();
+    // Built by the Go algorithm, not by our token module.
+    hub_cfg.token = go_token(&j.pki.ca.cert.cert_der, &j.pki.ca.key_der, now() + 3600);
+    let config_path = j.dir.path().join("edgecore.yaml");
+    std::fs::write(&config_path, config.to_yaml().unwrap()).unwrap();
+    assert!(
+        std::fs::read_to_string(&config_path)
+            .unwrap()
+            .contains(&config.modules.edge_hub.token)
+    );
+
+    certmanager::bootstrap_if_needed(&config, Some(&config_path), Duration::from_secs(20))
+        .await
+        .unwrap();
+
+    let cert = tls::load_certs(Path::new(&paths.cert_file)).unwrap();
+    assert_eq!(
+        tls::common_name(&cert[0]).as_deref(),
+        Some("system:node:join-edge-1")
+    );
+    let ca = tls::load_certs(Path::new(&paths.ca_file)).unwrap();
+    assert_eq!(ca[0], j.pki.ca.cert.cert_der);
+    let key_text = std::fs::read_to_string(&paths.key_file).unwrap();
+    assert!(key_text.starts_with("-----BEGIN EC PRIVATE KEY-----"));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&paths.key_file)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let (nb, na) = pki::cert_validity(&cert[0]).unwrap();
+    assert!((na - nb) / 86_400 >= 365);
+    assert_eq!(j.metrics.certificates_issued.get(), 1);
+
+    // The token is gone from the file, and a restart does not need it.
+    let reloaded = edgecore::config::EdgeCoreConfig::load(&config_path).unwrap();
+    assert_eq!(reloaded.modules.edge_hub.token, "");
+    certmanager::bootstrap_if_needed(&reloaded, None, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(j.metrics.certificates_issued.get(), 1);
+
+    // The certificate opens a cloudhub session.
+    let tls = edgecore::app::load_tls(&reloaded).unwrap();
+    let (edge, _rx) =
+        edgecore::edgehub::EdgeHub::start(test_edge_config(hub.local_addr(), node), tls);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !(edge.is_connected() && hub_metrics.connected_nodes.get() == 1) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "edge did not connect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Rotation: the current certificate as client certificate, no token.
+    certmanager::rotate(&paths).await.unwrap();
+    let rotated = tls::load_certs(Path::new(&paths.cert_file)).unwrap();
+    assert_ne!(rotated[0], cert[0]);
+    assert_eq!(
+        tls::common_name(&rotated[0]).as_deref(),
+        Some("system:node:join-edge-1")
+    );
+    assert_eq!(j.metrics.certificates_issued.get(), 2);
+    edge.set_tls_config(edgecore::app::load_tls(&reloaded).unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !edge.is_connected() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reconnect with the rotated cert"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    edge.shutdown();
+    hub.shutdown();
+}
+
+#[tokio::test]
+async fn bad_tokens_are_refused_with_clear_errors() {
+    e2e::edge::init_logs();
+    let j = Join::start().await;
+    let paths = j.paths("join-bad");
+    let hash = token::ca_hash(&j.pki.ca.cert.cert_der);
+
+    // Signed by another CA's key (right hash): 400.
+    let other = CertificateAuthority::generate().unwrap();
+    let wrong = format!("{hash}.{}", token::sign_jwt(&other.key_der, now() + 3600));
+    let err = certmanager::bootstrap(&paths, &wrong).await;
+    let msg = format!("{}", err.as_ref().unwrap_err());
+    assert!(msg.contains("keadm gettoken"), "{msg}");
+    assert_eq!(refused_status(err), 400);
+    // Expired: 400.
+    assert_eq!(
+        refused_status(certmanager::bootstrap(&paths, &j.token(-10)).await),
+        400
+    );
+    // Tampered claims (a later exp with the old signature): 400.
+    let good = j.token(3600);
+    let parts: Vec<&str> = good.split('.').collect();
+    let forged_claims = URL_SAFE_NO_PAD.encode(format!(r#"{{"exp":{}}}"#, now() + 999_999));
+    let forged = format!("{}.{}.{}.{}", parts[0], parts[1], forged_claims, parts[3]);
+    assert_eq!(
+        refused_status(certmanager::bootstrap(&paths, &forged).await),
+        400
+    );
+    assert_eq!(j.refused("token_signature"), 2);
+    assert_eq!(j.refused("token_expired"), 1);
+    assert!(!Path::new(&paths.cert_file).exists());
+
+    // Raw requests: no Authorization → 401; unparseable CSR → 400 with a message.
+    let ca = j.pki.ca.cert.cert_der.clone();
+    let cfg = client::verified_config(&ca, None).unwrap();
+    let node = ("NodeName", "join-bad".to_string());
+    let (status, _) = client::get(
+        &j.url,
+        "/edge.crt",
+        cfg.clone(),
+        std::slice::from_ref(&node),
+        vec![1, 2],
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.as_u16(), 401);
+    let (_, jwt) = token::split(&good).unwrap();
+    let bearer = ("Authorization", format!("Bearer {jwt}"));
+    let (status, body) = client::get(
+        &j.url,
+        "/edge.crt",
+        cfg.clone(),
+        &[node.clone(), bearer.clone()],
+        b"not a csr".to_vec(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.as_u16(), 400);
+    assert!(String::from_utf8_lossy(&body).contains("PKCS#10"));
+    // A CSR for another node than NodeName → 403.
+    let (csr, _) = pki::node_csr("someone-else").unwrap();
+    let (status, _) = client::get(
+        &j.url,
+        "/edge.crt",
+        cfg.clone(),
+        &[node, bearer],
+        csr,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.as_u16(), 403);
+    assert_eq!(j.metrics.certificates_issued.get(), 0);
+}
+
+#[tokio::test]
+async fn token_for_another_ca_is_refused_before_the_csr_is_sent() {
+    e2e::edge::init_logs();
+    let j = Join::start().await;
+    let paths = j.paths("join-other-ca");
+    let other = CertificateAuthority::generate().unwrap();
+    let t = token::generate(&other.cert.cert_der, &other.key_der, now() + 3600);
+    let err = certmanager::bootstrap(&paths, &t).await.unwrap_err();
+    assert!(matches!(err, CertError::CaMismatch { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(
+            "token does not match the cloud's CA — get a fresh token with keadm gettoken"
+        )
+    );
+    assert_eq!(j.metrics.ca_downloads.get(), 1);
+    assert_eq!(j.metrics.certificates_issued.get(), 0);
+    assert_eq!(j.refused("token_signature") + j.refused("no_token"), 0);
+    assert!(!Path::new(&paths.ca_file).exists());
+}
+
+#[tokio::test]
+async fn a_node_certificate_cannot_obtain_another_nodes_certificate() {
+    e2e::edge::init_logs();
+    let j = Join::start().await;
+    let a = j.paths("node-a");
+    certmanager::bootstrap(&a, &j.token(3600)).await.unwrap();
+    // Node B's paths with node A's files.
+    let mut b = a.clone();
+    b.node_name = "node-b".into();
+    assert_eq!(refused_status(certmanager::rotate(&b).await), 401);
+    assert_eq!(j.refused("client_cert_node"), 1);
+    // A certificate from another CA does not get past TLS.
+    let other = Pki::new().unwrap();
+    let foreign = other.node_cert("node-a").unwrap();
+    let cfg = client::verified_config(
+        &j.pki.ca.cert.cert_der,
+        Some((vec![foreign.cert_der.clone()], foreign.key_der())),
+    )
+    .unwrap();
+    let (csr, _) = pki::node_csr("node-a").unwrap();
+    let r = client::get(
+        &j.url,
+        "/edge.crt",
+        cfg,
+        &[("NodeName", "node-a".into())],
+        csr,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(r.is_err() || r.unwrap().0.as_u16() == 401);
+    assert_eq!(j.metrics.certificates_issued.get(), 1);
+}
+
+#[tokio::test]
+async fn token_secret_is_written_once_by_racing_replicas_and_verifies() {
+    e2e::edge::init_logs();
+    let cluster = e2e::cluster::connect().await.unwrap();
+    let ns = cluster.temp_namespace("join").await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(cluster.client(), &ns);
+    let pki = Pki::new().unwrap();
+    let (m1, m2) = (JoinMetrics::default(), JoinMetrics::default());
+    let (r1, r2) = tokio::join!(
+        token_secret::ensure(&secrets, &pki.ca, REFRESH, &m1),
+        token_secret::ensure(&secrets, &pki.ca, REFRESH, &m2),
+    );
+    let ((t1, due1), (t2, _)) = (r1.unwrap(), r2.unwrap());
+    assert_eq!(t1, t2, "both replicas use the one token");
+    assert_eq!(m1.tokens_written.get() + m2.tokens_written.get(), 1);
+    assert!(due1 <= REFRESH && due1 > REFRESH - Duration::from_secs(60));
+    let rv = secrets
+        .get("tokensecret")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    // Later checks within the period leave it alone.
+    let (t3, _) = token_secret::ensure(&secrets, &pki.ca, REFRESH, &m1)
+        .await
+        .unwrap();
+    assert_eq!(t3, t1);
+    assert_eq!(
+        secrets
+            .get("tokensecret")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        rv
+    );
+
+    // Golden format: 4 parts, golang-jwt's header, an exp claim of now + 2 × refresh.
+    let parts: Vec<&str> = t1.split('.').collect();
+    assert_eq!(parts.len(), 4);
+    assert_eq!(parts[0], token::ca_hash(&pki.ca.cert.cert_der));
+    assert_eq!(
+        URL_SAFE_NO_PAD.decode(parts[1]).unwrap(),
+        br#"{"alg":"HS256","typ":"JWT"}"#
+    );
+    let claims: serde_json::Value =
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[2]).unwrap()).unwrap();
+    let exp = claims["exp"].as_i64().unwrap();
+    assert!((exp - now() - 2 * REFRESH.as_secs() as i64).abs() < 60);
+    // Byte for byte what KubeEdge computes with the SEC1 key.
+    assert_eq!(t1, go_token(&pki.ca.cert.cert_der, &pki.ca.key_der, exp));
+
+    // A token of another CA (or one nearly due) is replaced, once.
+    let other = Pki::new().unwrap();
+    let (t4, _) = token_secret::ensure(&secrets, &other.ca, REFRESH, &m2)
+        .await
+        .unwrap();
+    assert_ne!(t4, t1);
+    assert_eq!(m2.tokens_written.get() + m1.tokens_written.get(), 2);
+    cluster.delete_namespace(&ns).await;
+}
