@@ -403,3 +403,110 @@ async fn token_secret_is_written_once_by_racing_replicas_and_verifies() {
     assert_eq!(m2.tokens_written.get() + m1.tokens_written.get(), 2);
     cluster.delete_namespace(&ns).await;
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// cloudcore as its binary runs it (`app::run`: CA in Secret casecret, token in tokensecret,
+/// cloudhub and the certificate server) and edgecore as its binary starts (bootstrap with
+/// only the token, then `EdgeCore::start`).
+#[tokio::test]
+async fn edgecore_joins_a_running_cloudcore_with_the_token_from_tokensecret() {
+    e2e::edge::init_logs();
+    let Some(cluster) = e2e::cluster::connect_in_memory_only(
+        e2e::apiserver::Config::for_tests(),
+        "its own kubeedge namespace",
+    )
+    .await
+    .unwrap() else {
+        return;
+    };
+    let client = cluster.client();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let mut ns = k8s_openapi::api::core::v1::Namespace::default();
+    ns.metadata.name = Some("kubeedge".into());
+    let _ = namespaces.create(&Default::default(), &ns).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (ws_port, https_port) = (free_port(), free_port());
+    let mut cfg = cloudcore::config::CloudCoreConfig::default();
+    cfg.kube_api_config.kube_config = cluster.kubeconfig().display().to_string();
+    cfg.common_config.monitor_server.bind_address = String::new();
+    let hub = &mut cfg.modules.cloud_hub;
+    for (f, name) in [
+        (&mut hub.tls_ca_file, "rootCA.crt"),
+        (&mut hub.tls_ca_key_file, "rootCA.key"),
+        (&mut hub.tls_cert_file, "server.crt"),
+        (&mut hub.tls_private_key_file, "server.key"),
+    ] {
+        *f = dir.path().join("cloud").join(name).display().to_string();
+    }
+    hub.advertise_address = vec!["127.0.0.1".into()];
+    hub.websocket.address = "127.0.0.1".into();
+    hub.websocket.port = ws_port;
+    hub.https.address = "127.0.0.1".into();
+    hub.https.port = https_port;
+    let shutdown = CancellationToken::new();
+    let cloud = tokio::spawn(cloudcore::app::run(cfg, shutdown.clone()));
+
+    // keadm gettoken: the Secret's tokendata.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "kubeedge");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let token = loop {
+        if let Some(s) = secrets.get_opt("tokensecret").await.unwrap()
+            && let Some(t) = s.data.and_then(|d| d.get("tokendata").cloned())
+        {
+            break String::from_utf8(t.0).unwrap();
+        }
+        assert!(!cloud.is_finished(), "cloudcore stopped: {:?}", cloud.await);
+        assert!(tokio::time::Instant::now() < deadline, "no token");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The CA key is stored as SEC1 and the token is KubeEdge's for it.
+    let ca = secrets.get("casecret").await.unwrap().data.unwrap();
+    let (ca_der, key_der) = (&ca["cadata"].0, &ca["cakeydata"].0);
+    assert_eq!(&key_der[..7], &[0x30, 0x77, 0x02, 0x01, 0x01, 0x04, 0x20]);
+    let exp = token::jwt_expiry(token::split(&token).unwrap().1).unwrap();
+    assert_eq!(token, go_token(ca_der, key_der, exp));
+
+    let node = "join-app-edge";
+    let edge_dir = dir.path().join("edge");
+    let mut config = edgecore::config::EdgeCoreConfig::default_config();
+    config.modules.edged.enable = false;
+    config.modules.edged.hostname_override = node.into();
+    config.database.data_source = edge_dir.join("edgecore.db").display().to_string();
+    let eh = &mut config.modules.edge_hub;
+    eh.tls_ca_file = edge_dir.join("ca/rootCA.crt").display().to_string();
+    eh.tls_cert_file = edge_dir.join("certs/server.crt").display().to_string();
+    eh.tls_private_key_file = edge_dir.join("certs/server.key").display().to_string();
+    eh.http_server = format!("https://127.0.0.1:{https_port}");
+    eh.websocket.server = format!("127.0.0.1:{ws_port}");
+    eh.token = token;
+    certmanager::bootstrap_if_needed(&config, None, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let cert = tls::load_certs(Path::new(&config.modules.edge_hub.tls_cert_file)).unwrap();
+    assert_eq!(
+        tls::common_name(&cert[0]).as_deref(),
+        Some("system:node:join-app-edge")
+    );
+    let edge = edgecore::app::EdgeCore::start_with(&config, None)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !edge.hub().is_connected() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "edgecore did not connect to cloudcore"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    edge.shutdown().await;
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), cloud).await;
+}
