@@ -12,7 +12,7 @@ use std::process::ExitCode;
 #[command(name = "edgecore", version)]
 struct Args {
     /// Config file in KubeEdge's EdgeCore layout.
-    #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+    #[arg(long, default_value = DEFAULT_CONFIG_PATH, global = true)]
     config: PathBuf,
     /// Print the full default configuration and exit.
     #[arg(long)]
@@ -20,6 +20,15 @@ struct Args {
     /// Print a minimal configuration and exit.
     #[arg(long)]
     minconfig: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Write edgecore.yaml for a cloudcore and obtain this node's certificate with a join
+    /// token (like `keadm join --token`), then exit; start edgecore afterwards.
+    Join(edgecore::certmanager::join::JoinOptions),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +57,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    if let Some(Command::Join(opts)) = &args.command {
+        return join(opts, &args.config);
+    }
     let config = match EdgeCoreConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
@@ -89,6 +101,45 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("edgecore: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn join(opts: &edgecore::certmanager::join::JoinOptions, path: &std::path::Path) -> ExitCode {
+    use edgecore::certmanager::join;
+    let config = match join::join_config(opts, EdgeCoreConfig::default_config()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("edgecore join: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("edgecore join: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(join::join(
+        &config,
+        path,
+        std::time::Duration::from_secs(300),
+    )) {
+        Ok(()) => {
+            println!(
+                "node {} joined; start edgecore with --config {}",
+                config.node_name(),
+                path.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("edgecore join: {e}");
             ExitCode::FAILURE
         }
     }

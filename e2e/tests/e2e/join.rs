@@ -510,3 +510,39 @@ async fn edgecore_joins_a_running_cloudcore_with_the_token_from_tokensecret() {
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), cloud).await;
 }
+
+/// `edgecore join`: writes a keadm-layout edgecore.yaml, joins, and leaves no token behind.
+#[tokio::test]
+async fn edgecore_join_writes_the_config_and_obtains_the_certificate() {
+    e2e::edge::init_logs();
+    let j = Join::start().await;
+    let paths = j.paths("join-cmd");
+    let mut base = edgecore::config::EdgeCoreConfig::default_config();
+    base.modules.edge_hub.tls_ca_file = paths.ca_file.clone();
+    base.modules.edge_hub.tls_cert_file = paths.cert_file.clone();
+    base.modules.edge_hub.tls_private_key_file = paths.key_file.clone();
+    let port = j.url.rsplit(':').next().unwrap().parse().unwrap();
+    let opts = certmanager::join::JoinOptions {
+        cloudcore_ipport: "127.0.0.1:10000".into(),
+        token: j.token(3600),
+        edgenode_name: Some("join-cmd".into()),
+        certport: port,
+        remote_runtime_endpoint: None,
+    };
+    let config = certmanager::join::join_config(&opts, base).unwrap();
+    let path = j.dir.path().join("config/edgecore.yaml");
+    certmanager::join::join(&config, &path, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let written = edgecore::config::EdgeCoreConfig::load(&path).unwrap();
+    assert_eq!(written.modules.edge_hub.token, "");
+    assert_eq!(written.modules.edge_hub.websocket.server, "127.0.0.1:10000");
+    assert_eq!(written.modules.edge_hub.http_server, j.url);
+    assert_eq!(written.node_name(), "join-cmd");
+    let cert = tls::load_certs(Path::new(&paths.cert_file)).unwrap();
+    assert_eq!(
+        tls::common_name(&cert[0]).as_deref(),
+        Some("system:node:join-cmd")
+    );
+    assert!(edgecore::app::load_tls(&written).is_ok());
+}

@@ -10,6 +10,7 @@
 //! the current one, and hands edgehub the new TLS configuration.
 
 pub mod client;
+pub mod join;
 
 use crate::config::EdgeCoreConfig;
 use crate::edgehub::EdgeHub;
