@@ -34,6 +34,9 @@ use tokio_util::sync::CancellationToken;
 /// Largest `/edge.crt` body accepted (a P-256 CSR is about 400 bytes).
 pub const MAX_CSR_BYTES: usize = 64 * 1024;
 
+/// Longest life of one connection (also bounds slow uploads).
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+
 pub struct JoinServer {
     pub ca: Arc<CertificateAuthority>,
     /// `edgeCertSigningDuration`, days.
@@ -103,11 +106,15 @@ pub async fn serve(
                         )
                     }
                 });
-                let r = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-                if let Err(e) = r {
-                    tracing::debug!(%peer, error = %e, "certificate server connection ended");
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                // A join takes two small requests: a connection idling longer is dropped.
+                match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "certificate server connection ended")
+                    }
+                    Err(_) => tracing::debug!(%peer, "certificate server connection timed out"),
+                    Ok(Ok(())) => {}
                 }
             });
         }
