@@ -95,23 +95,17 @@ impl CertificateAuthority {
         })
     }
 
-    /// Loads a CA from its PEM certificate and PEM (PKCS#8 or SEC1) key.
+    /// Loads a CA from its PEM certificate and PEM (PKCS#8 or SEC1) key. Like KubeEdge, the
+    /// key's DER inside the PEM is kept as it is (`key_der`: the token HMAC key).
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
-        let key = KeyPair::from_pem(key_pem)?;
-        let issuer = Issuer::from_ca_cert_pem(cert_pem, KeyPair::from_pem(key_pem)?)?;
-        let cert_der = CertificateDer::from(
-            pem_body(cert_pem).ok_or_else(|| PkiError::Invalid("no PEM certificate".into()))?,
-        );
-        Ok(CertificateAuthority {
-            issuer,
-            key_der: sec1_der(&key)?,
-            cert: IssuedCert {
-                cert_der,
-                cert_pem: cert_pem.to_string(),
-                key_pem: key.serialize_pem(),
-                key_pkcs8_der: key.serialize_der(),
-            },
-        })
+        use rustls_pki_types::pem::PemObject;
+        let cert_der =
+            pem_body(cert_pem).ok_or_else(|| PkiError::Invalid("no PEM certificate".into()))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| PkiError::Invalid(format!("CA key PEM: {e}")))?;
+        let mut ca = Self::from_der(&cert_der, key.secret_der())?;
+        ca.cert.cert_pem = cert_pem.to_string();
+        Ok(ca)
     }
 
     /// Loads a CA from DER forms (KubeEdge's `casecret`: `cadata` = certificate DER,
@@ -447,8 +441,13 @@ mod tests {
         let old =
             CertificateAuthority::from_der(&ca.cert.cert_der, &ca.cert.key_pkcs8_der).unwrap();
         assert_eq!(old.key_der, ca.cert.key_pkcs8_der);
+        // PEM files: the DER inside is the HMAC key, SEC1 (`EC PRIVATE KEY`) or PKCS#8.
+        let sec1_pem = pem_encode("EC PRIVATE KEY", &ca.key_der);
+        let pem = CertificateAuthority::from_pem(&ca.cert.cert_pem, &sec1_pem).unwrap();
+        assert_eq!(pem.key_der, ca.key_der);
+        assert!(pem.issue_client("y", None, 1).is_ok());
         let pem = CertificateAuthority::from_pem(&ca.cert.cert_pem, &ca.cert.key_pem).unwrap();
-        assert_eq!(pem.key_der, ca.key_der, "PEM keys are kept as SEC1 like Go");
+        assert_eq!(pem.key_der, ca.cert.key_pkcs8_der);
     }
 
     #[test]
