@@ -111,6 +111,11 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
     let (hub, upstream) = CloudHub::bind(hub_config, certs.server_tls()?, hub_metrics)
         .await
         .with_context(|| format!("cloudhub cannot listen on {listen}"))?;
+    let _stream = if cfg.modules.cloud_stream.enable {
+        Some(start_stream(&cfg, &certs, client.clone()).await?)
+    } else {
+        None
+    };
     tracing::info!(addr = %hub.local_addr(), "cloudcore running; ready once informers sync");
     crate::controller::run_with(
         client,
@@ -124,4 +129,36 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
     .await;
     hub.shutdown();
     Ok(())
+}
+
+/// cloudstream on `streamPort`/`tunnelPort` of all addresses, with the tunnel certificate
+/// from `tlsTunnelCertFile`/`tlsTunnelPrivateKeyFile` when both exist, else cloudhub's.
+async fn start_stream(
+    cfg: &CloudCoreConfig,
+    certs: &crate::certs::HubCerts,
+    client: kube::Client,
+) -> anyhow::Result<crate::cloudstream::CloudStream> {
+    use kubeedge_shared::tls;
+    use std::path::Path;
+    let s = &cfg.modules.cloud_stream;
+    let (cert, key) = (
+        Path::new(&s.tls_tunnel_cert_file),
+        Path::new(&s.tls_tunnel_private_key_file),
+    );
+    let (chain, key) = if cert.exists() && key.exists() {
+        (tls::load_certs(cert)?, tls::load_key(key)?)
+    } else {
+        (certs.server_chain.clone(), certs.server_key.clone_key())
+    };
+    let any = std::net::IpAddr::from([0, 0, 0, 0]);
+    let settings = crate::cloudstream::StreamSettings {
+        stream_listen: (any, s.stream_port).into(),
+        tunnel_listen: (any, s.tunnel_port).into(),
+        chain,
+        key,
+        ca: vec![certs.ca.cert.cert_der.clone()],
+    };
+    crate::cloudstream::CloudStream::start(settings, client)
+        .await
+        .context("starting cloudstream")
 }

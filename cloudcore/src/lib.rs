@@ -3,6 +3,7 @@
 pub mod app;
 pub mod certs;
 pub mod cloudhub;
+pub mod cloudstream;
 pub mod config;
 pub mod controller;
 pub mod http;

@@ -16,8 +16,7 @@ use tokio::sync::mpsc;
 pub enum StartError {
     #[error(
         "cannot load {field} ({path}): {source}\n  \
-         This edge has no usable certificate yet: set modules.edgeHub.token (from \
-         `keadm gettoken`) and modules.edgeHub.httpServer to obtain one, run `edgecore join`, \
+         This edge has no usable certificate yet: run `keadm join` to obtain one, \
          or point {field} in the config at the right file."
     )]
     TlsFile {
@@ -57,6 +56,7 @@ pub struct EdgeCore {
     running_edged: Option<Edged>,
     /// Stops certificate rotation.
     rotation: tokio_util::sync::CancellationToken,
+    stream: Option<crate::edgestream::EdgeStream>,
 }
 
 /// Loads the client TLS configuration from the files `modules.edgeHub` names.
@@ -139,6 +139,18 @@ impl EdgeCore {
             hub.clone(),
             from_cloud,
         );
+        let stream = match (&edged, config.modules.edge_stream.enable) {
+            (Some(e), true) => match crate::edgestream::EdgeStream::from_config(config, e) {
+                Ok(s) => Some(s),
+                Err(err) => {
+                    meta.shutdown().await;
+                    hub.shutdown();
+                    store.close().await;
+                    return Err(err);
+                }
+            },
+            _ => None,
+        };
         let (link, running_edged) = match edged {
             Some(e) => match Edged::start(e, client, changes, Some(hub.subscribe())) {
                 Ok(running) => (None, Some(running)),
@@ -158,6 +170,7 @@ impl EdgeCore {
             edged: link,
             running_edged,
             rotation,
+            stream,
         })
     }
 
@@ -174,6 +187,9 @@ impl EdgeCore {
     /// Stops edged (pods keep running), the metamanager (letting writes in progress
     /// finish), the cloud link and the database, in that order.
     pub async fn shutdown(self) {
+        if let Some(stream) = self.stream {
+            stream.shutdown().await;
+        }
         self.rotation.cancel();
         if let Some(edged) = self.running_edged {
             edged.shutdown().await;

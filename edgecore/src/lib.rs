@@ -6,4 +6,5 @@ pub mod config;
 pub mod cri;
 pub mod edged;
 pub mod edgehub;
+pub mod edgestream;
 pub mod metamanager;

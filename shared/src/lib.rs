@@ -13,6 +13,7 @@ pub mod message;
 pub mod operation;
 pub mod pki;
 pub mod resource;
+pub mod stream;
 pub mod tls;
 pub mod token;
 

@@ -62,6 +62,9 @@ pub struct EdgedConfig {
     pub retry_period: Duration,
 }
 
+/// cloudstream's default stream port, reported as the kubelet port with edgeStream enabled.
+pub const CLOUD_STREAM_PORT: i32 = 10003;
+
 impl EdgedConfig {
     /// From a validated configuration.
     pub fn from_edgecore(config: &EdgeCoreConfig) -> Self {
@@ -104,7 +107,13 @@ impl EdgedConfig {
                 .map(|b| b.max(0) as u64)
                 .unwrap_or(10 << 20),
             container_log_max_files: k.container_log_max_files.max(2) as usize,
-            kubelet_port: k.read_only_port,
+            // With edgeStream, the apiserver must reach cloudcore's stream server: the
+            // node reports its port (10003; a real cluster DNATs it to cloudcore).
+            kubelet_port: if config.modules.edge_stream.enable {
+                CLOUD_STREAM_PORT
+            } else {
+                k.read_only_port
+            },
             ..Self::defaults()
         }
     }

@@ -1,0 +1,260 @@
+//! The stream server (`:10003`, HTTPS): kubelet-compatible routes the apiserver calls as if
+//! cloudcore were the node's kubelet. For `GET /containerLogs/{ns}/{pod}/{container}` the
+//! node is `spec.nodeName` of the pod (read from the API); the request goes to that node's
+//! tunnel as LOGS_CONNECT with the URL rewritten to `http://127.0.0.1:10350`, and the DATA
+//! the edge sends back is the response body. Like KubeEdge, the answer is 200 with a chunked
+//! body once the tunnel is found; edge-side errors arrive as text in the body.
+
+use super::session::{Session, Sessions};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kubeedge_shared::stream::{self, Connector, GoUrl, MessageType, TunnelMessage};
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    sessions: Arc<Sessions>,
+    client: kube::Client,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "stream server accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, sessions, client) = (acceptor.clone(), sessions.clone(), client.clone());
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::info!(%peer, error = %e, "stream server TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let svc = hyper::service::service_fn(move |req| {
+                let (sessions, client) = (sessions.clone(), client.clone());
+                async move { Ok::<_, Infallible>(route(req, &sessions, client).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), svc)
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "stream server connection ended");
+            }
+        });
+    }
+}
+
+fn text(status: StatusCode, msg: String) -> Response<Body> {
+    tracing::info!(%status, %msg, "stream request refused");
+    let mut r = Response::new(Full::new(Bytes::from(msg)).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+async fn route(
+    req: Request<Incoming>,
+    sessions: &Sessions,
+    client: kube::Client,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (req.method(), parts.as_slice()) {
+        (&http::Method::GET, ["containerLogs", ns, pod, container])
+            if !ns.is_empty() && !pod.is_empty() && !container.is_empty() =>
+        {
+            let (ns, pod) = (ns.to_string(), pod.to_string());
+            logs(req, sessions, client, &ns, &pod).await
+        }
+        _ => text(StatusCode::NOT_FOUND, "404 page not found".into()),
+    }
+}
+
+/// The tunnel of the node the pod runs on.
+async fn session_for_pod(
+    sessions: &Sessions,
+    client: kube::Client,
+    ns: &str,
+    pod: &str,
+) -> Result<Arc<Session>, Response<Body>> {
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let found = pods.get_opt(pod).await.map_err(|e| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot read pod {ns}/{pod}: {e}"),
+        )
+    })?;
+    let Some(found) = found else {
+        return Err(text(
+            StatusCode::NOT_FOUND,
+            format!("pod {ns}/{pod} not found"),
+        ));
+    };
+    let node = found
+        .spec
+        .and_then(|s| s.node_name)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            text(
+                StatusCode::BAD_REQUEST,
+                format!("pod {ns}/{pod} is not bound to a node"),
+            )
+        })?;
+    sessions.get(&node).ok_or_else(|| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "no stream tunnel from edge node {node}: is modules.edgeStream enabled on it and connected?"
+            ),
+        )
+    })
+}
+
+/// Go's canonical MIME header key (`user-agent` → `User-Agent`).
+fn canonical_header(name: &str) -> String {
+    name.split('-')
+        .map(|p| {
+            let mut c = p.chars();
+            match c.next() {
+                Some(f) => f.to_ascii_uppercase().to_string() + &c.as_str().to_ascii_lowercase(),
+                None => String::new(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// The connect payload for `req` (URL rewritten to edged's local server).
+pub fn connector(id: u64, req: &Request<Incoming>, method: Option<String>) -> Connector {
+    let mut header: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in req.headers() {
+        if let Ok(v) = v.to_str() {
+            header
+                .entry(canonical_header(k.as_str()))
+                .or_default()
+                .push(v.to_string());
+        }
+    }
+    Connector {
+        mess_id: id,
+        url: GoUrl {
+            scheme: "http".into(),
+            host: stream::EDGED_SERVER_HOST.into(),
+            path: req.uri().path().to_string(),
+            raw_query: req.uri().query().unwrap_or_default().to_string(),
+            ..GoUrl::default()
+        },
+        header: Some(header),
+        method,
+    }
+}
+
+/// Ends the connection on both sides when the apiserver's response is dropped.
+struct ConnGuard {
+    session: Arc<Session>,
+    id: u64,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.session.remove_conn(self.id);
+        self.session.try_send(TunnelMessage::new(
+            self.id,
+            MessageType::RemoveConnect,
+            Vec::new(),
+        ));
+    }
+}
+
+async fn logs(
+    req: Request<Incoming>,
+    sessions: &Sessions,
+    client: kube::Client,
+    ns: &str,
+    pod: &str,
+) -> Response<Body> {
+    let session = match session_for_pod(sessions, client, ns, pod).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let Some((id, rx)) = sessions.open(&session) else {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the stream tunnel of {} has closed", session.node),
+        );
+    };
+    let guard = ConnGuard {
+        session: session.clone(),
+        id,
+    };
+    let payload = match serde_json::to_vec(&connector(id, &req, None)) {
+        Ok(p) => p,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    if !session
+        .send(TunnelMessage::new(id, MessageType::LogsConnect, payload))
+        .await
+    {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the stream tunnel of {} has closed", session.node),
+        );
+    }
+    tracing::debug!(node = %session.node, id, path = %req.uri(), "logs connection opened");
+    let frames = tokio_stream_from(rx).map(move |chunk| {
+        let _keep = &guard;
+        Ok::<_, Infallible>(Frame::data(Bytes::from(chunk)))
+    });
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(frames)));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain"),
+    );
+    r
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
+) -> impl futures_util::Stream<Item = Vec<u8>> + Send {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_names_are_canonical_like_go() {
+        assert_eq!(canonical_header("user-agent"), "User-Agent");
+        assert_eq!(canonical_header("x-forwarded-uri"), "X-Forwarded-Uri");
+        assert_eq!(canonical_header("accept"), "Accept");
+    }
+}

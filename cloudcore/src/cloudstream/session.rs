@@ -1,0 +1,212 @@
+//! Tunnel sessions: one per connected edge (keyed by node name and internal IP), each with
+//! the apiserver connections it carries. Connect IDs come from one counter for all sessions,
+//! as in KubeEdge. Data from the edge goes to a connection through a bounded channel; a
+//! connection whose reader stalls longer than [`STALL_LIMIT`] is dropped (and the edge told
+//! with REMOVE_CONNECT) so that it cannot hold up the other connections of the tunnel.
+
+use kubeedge_shared::stream::{MessageType, TunnelMessage};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Data chunks buffered per connection before the tunnel waits for its reader.
+pub const CONN_BUFFER: usize = 64;
+/// How long a connection's reader may keep the tunnel waiting.
+pub const STALL_LIMIT: Duration = Duration::from_secs(10);
+/// Frames waiting to be written to one tunnel.
+pub const OUT_BUFFER: usize = 256;
+
+/// What the session writer sends.
+#[derive(Debug)]
+pub enum Outgoing {
+    Message(TunnelMessage),
+    Pong(Vec<u8>),
+}
+
+pub struct Session {
+    pub node: String,
+    pub ip: String,
+    serial: u64,
+    out: mpsc::Sender<Outgoing>,
+    conns: Mutex<HashMap<u64, mpsc::Sender<Vec<u8>>>>,
+    pub closed: CancellationToken,
+}
+
+impl Session {
+    /// Queues a message for the edge; false when the tunnel is gone.
+    pub async fn send(&self, m: TunnelMessage) -> bool {
+        tokio::select! {
+            r = self.out.send(Outgoing::Message(m)) => r.is_ok(),
+            _ = self.closed.cancelled() => false,
+        }
+    }
+
+    /// Queues a message without waiting (for clean-up paths).
+    pub fn try_send(&self, m: TunnelMessage) {
+        if let Err(e) = self.out.try_send(Outgoing::Message(m)) {
+            tracing::debug!(node = %self.node, error = %e, "tunnel message not queued");
+        }
+    }
+
+    pub async fn pong(&self, data: Vec<u8>) {
+        let _ = self.out.send(Outgoing::Pong(data)).await;
+    }
+
+    pub fn remove_conn(&self, id: u64) {
+        if let Ok(mut c) = self.conns.lock() {
+            c.remove(&id);
+        }
+    }
+
+    fn conn(&self, id: u64) -> Option<mpsc::Sender<Vec<u8>>> {
+        self.conns.lock().ok()?.get(&id).cloned()
+    }
+
+    /// Hands a DATA message to its connection, waiting at most [`STALL_LIMIT`].
+    pub async fn deliver(&self, id: u64, data: Vec<u8>) {
+        self.deliver_within(id, data, STALL_LIMIT).await
+    }
+
+    async fn deliver_within(&self, id: u64, data: Vec<u8>, limit: Duration) {
+        let Some(tx) = self.conn(id) else {
+            tracing::debug!(node = %self.node, id, "data for an unknown connection dropped");
+            return;
+        };
+        match tokio::time::timeout(limit, tx.send(data)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => self.remove_conn(id),
+            Err(_) => {
+                tracing::warn!(node = %self.node, id, "stream client stalled; ending its connection");
+                self.remove_conn(id);
+                self.try_send(TunnelMessage::new(
+                    id,
+                    MessageType::RemoveConnect,
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.closed.cancel();
+        if let Ok(mut c) = self.conns.lock() {
+            c.clear();
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Sessions {
+    map: Mutex<HashMap<String, Arc<Session>>>,
+    next_id: AtomicU64,
+    next_serial: AtomicU64,
+}
+
+impl Sessions {
+    /// Registers a new tunnel (replacing and closing an older one of the same node).
+    pub fn add(&self, node: &str, ip: &str, out: mpsc::Sender<Outgoing>) -> Arc<Session> {
+        let session = Arc::new(Session {
+            node: node.to_string(),
+            ip: ip.to_string(),
+            serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
+            out,
+            conns: Mutex::new(HashMap::new()),
+            closed: CancellationToken::new(),
+        });
+        let mut old = Vec::new();
+        if let Ok(mut map) = self.map.lock() {
+            for key in [node, ip] {
+                if key.is_empty() {
+                    continue;
+                }
+                if let Some(prev) = map.insert(key.to_string(), session.clone()) {
+                    old.push(prev);
+                }
+            }
+        }
+        for prev in old {
+            if prev.serial != session.serial {
+                prev.close();
+            }
+        }
+        session
+    }
+
+    /// Removes a session that ended (unless a newer one took its keys).
+    pub fn remove(&self, session: &Session) {
+        session.close();
+        if let Ok(mut map) = self.map.lock() {
+            map.retain(|_, s| s.serial != session.serial);
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<Session>> {
+        self.map.lock().ok()?.get(key).cloned()
+    }
+
+    /// A new connection on `session`: its id and the channel its data arrives on.
+    pub fn open(&self, session: &Session) -> Option<(u64, mpsc::Receiver<Vec<u8>>)> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = mpsc::channel(CONN_BUFFER);
+        if session.closed.is_cancelled() {
+            return None;
+        }
+        session.conns.lock().ok()?.insert(id, tx);
+        Some((id, rx))
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reconnecting_edge_replaces_its_session() {
+        let s = Sessions::default();
+        let (tx, _rx) = mpsc::channel(1);
+        let a = s.add("n1", "10.0.0.1", tx.clone());
+        let (id, mut data) = s.open(&a).unwrap();
+        let b = s.add("n1", "10.0.0.1", tx);
+        assert!(a.closed.is_cancelled());
+        assert!(data.recv().await.is_none(), "old connections end");
+        assert!(s.open(&a).is_none());
+        s.remove(&a);
+        assert_eq!(s.get("n1").map(|x| x.serial), Some(b.serial));
+        let (id2, _) = s.open(&b).unwrap();
+        assert!(id2 > id);
+        s.remove(&b);
+        assert!(s.get("n1").is_none() && s.get("10.0.0.1").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stalled_connection_is_removed_and_the_edge_told() {
+        let s = Sessions::default();
+        let (tx, mut out) = mpsc::channel(16);
+        let a = s.add("n1", "", tx);
+        let (id, _data) = s.open(&a).unwrap();
+        let limit = Duration::from_millis(50);
+        for _ in 0..CONN_BUFFER {
+            a.deliver_within(id, b"x".to_vec(), limit).await;
+        }
+        assert!(a.conn(id).is_some(), "a full buffer is not yet a stall");
+        a.deliver_within(id, b"x".to_vec(), limit).await;
+        match out.recv().await {
+            Some(Outgoing::Message(m)) => {
+                assert_eq!((m.connect_id, m.kind), (id, MessageType::RemoveConnect))
+            }
+            other => panic!("expected REMOVE_CONNECT, got {other:?}"),
+        }
+        assert!(a.conn(id).is_none());
+    }
+}

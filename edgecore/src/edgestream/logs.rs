@@ -1,0 +1,223 @@
+//! LOGS_CONNECT: `GET /containerLogs/{ns}/{pod}/{container}?…` answered from the container's
+//! CRI log file (the newest container of that name, or the one before it with `previous`),
+//! as DATA frames; `follow` keeps reading as the file grows (and across rotation) until the
+//! container stops or the cloud sends REMOVE_CONNECT. Errors are sent as text, as the
+//! kubelet's HTTP error body would be through KubeEdge's tunnel.
+
+use super::crilog::{Decoder, LogOptions, tail_start};
+use super::tunnel::TunnelSender;
+use crate::cri::api;
+use crate::edged::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, Runtime};
+use kubeedge_shared::stream::{Connector, MessageType, TunnelMessage};
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+use tokio_util::sync::CancellationToken;
+
+/// Bytes per DATA frame.
+const CHUNK: usize = 32 * 1024;
+/// How often a followed log is checked for growth.
+const POLL: Duration = Duration::from_millis(200);
+/// How often a followed container is checked for still running.
+const STATE_CHECK: Duration = Duration::from_secs(1);
+
+pub async fn serve(
+    id: u64,
+    connector: Connector,
+    runtime: Runtime,
+    tunnel: TunnelSender,
+    cancel: CancellationToken,
+) {
+    let out = Out {
+        id,
+        tunnel: &tunnel,
+        cancel: &cancel,
+    };
+    if let Err(msg) = stream_logs(&connector, &runtime, &out).await {
+        tracing::info!(id, path = %connector.url.path, error = %msg, "container logs request failed");
+        out.data(format!("{msg}\n").into_bytes()).await;
+    }
+    if !cancel.is_cancelled() {
+        tunnel
+            .send(TunnelMessage::new(
+                id,
+                MessageType::RemoveConnect,
+                Vec::new(),
+            ))
+            .await;
+    }
+    cancel.cancel();
+}
+
+struct Out<'a> {
+    id: u64,
+    tunnel: &'a TunnelSender,
+    cancel: &'a CancellationToken,
+}
+
+impl Out<'_> {
+    /// Sends `data` as DATA frames; false once the connection is gone.
+    async fn data(&self, data: Vec<u8>) -> bool {
+        for chunk in data.chunks(CHUNK) {
+            let m = TunnelMessage::new(self.id, MessageType::Data, chunk.to_vec());
+            let sent = tokio::select! {
+                _ = self.cancel.cancelled() => false,
+                ok = self.tunnel.send(m) => ok,
+            };
+            if !sent {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The parts of `/containerLogs/{ns}/{pod}/{container}`.
+pub fn parse_path(path: &str) -> Option<(String, String, String)> {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["containerLogs", ns, pod, c] if !ns.is_empty() && !pod.is_empty() && !c.is_empty() => {
+            Some((ns.to_string(), pod.to_string(), c.to_string()))
+        }
+        _ => None,
+    }
+}
+
+async fn find_container(
+    runtime: &Runtime,
+    ns: &str,
+    pod: &str,
+    container: &str,
+    previous: bool,
+) -> Result<String, String> {
+    let selector = HashMap::from([
+        (LABEL_POD_NAMESPACE.to_string(), ns.to_string()),
+        (LABEL_POD_NAME.to_string(), pod.to_string()),
+        (LABEL_CONTAINER_NAME.to_string(), container.to_string()),
+    ]);
+    let mut found = runtime
+        .list_containers(selector)
+        .await
+        .map_err(|e| format!("listing containers of pod {ns}/{pod}: {e}"))?;
+    found.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+    let pick = if previous {
+        found.get(1)
+    } else {
+        found.first()
+    };
+    match pick {
+        Some(c) => Ok(c.id.clone()),
+        None if previous => Err(format!(
+            "previous terminated container \"{container}\" in pod \"{pod}\" not found"
+        )),
+        None => Err(format!(
+            "container \"{container}\" in pod \"{pod}\" is waiting to start: no container has been created on this node yet"
+        )),
+    }
+}
+
+async fn stream_logs(c: &Connector, runtime: &Runtime, out: &Out<'_>) -> Result<(), String> {
+    let (ns, pod, container) =
+        parse_path(&c.url.path).ok_or_else(|| format!("unsupported path {}", c.url.path))?;
+    let opts = LogOptions::from_query(&c.url.raw_query, SystemTime::now())?;
+    let id = find_container(runtime, &ns, &pod, &container, opts.previous).await?;
+    let status = runtime
+        .container_status(&id)
+        .await
+        .map_err(|e| format!("container status of {container}: {e}"))?
+        .ok_or_else(|| format!("container \"{container}\" in pod \"{pod}\" is gone"))?;
+    if status.log_path.is_empty() {
+        return Err(format!(
+            "container \"{container}\" in pod \"{pod}\" has no log file"
+        ));
+    }
+    let path = PathBuf::from(&status.log_path);
+    let follow = opts.follow && !opts.previous;
+    let tail = opts.tail_lines;
+    let mut decoder = Decoder::new(opts);
+    let mut file = open(&path)?;
+    let mut content = Vec::new();
+    file.read_to_end(&mut content)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let start = tail.map_or(0, |n| tail_start(&content, n));
+    let mut buf = Vec::new();
+    decoder.feed(&content[start..], &mut buf);
+    if !out.data(buf).await || decoder.exhausted() || !follow {
+        return Ok(());
+    }
+    follow_file(&path, file, &id, runtime, &mut decoder, out).await
+}
+
+fn open(path: &Path) -> Result<std::fs::File, String> {
+    std::fs::File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))
+}
+
+async fn follow_file(
+    path: &Path,
+    mut file: std::fs::File,
+    id: &str,
+    runtime: &Runtime,
+    decoder: &mut Decoder,
+    out: &Out<'_>,
+) -> Result<(), String> {
+    let mut last_check = tokio::time::Instant::now();
+    let mut running = true;
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let n = file
+            .read(&mut chunk)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if n > 0 {
+            let mut buf = Vec::new();
+            decoder.feed(&chunk[..n], &mut buf);
+            if !out.data(buf).await || decoder.exhausted() {
+                return Ok(());
+            }
+            continue;
+        }
+        // At the end of the file: rotated (a new file at the path), stopped, or idle.
+        let rotated = match (std::fs::metadata(path), file.metadata()) {
+            (Ok(now), Ok(ours)) => now.ino() != ours.ino() || now.len() < ours.len(),
+            _ => false,
+        };
+        if rotated && let Ok(f) = std::fs::File::open(path) {
+            file = f;
+            if file.seek(SeekFrom::Start(0)).is_ok() {
+                continue;
+            }
+        }
+        if !running {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = out.cancel.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(POLL) => {}
+        }
+        if last_check.elapsed() >= STATE_CHECK {
+            last_check = tokio::time::Instant::now();
+            running = matches!(
+                runtime.container_status(id).await,
+                Ok(Some(s)) if s.state() == api::ContainerState::ContainerRunning
+            );
+            // One more read after the container stopped picks up its last lines.
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        assert_eq!(
+            parse_path("/containerLogs/ns/p/c"),
+            Some(("ns".into(), "p".into(), "c".into()))
+        );
+        assert_eq!(parse_path("/containerLogs/ns/p"), None);
+        assert_eq!(parse_path("/containerLogs/ns//c"), None);
+        assert_eq!(parse_path("/exec/ns/p/c"), None);
+    }
+}

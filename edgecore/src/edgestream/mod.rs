@@ -1,0 +1,115 @@
+//! edgestream (reference §8): the edge end of KubeEdge's stream tunnel. Dials
+//! `wss://<edgeStream.server>/v1/kubeedge/connect` with the edge certificate and the headers
+//! `SessionHostNameOverride`/`SessionInternalIP`, retries every 2 s, pings every 5 s, and
+//! serves LOGS_CONNECT from the container log files the runtime writes (in-process, where
+//! KubeEdge's edge forwards to edged's `127.0.0.1:10350`), streaming DATA frames back until
+//! the log ends or the cloud sends REMOVE_CONNECT.
+
+pub mod crilog;
+pub mod logs;
+pub mod tunnel;
+
+use crate::app::StartError;
+use crate::config::EdgeCoreConfig;
+use crate::edged::EdgedConfig;
+use crate::edged::runtime::Runtime;
+use kubeedge_shared::tls::{self, TlsError};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Between tunnel attempts (KubeEdge's ticker).
+pub const RETRY: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+pub struct EdgeStreamSettings {
+    /// `host:port` of the cloud's tunnel server.
+    pub server: String,
+    pub node_name: String,
+    pub node_ip: String,
+    pub handshake_timeout: Duration,
+}
+
+pub struct EdgeStream {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EdgeStream {
+    pub fn start(
+        settings: EdgeStreamSettings,
+        tls: Arc<rustls::ClientConfig>,
+        runtime: Runtime,
+    ) -> EdgeStream {
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match tunnel::connect(&settings, tls.clone()).await {
+                    Ok(io) => {
+                        tracing::info!(server = %settings.server, "stream tunnel connected");
+                        tunnel::serve(io, runtime.clone(), token.clone()).await;
+                        tracing::info!("stream tunnel closed");
+                    }
+                    Err(e) => {
+                        tracing::warn!(server = %settings.server, error = %e, "stream tunnel connect failed")
+                    }
+                }
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tokio::time::sleep(RETRY) => {}
+                }
+            }
+        });
+        EdgeStream { shutdown, task }
+    }
+
+    /// edgestream with the certificate files `modules.edgeStream` names.
+    pub fn from_config(
+        config: &EdgeCoreConfig,
+        edged: &EdgedConfig,
+    ) -> Result<EdgeStream, StartError> {
+        let s = &config.modules.edge_stream;
+        let load_err = |field: &'static str, path: &str| {
+            let path = path.to_string();
+            move |source| StartError::TlsFile {
+                field,
+                path,
+                source,
+            }
+        };
+        let ca = tls::load_certs(Path::new(&s.tls_tunnel_ca_file)).map_err(load_err(
+            "modules.edgeStream.tlsTunnelCAFile",
+            &s.tls_tunnel_ca_file,
+        ))?;
+        let chain = tls::load_certs(Path::new(&s.tls_tunnel_cert_file)).map_err(load_err(
+            "modules.edgeStream.tlsTunnelCertFile",
+            &s.tls_tunnel_cert_file,
+        ))?;
+        let key = tls::load_key(Path::new(&s.tls_tunnel_private_key_file)).map_err(load_err(
+            "modules.edgeStream.tlsTunnelPrivateKeyFile",
+            &s.tls_tunnel_private_key_file,
+        ))?;
+        let tls = tunnel::tunnel_tls(&ca, chain, key).map_err(|e| StartError::Tls {
+            cert: s.tls_tunnel_cert_file.clone(),
+            key: s.tls_tunnel_private_key_file.clone(),
+            source: TlsError::Config(e.to_string()),
+        })?;
+        let cri = crate::cri::CriClient::connect_lazy(&edged.runtime_endpoint)
+            .map_err(|e| StartError::Edged(crate::edged::EdgedError::Runtime(e)))?;
+        let runtime = crate::edged::runtime::Runtime::new(cri, edged.runtime_request_timeout);
+        let settings = EdgeStreamSettings {
+            server: s.server.clone(),
+            node_name: edged.node_name.clone(),
+            node_ip: edged.node_ip.clone(),
+            handshake_timeout: std::time::Duration::from_secs(s.handshake_timeout.max(1) as u64),
+        };
+        Ok(EdgeStream::start(settings, tls, runtime))
+    }
+
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
