@@ -16,7 +16,8 @@ use tokio::sync::mpsc;
 pub enum StartError {
     #[error(
         "cannot load {field} ({path}): {source}\n  \
-         This edge has no usable certificate yet: run `keadm join` to obtain one, \
+         This edge has no usable certificate yet: set modules.edgeHub.token (from \
+         `keadm gettoken`) and modules.edgeHub.httpServer to obtain one, run `edgecore join`, \
          or point {field} in the config at the right file."
     )]
     TlsFile {
