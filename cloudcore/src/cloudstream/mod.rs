@@ -100,6 +100,11 @@ impl CloudStream {
         self.sessions.get(node).is_some()
     }
 
+    /// How many apiserver connections `node`'s tunnel carries.
+    pub fn open_connections(&self, node: &str) -> usize {
+        self.sessions.get(node).map_or(0, |s| s.conn_count())
+    }
+
     pub fn shutdown(&self) {
         self.shutdown.cancel();
     }

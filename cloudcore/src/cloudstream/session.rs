@@ -61,6 +61,11 @@ impl Session {
         }
     }
 
+    /// Connections open on this tunnel.
+    pub fn conn_count(&self) -> usize {
+        self.conns.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
     fn conn(&self, id: u64) -> Option<mpsc::Sender<Vec<u8>>> {
         self.conns.lock().ok()?.get(&id).cloned()
     }

@@ -11,3 +11,4 @@ mod join;
 mod metamanager;
 mod objectsync;
 mod resilience;
+mod stream;
