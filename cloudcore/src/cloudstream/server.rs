@@ -177,7 +177,8 @@ pub fn connector(id: u64, req: &Request<Incoming>, method: Option<String>) -> Co
     }
 }
 
-/// Ends the connection on both sides when the apiserver's response is dropped.
+/// Ends the connection when the apiserver's response is dropped, telling the edge unless it
+/// ended the connection itself (as KubeEdge: no REMOVE_CONNECT echo).
 struct ConnGuard {
     session: Arc<Session>,
     id: u64,
@@ -185,7 +186,9 @@ struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        self.session.remove_conn(self.id);
+        if !self.session.remove_conn(self.id) {
+            return;
+        }
         self.session.try_send(TunnelMessage::new(
             self.id,
             MessageType::RemoveConnect,

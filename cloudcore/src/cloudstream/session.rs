@@ -55,10 +55,12 @@ impl Session {
         let _ = self.out.send(Outgoing::Pong(data)).await;
     }
 
-    pub fn remove_conn(&self, id: u64) {
-        if let Ok(mut c) = self.conns.lock() {
-            c.remove(&id);
-        }
+    /// Forgets a connection; whether it was still open.
+    pub fn remove_conn(&self, id: u64) -> bool {
+        self.conns
+            .lock()
+            .map(|mut c| c.remove(&id).is_some())
+            .unwrap_or(false)
     }
 
     /// Connections open on this tunnel.
@@ -82,7 +84,9 @@ impl Session {
         };
         match tokio::time::timeout(limit, tx.send(data)).await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => self.remove_conn(id),
+            Ok(Err(_)) => {
+                self.remove_conn(id);
+            }
             Err(_) => {
                 tracing::warn!(node = %self.node, id, "stream client stalled; ending its connection");
                 self.remove_conn(id);

@@ -207,7 +207,9 @@ async fn read_loop<R: tokio::io::AsyncRead + Unpin>(
         };
         match m.kind {
             MessageType::Data => session.deliver(m.connect_id, m.data).await,
-            MessageType::RemoveConnect => session.remove_conn(m.connect_id),
+            MessageType::RemoveConnect => {
+                session.remove_conn(m.connect_id);
+            }
             other => {
                 tracing::warn!(%node, kind = ?other, id = m.connect_id, "unexpected tunnel message type from the edge ignored")
             }

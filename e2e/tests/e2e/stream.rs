@@ -8,6 +8,8 @@ use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
 use edgecore::app::EdgeCore;
+use kubeedge_shared::stream::ws::{self, WsEvent, WsReader};
+use kubeedge_shared::stream::{MessageType, TunnelMessage};
 use serde_json::json;
 use std::process::Stdio;
 use std::time::Instant;
@@ -220,4 +222,238 @@ async fn logs_of_a_container_not_started_yet_say_so() {
         .expect("kubectl");
     assert!(out.success && out.stdout.is_empty(), "{out:?}");
     env.finish().await;
+}
+
+/// A KubeEdge edge as gorilla/websocket writes it: tunnel messages in masked TEXT frames,
+/// split into fragments, with binary (non-UTF-8) data.
+fn gorilla_text_fragments(m: &TunnelMessage) -> Vec<u8> {
+    let payload = m.encode();
+    let (a, b) = payload.split_at(payload.len() / 2);
+    let key = [1, 2, 3, 4];
+    let mut first = ws::encode_frame(ws::OP_TEXT, a, Some(key));
+    first[0] &= 0x7f; // not FIN: a continuation follows
+    first.extend(ws::encode_frame(ws::OP_CONTINUATION, b, Some(key)));
+    first
+}
+
+async fn next_message(reader: &mut WsReader<impl tokio::io::AsyncRead + Unpin>) -> TunnelMessage {
+    loop {
+        match tokio::time::timeout(WAIT, reader.next()).await {
+            Ok(Ok(Some(WsEvent::Data { opcode, payload }))) => {
+                assert_eq!(opcode, ws::OP_TEXT, "tunnel messages travel in TEXT frames");
+                return TunnelMessage::decode(&payload).expect("a tunnel message");
+            }
+            Ok(Ok(Some(WsEvent::Pong(_)))) => continue,
+            other => panic!("expected a tunnel message, got {other:?}"),
+        }
+    }
+}
+
+async fn stream_get(
+    stream: &CloudStream,
+    pki: &e2e::channel::Pki,
+    path: &str,
+) -> (http::StatusCode, hyper::body::Incoming) {
+    let cert = pki.node_cert("apiserver").expect("client cert");
+    let tls = kubeedge_shared::tls::client_config(
+        std::slice::from_ref(&pki.ca.cert.cert_der),
+        vec![cert.cert_der.clone()],
+        cert.key_der(),
+    )
+    .expect("client tls");
+    let tcp = tokio::net::TcpStream::connect(stream.stream_addr())
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let io = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .expect("stream server TLS (certificate for 127.0.0.1)");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+        .await
+        .expect("http");
+    tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header("host", stream.stream_addr().to_string())
+        .header("user-agent", "kube-apiserver-test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = send.send_request(req).await.expect("response");
+    (resp.status(), resp.into_body())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
+    e2e::edge::init_logs();
+    let cluster = e2e::cluster::connect().await.expect("cluster");
+    let pki = e2e::channel::Pki::new().expect("pki");
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let stream = CloudStream::start(
+        StreamSettings {
+            stream_listen: local,
+            tunnel_listen: local,
+            chain: vec![pki.server.cert_der.clone()],
+            key: pki.server.key_der(),
+            ca: vec![pki.ca.cert.cert_der.clone()],
+        },
+        cluster.client(),
+    )
+    .await
+    .expect("cloudstream");
+    let ns = cluster.temp_namespace("stream-wire").await.expect("ns");
+    let node = e2e::edge::node_name("go-edge");
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(cluster.client(), &ns);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": BUSYBOX_IMAGE}]},
+    }))
+    .expect("pod");
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("pod created");
+
+    // The edge dials with its certificate and KubeEdge's headers.
+    let cert = pki.node_cert(&node).expect("edge cert");
+    let tls = edgecore::edgestream::tunnel::tunnel_tls(
+        std::slice::from_ref(&pki.ca.cert.cert_der),
+        vec![cert.cert_der.clone()],
+        cert.key_der(),
+    )
+    .expect("edge tls");
+    let tcp = tokio::net::TcpStream::connect(stream.tunnel_addr())
+        .await
+        .expect("tunnel tcp");
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut io = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .expect("tunnel TLS");
+    ws::client_handshake(
+        &mut io,
+        &stream.tunnel_addr().to_string(),
+        "/v1/kubeedge/connect",
+        &[
+            ("SessionHostNameOverride", &node),
+            ("SessionInternalIP", "10.9.8.7"),
+        ],
+    )
+    .await
+    .expect("tunnel handshake");
+    let (r, mut w) = tokio::io::split(io);
+    let mut reader = WsReader::new(r, 2 << 20);
+    wait_for("the tunnel session", WAIT, || async {
+        stream.is_connected(&node).then_some(())
+    })
+    .await;
+    assert!(
+        stream.is_connected("10.9.8.7"),
+        "sessions are also keyed by the node IP"
+    );
+
+    // Pings are answered; unknown message types are ignored.
+    use tokio::io::AsyncWriteExt;
+    w.write_all(&ws::encode_frame(
+        ws::OP_PING,
+        b"ping you",
+        Some([9, 9, 9, 9]),
+    ))
+    .await
+    .unwrap();
+    match tokio::time::timeout(WAIT, reader.next()).await {
+        Ok(Ok(Some(WsEvent::Pong(p)))) => assert_eq!(p, b"ping you"),
+        other => panic!("expected a pong, got {other:?}"),
+    }
+    let unknown = TunnelMessage::new(77, MessageType::Unknown(42), b"?".to_vec());
+    w.write_all(&gorilla_text_fragments(&unknown))
+        .await
+        .unwrap();
+
+    // The apiserver asks for logs: the edge gets LOGS_CONNECT with Go's url.URL JSON.
+    let path = format!("/containerLogs/{ns}/web/main?tailLines=5&follow=true");
+    let (status, body) = {
+        // Like KubeEdge, 200 comes once the tunnel is found; the body follows the edge.
+        let (connect, response) =
+            tokio::join!(next_message(&mut reader), stream_get(&stream, &pki, &path));
+        assert_eq!(connect.kind, MessageType::LogsConnect);
+        let v: serde_json::Value = serde_json::from_slice(&connect.data).expect("JSON");
+        assert_eq!(v["MessID"], connect.connect_id);
+        let url = &v["url"];
+        assert_eq!(url["Scheme"], "http");
+        assert_eq!(url["Host"], "127.0.0.1:10350");
+        assert_eq!(url["Path"], format!("/containerLogs/{ns}/web/main"));
+        assert_eq!(url["RawQuery"], "tailLines=5&follow=true");
+        for k in ["Opaque", "RawPath", "Fragment", "RawFragment"] {
+            assert_eq!(url[k], "", "{k} in {url}");
+        }
+        assert_eq!(v["header"]["User-Agent"], json!(["kube-apiserver-test"]));
+        // DATA with bytes that are not UTF-8, then REMOVE_CONNECT ends the response.
+        let id = connect.connect_id;
+        let data = TunnelMessage::new(id, MessageType::Data, b"hello \xff\xfe world\n".to_vec());
+        w.write_all(&gorilla_text_fragments(&data)).await.unwrap();
+        let done = TunnelMessage::new(id, MessageType::RemoveConnect, Vec::new());
+        w.write_all(&ws::encode_frame(
+            ws::OP_TEXT,
+            &done.encode(),
+            Some([5, 6, 7, 8]),
+        ))
+        .await
+        .unwrap();
+        response
+    };
+    assert_eq!(status, http::StatusCode::OK);
+    use http_body_util::BodyExt;
+    let got = tokio::time::timeout(WAIT, body.collect())
+        .await
+        .expect("the body ends with REMOVE_CONNECT")
+        .expect("body")
+        .to_bytes();
+    assert_eq!(&got[..], b"hello \xff\xfe world\n");
+
+    // A client that goes away: the edge is told with REMOVE_CONNECT for that connection.
+    let (status, body) = {
+        // Like KubeEdge, 200 comes once the tunnel is found; the body follows the edge.
+        let (connect, response) =
+            tokio::join!(next_message(&mut reader), stream_get(&stream, &pki, &path));
+        let data = TunnelMessage::new(connect.connect_id, MessageType::Data, b"x".to_vec());
+        w.write_all(&ws::encode_frame(
+            ws::OP_TEXT,
+            &data.encode(),
+            Some([1, 1, 1, 1]),
+        ))
+        .await
+        .unwrap();
+        let (s, b) = response;
+        (s, (b, connect.connect_id))
+    };
+    assert_eq!(status, http::StatusCode::OK);
+    let (body, id) = body;
+    drop(body);
+    let removed = next_message(&mut reader).await;
+    assert_eq!(
+        (removed.connect_id, removed.kind),
+        (id, MessageType::RemoveConnect)
+    );
+
+    // A pod on a node without a tunnel: a clear error.
+    let other: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "elsewhere"},
+        "spec": {"nodeName": "no-tunnel-node", "containers": [{"name": "main", "image": BUSYBOX_IMAGE}]},
+    }))
+    .expect("pod");
+    pods.create(&Default::default(), &other)
+        .await
+        .expect("pod created");
+    let (status, body) = stream_get(
+        &stream,
+        &pki,
+        &format!("/containerLogs/{ns}/elsewhere/main"),
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::INTERNAL_SERVER_ERROR);
+    let text = body.collect().await.expect("body").to_bytes();
+    assert!(
+        String::from_utf8_lossy(&text).contains("no stream tunnel from edge node no-tunnel-node"),
+        "{text:?}"
+    );
 }
