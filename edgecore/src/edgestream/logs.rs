@@ -183,6 +183,20 @@ async fn follow_file(
             _ => false,
         };
         if rotated && let Ok(f) = std::fs::File::open(path) {
+            // The runtime may have written a last line to the old file while reopening.
+            loop {
+                let n = file
+                    .read(&mut chunk)
+                    .map_err(|e| format!("reading {}: {e}", path.display()))?;
+                if n == 0 {
+                    break;
+                }
+                let mut buf = Vec::new();
+                decoder.feed(&chunk[..n], &mut buf);
+                if !out.data(buf).await || decoder.exhausted() {
+                    return Ok(());
+                }
+            }
             file = f;
             if file.seek(SeekFrom::Start(0)).is_ok() {
                 continue;

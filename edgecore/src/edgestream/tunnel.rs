@@ -16,6 +16,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub const PING_INTERVAL: Duration = Duration::from_secs(5);
+/// The cloud answers every ping (gorilla's default handler does too): this long without any
+/// frame means a dead (possibly half-open) tunnel.
+pub const DEAD_AFTER: Duration = Duration::from_secs(20);
 /// Tunnel messages waiting to be written.
 const OUT_BUFFER: usize = 256;
 
@@ -177,7 +180,13 @@ pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) 
     loop {
         let ev = tokio::select! {
             _ = session.cancelled() => break,
-            ev = reader.next() => ev,
+            ev = tokio::time::timeout(DEAD_AFTER, reader.next()) => match ev {
+                Ok(ev) => ev,
+                Err(_) => {
+                    tracing::warn!("no pong or message from the cloud in {DEAD_AFTER:?}; reconnecting the stream tunnel");
+                    break;
+                }
+            },
         };
         let payload = match ev {
             Ok(Some(WsEvent::Data { payload, .. })) => payload,
