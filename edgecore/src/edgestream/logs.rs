@@ -138,16 +138,47 @@ async fn stream_logs(c: &Connector, runtime: &Runtime, out: &Out<'_>) -> Result<
     let tail = opts.tail_lines;
     let mut decoder = Decoder::new(opts);
     let mut file = open(&path)?;
-    let mut content = Vec::new();
-    file.read_to_end(&mut content)
-        .map_err(|e| format!("reading {}: {e}", path.display()))?;
-    let start = tail.map_or(0, |n| tail_start(&content, n));
-    let mut buf = Vec::new();
-    decoder.feed(&content[start..], &mut buf);
-    if !out.data(buf).await || decoder.exhausted() || !follow {
+    if let Some(n) = tail {
+        // The tail needs the whole file (bounded by containerLogMaxSize).
+        let mut content = Vec::new();
+        file.read_to_end(&mut content)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let mut buf = Vec::new();
+        decoder.feed(&content[tail_start(&content, n)..], &mut buf);
+        if !out.data(buf).await || decoder.exhausted() {
+            return Ok(());
+        }
+    } else if !drain(&path, &mut file, &mut decoder, out).await? {
+        return Ok(());
+    }
+    if !follow {
         return Ok(());
     }
     follow_file(&path, file, &id, runtime, &mut decoder, out).await
+}
+
+/// Sends what `file` holds from its position to its end, chunk by chunk; false when the
+/// connection is gone or `limitBytes` is reached.
+async fn drain(
+    path: &Path,
+    file: &mut std::fs::File,
+    decoder: &mut Decoder,
+    out: &Out<'_>,
+) -> Result<bool, String> {
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let n = file
+            .read(&mut chunk)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            return Ok(true);
+        }
+        let mut buf = Vec::new();
+        decoder.feed(&chunk[..n], &mut buf);
+        if !out.data(buf).await || decoder.exhausted() {
+            return Ok(false);
+        }
+    }
 }
 
 fn open(path: &Path) -> Result<std::fs::File, String> {
@@ -184,18 +215,8 @@ async fn follow_file(
         };
         if rotated && let Ok(f) = std::fs::File::open(path) {
             // The runtime may have written a last line to the old file while reopening.
-            loop {
-                let n = file
-                    .read(&mut chunk)
-                    .map_err(|e| format!("reading {}: {e}", path.display()))?;
-                if n == 0 {
-                    break;
-                }
-                let mut buf = Vec::new();
-                decoder.feed(&chunk[..n], &mut buf);
-                if !out.data(buf).await || decoder.exhausted() {
-                    return Ok(());
-                }
+            if !drain(path, &mut file, decoder, out).await? {
+                return Ok(());
             }
             file = f;
             if file.seek(SeekFrom::Start(0)).is_ok() {
