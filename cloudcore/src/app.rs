@@ -157,6 +157,7 @@ async fn start_stream(
         chain,
         key,
         ca: vec![certs.ca.cert.cert_der.clone()],
+        allow_legacy_cn: cfg.modules.cloud_hub.allow_legacy_certificates,
     };
     crate::cloudstream::CloudStream::start(settings, client)
         .await

@@ -18,7 +18,7 @@ pub(super) struct Accepted {
 }
 
 #[derive(Debug, Clone)]
-pub(super) struct Refusal {
+pub(crate) struct Refusal {
     pub status: StatusCode,
     /// Metric label.
     pub reason: &'static str,
@@ -51,7 +51,7 @@ fn header<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
 
 /// Kubernetes node names are DNS-1123 subdomains; anything else could not be a Node and
 /// would corrupt resource paths.
-pub(super) fn valid_node_name(name: &str) -> bool {
+pub(crate) fn valid_node_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name
@@ -103,37 +103,7 @@ pub(super) fn check_request(
             ));
         }
     }
-    let expected_cn = format!("{NODE_CN_PREFIX}{node}");
-    let legacy_cn = match peer_cn {
-        Some(cn) if cn == expected_cn => false,
-        Some(LEGACY_EDGE_CN) if allow_legacy_cn => true,
-        Some(LEGACY_EDGE_CN) => {
-            return Err(Refusal::new(
-                StatusCode::FORBIDDEN,
-                "legacy_cn",
-                format!(
-                    "certificate CN {LEGACY_EDGE_CN:?} is shared by all KubeEdge ≤ v1.15 edges and is not accepted; \
-                     rejoin the node for a per-node certificate or enable modules.cloudHub.allowLegacyCertificates"
-                ),
-            ));
-        }
-        Some(cn) => {
-            return Err(Refusal::new(
-                StatusCode::FORBIDDEN,
-                "identity_mismatch",
-                format!(
-                    "certificate CN {cn:?} does not belong to node {node:?} (expected {expected_cn:?})"
-                ),
-            ));
-        }
-        None => {
-            return Err(Refusal::new(
-                StatusCode::FORBIDDEN,
-                "no_certificate",
-                "a client certificate is required",
-            ));
-        }
-    };
+    let legacy_cn = certificate_identity(peer_cn, node, allow_legacy_cn)?;
     let capabilities = Capabilities {
         inventory_resync: header(req, HEADER_CAPABILITIES)
             .is_some_and(|v| v.split(',').any(|c| c.trim() == CAPABILITY_INVENTORY)),
@@ -144,6 +114,40 @@ pub(super) fn check_request(
         capabilities,
         legacy_cn,
     })
+}
+
+/// Whether the client certificate's CN belongs to `node` (`system:node:<node>`, or the
+/// shared legacy CN when allowed; `Ok(true)` for that one). The stream tunnel checks the same.
+pub(crate) fn certificate_identity(
+    peer_cn: Option<&str>,
+    node: &str,
+    allow_legacy_cn: bool,
+) -> Result<bool, Refusal> {
+    let expected_cn = format!("{NODE_CN_PREFIX}{node}");
+    match peer_cn {
+        Some(cn) if cn == expected_cn => Ok(false),
+        Some(LEGACY_EDGE_CN) if allow_legacy_cn => Ok(true),
+        Some(LEGACY_EDGE_CN) => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "legacy_cn",
+            format!(
+                "certificate CN {LEGACY_EDGE_CN:?} is shared by all KubeEdge ≤ v1.15 edges and is not accepted; \
+                     rejoin the node for a per-node certificate or enable modules.cloudHub.allowLegacyCertificates"
+            ),
+        )),
+        Some(cn) => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "identity_mismatch",
+            format!(
+                "certificate CN {cn:?} does not belong to node {node:?} (expected {expected_cn:?})"
+            ),
+        )),
+        None => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "no_certificate",
+            "a client certificate is required",
+        )),
+    }
 }
 
 #[cfg(test)]

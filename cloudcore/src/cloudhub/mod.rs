@@ -4,7 +4,7 @@
 //! Controllers use [`CloudHub`]: `send` to a node, `connected_nodes`, `subscribe` to connect /
 //! disconnect events, and read upstream messages from the receiver returned by `bind`.
 
-mod handshake;
+pub(crate) mod handshake;
 pub mod queue;
 mod server;
 mod session;

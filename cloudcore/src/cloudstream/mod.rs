@@ -13,8 +13,21 @@ use self::session::Sessions;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+/// How long a client may take to send a request's headers on :10003/:10004 (slowloris).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTP/1 server both ports use: hyper enforces its header-read timeout only with a
+/// timer, and without one a peer that never finishes its headers holds the connection forever.
+pub(crate) fn http1_server(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    b
+}
 
 /// Where and with which certificates cloudstream serves.
 pub struct StreamSettings {
@@ -24,6 +37,9 @@ pub struct StreamSettings {
     pub key: PrivateKeyDer<'static>,
     /// The CA edge (tunnel client) certificates must chain to.
     pub ca: Vec<CertificateDer<'static>>,
+    /// Accept the shared legacy edge CN `kubeedge.io` on the tunnel (as cloudHub's
+    /// `allowLegacyCertificates`); otherwise the CN must be `system:node:<node>`.
+    pub allow_legacy_cn: bool,
 }
 
 pub struct CloudStream {
@@ -68,6 +84,7 @@ impl CloudStream {
         tokio::spawn(tunnel::serve(
             tunnel,
             tunnel_tls,
+            settings.allow_legacy_cn,
             sessions.clone(),
             shutdown.clone(),
         ));
@@ -113,5 +130,33 @@ impl CloudStream {
 impl Drop for CloudStream {
     fn drop(&mut self) {
         self.shutdown.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_headers_is_dropped() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let svc = hyper::service::service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(hyper::Response::new(String::new()))
+        });
+        let conn = http1_server(Duration::from_millis(200))
+            .serve_connection(hyper_util::rt::TokioIo::new(server), svc);
+        tokio::spawn(conn);
+        client
+            .write_all(b"GET /containerLogs/ns/p/c HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        let ended =
+            tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest)).await;
+        assert!(
+            ended.is_ok(),
+            "connection still open long after the header timeout"
+        );
     }
 }

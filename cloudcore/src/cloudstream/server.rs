@@ -5,7 +5,7 @@
 //! the edge sends back is the response body. Like KubeEdge, the answer is 200 with a chunked
 //! body once the tunnel is found; edge-side errors arrive as text in the body.
 
-use super::session::{Session, Sessions};
+use super::session::{MAX_CONNS, OpenError, Session, Sessions};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
@@ -59,7 +59,7 @@ pub async fn serve(
                 let (sessions, client) = (sessions.clone(), client.clone());
                 async move { Ok::<_, Infallible>(route(req, &sessions, client).await) }
             });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
+            if let Err(e) = super::http1_server(super::HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(tls), svc)
                 .await
             {
@@ -208,11 +208,23 @@ async fn logs(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let Some((id, rx)) = sessions.open(&session) else {
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the stream tunnel of {} has closed", session.node),
-        );
+    let (id, rx) = match sessions.open(&session) {
+        Ok(c) => c,
+        Err(OpenError::Closed) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the stream tunnel of {} has closed", session.node),
+            );
+        }
+        Err(OpenError::Full) => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "edge node {} already has {MAX_CONNS} open log streams; end some (kubectl logs -f) and retry",
+                    session.node
+                ),
+            );
+        }
     };
     let guard = ConnGuard {
         session: session.clone(),

@@ -18,6 +18,17 @@ pub const CONN_BUFFER: usize = 64;
 pub const STALL_LIMIT: Duration = Duration::from_secs(10);
 /// Frames waiting to be written to one tunnel.
 pub const OUT_BUFFER: usize = 256;
+/// Connections one tunnel carries at most: the stream port takes requests from anyone who
+/// reaches it (as KubeEdge, client certificates are not verified there), and every
+/// connection is a reader task on the edge.
+pub const MAX_CONNS: usize = 256;
+
+/// Why a connection could not be opened on a tunnel.
+#[derive(Debug, PartialEq, Eq)]
+pub enum OpenError {
+    Closed,
+    Full,
+}
 
 /// What the session writer sends.
 #[derive(Debug)]
@@ -115,7 +126,8 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// Registers a new tunnel (replacing and closing an older one of the same node).
+    /// Registers a new tunnel (replacing and closing an older one of the same node; an IP
+    /// key another node held now points at this one).
     pub fn add(&self, node: &str, ip: &str, out: mpsc::Sender<Outgoing>) -> Arc<Session> {
         let session = Arc::new(Session {
             node: node.to_string(),
@@ -137,7 +149,9 @@ impl Sessions {
             }
         }
         for prev in old {
-            if prev.serial != session.serial {
+            // Only the node's own older tunnel ends: edges in different private networks
+            // may report the same internal IP, and that must not close each other's tunnels.
+            if prev.serial != session.serial && prev.node == session.node {
                 prev.close();
             }
         }
@@ -157,14 +171,26 @@ impl Sessions {
     }
 
     /// A new connection on `session`: its id and the channel its data arrives on.
-    pub fn open(&self, session: &Session) -> Option<(u64, mpsc::Receiver<Vec<u8>>)> {
+    pub fn open(&self, session: &Session) -> Result<(u64, mpsc::Receiver<Vec<u8>>), OpenError> {
+        self.open_within(session, MAX_CONNS)
+    }
+
+    fn open_within(
+        &self,
+        session: &Session,
+        max: usize,
+    ) -> Result<(u64, mpsc::Receiver<Vec<u8>>), OpenError> {
+        if session.closed.is_cancelled() {
+            return Err(OpenError::Closed);
+        }
+        let mut conns = session.conns.lock().map_err(|_| OpenError::Closed)?;
+        if conns.len() >= max {
+            return Err(OpenError::Full);
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = mpsc::channel(CONN_BUFFER);
-        if session.closed.is_cancelled() {
-            return None;
-        }
-        session.conns.lock().ok()?.insert(id, tx);
-        Some((id, rx))
+        conns.insert(id, tx);
+        Ok((id, rx))
     }
 
     pub fn len(&self) -> usize {
@@ -189,13 +215,40 @@ mod tests {
         let b = s.add("n1", "10.0.0.1", tx);
         assert!(a.closed.is_cancelled());
         assert!(data.recv().await.is_none(), "old connections end");
-        assert!(s.open(&a).is_none());
+        assert_eq!(s.open(&a).err(), Some(OpenError::Closed));
         s.remove(&a);
         assert_eq!(s.get("n1").map(|x| x.serial), Some(b.serial));
         let (id2, _) = s.open(&b).unwrap();
         assert!(id2 > id);
         s.remove(&b);
         assert!(s.get("n1").is_none() && s.get("10.0.0.1").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_tunnel_carries_a_bounded_number_of_connections() {
+        let s = Sessions::default();
+        let (tx, _rx) = mpsc::channel(1);
+        let a = s.add("n1", "", tx);
+        let first = s.open_within(&a, 2).unwrap();
+        let _second = s.open_within(&a, 2).unwrap();
+        assert_eq!(s.open_within(&a, 2).err(), Some(OpenError::Full));
+        assert_eq!(a.conn_count(), 2);
+        a.remove_conn(first.0);
+        assert!(s.open_within(&a, 2).is_ok(), "room again once one ends");
+    }
+
+    #[tokio::test]
+    async fn nodes_sharing_an_internal_ip_keep_their_tunnels() {
+        let s = Sessions::default();
+        let (tx, _rx) = mpsc::channel(1);
+        let a = s.add("n1", "192.168.1.10", tx.clone());
+        let b = s.add("n2", "192.168.1.10", tx);
+        assert!(!a.closed.is_cancelled(), "n2 must not close n1's tunnel");
+        assert!(s.open(&a).is_ok());
+        assert_eq!(s.get("n1").map(|x| x.serial), Some(a.serial));
+        assert_eq!(s.get("n2").map(|x| x.serial), Some(b.serial));
+        s.remove(&b);
+        assert_eq!(s.get("n1").map(|x| x.serial), Some(a.serial));
     }
 
     #[tokio::test]

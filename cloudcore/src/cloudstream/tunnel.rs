@@ -4,6 +4,7 @@
 //! payloads (read with [`kubeedge_shared::stream::ws`], never UTF-8 checked).
 
 use super::session::{OUT_BUFFER, Outgoing, Session, Sessions};
+use crate::cloudhub::handshake::{certificate_identity, valid_node_name};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
@@ -24,6 +25,7 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(30);
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    allow_legacy_cn: bool,
     sessions: Arc<Sessions>,
     shutdown: CancellationToken,
 ) {
@@ -51,11 +53,24 @@ pub async fn serve(
                     }
                     Err(_) => return,
                 };
+            let cn = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(kubeedge_shared::tls::common_name);
             let svc = hyper::service::service_fn(move |req| {
                 let (sessions, shutdown) = (sessions.clone(), shutdown.clone());
-                async move { Ok::<_, std::convert::Infallible>(upgrade(req, peer, sessions, shutdown)) }
+                let identity = Identity {
+                    peer,
+                    cn: cn.clone(),
+                    allow_legacy_cn,
+                };
+                async move {
+                    Ok::<_, std::convert::Infallible>(upgrade(req, identity, sessions, shutdown))
+                }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
+            let conn = super::http1_server(super::HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(tls), svc)
                 .with_upgrades();
             if let Err(e) = conn.await {
@@ -71,9 +86,41 @@ fn plain(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {
     r
 }
 
+/// Who is at the other end of a tunnel connection.
+struct Identity {
+    peer: SocketAddr,
+    /// CN of the client certificate (verified against the CA by the TLS layer).
+    cn: Option<String>,
+    allow_legacy_cn: bool,
+}
+
+/// The node a tunnel may serve: a valid node name whose certificate it holds (as cloudHub
+/// checks), so that one edge cannot take over another node's tunnel and its logs requests.
+fn check_node(
+    node: &str,
+    cn: Option<&str>,
+    allow_legacy_cn: bool,
+) -> Result<(), (StatusCode, String)> {
+    if node.is_empty() {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "missing SessionHostNameOverride header: set it to the edge node name".into(),
+        ));
+    }
+    if !valid_node_name(node) {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!("SessionHostNameOverride {node:?} is not a valid Kubernetes node name"),
+        ));
+    }
+    certificate_identity(cn, node, allow_legacy_cn)
+        .map(|_| ())
+        .map_err(|r| (r.status, r.message))
+}
+
 fn upgrade(
     req: Request<Incoming>,
-    peer: SocketAddr,
+    identity: Identity,
     sessions: Arc<Sessions>,
     shutdown: CancellationToken,
 ) -> Response<Full<Bytes>> {
@@ -92,16 +139,15 @@ fn upgrade(
     if req.method() != http::Method::GET || !is_ws || key.is_empty() {
         return plain(StatusCode::BAD_REQUEST, "websocket upgrade expected");
     }
-    let node = header(stream::HEADER_HOSTNAME);
+    let node = header(stream::HEADER_HOSTNAME).trim().to_string();
     let mut ip = header(stream::HEADER_INTERNAL_IP);
     if ip.is_empty() {
-        ip = peer.ip().to_string();
+        ip = identity.peer.ip().to_string();
     }
-    if node.is_empty() {
-        return plain(
-            StatusCode::BAD_REQUEST,
-            "missing SessionHostNameOverride header",
-        );
+    if let Err((status, msg)) = check_node(&node, identity.cn.as_deref(), identity.allow_legacy_cn)
+    {
+        tracing::warn!(peer = %identity.peer, %node, %status, %msg, "stream tunnel refused");
+        return plain(status, &msg);
     }
     let accept = ws::accept_key(key.as_bytes());
     let on_upgrade = hyper::upgrade::on(req);
@@ -214,5 +260,32 @@ async fn read_loop<R: tokio::io::AsyncRead + Unpin>(
                 tracing::warn!(%node, kind = ?other, id = m.connect_id, "unexpected tunnel message type from the edge ignored")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_node;
+    use http::StatusCode;
+
+    #[test]
+    fn a_tunnel_serves_only_the_node_of_its_certificate() {
+        assert!(check_node("edge-1", Some("system:node:edge-1"), false).is_ok());
+        let other = check_node("edge-2", Some("system:node:edge-1"), false).unwrap_err();
+        assert_eq!(other.0, StatusCode::FORBIDDEN);
+        assert!(other.1.contains("edge-2"), "{}", other.1);
+        assert!(check_node("edge-2", Some("kubeedge.io"), false).is_err());
+        assert!(check_node("edge-2", Some("kubeedge.io"), true).is_ok());
+        assert!(check_node("edge-1", None, true).is_err());
+        assert_eq!(
+            check_node("", Some("system:node:"), false).unwrap_err().0,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            check_node("../x", Some("system:node:../x"), false)
+                .unwrap_err()
+                .0,
+            StatusCode::BAD_REQUEST
+        );
     }
 }

@@ -27,6 +27,7 @@ async fn stream_env(prefix: &str) -> (EdgeEnv, CloudStream) {
             chain: vec![env.pki.server.cert_der.clone()],
             key: env.pki.server.key_der(),
             ca: vec![env.pki.ca.cert.cert_der.clone()],
+            allow_legacy_cn: false,
         },
         env.cluster.client(),
     )
@@ -295,6 +296,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
             chain: vec![pki.server.cert_der.clone()],
             key: pki.server.key_der(),
             ca: vec![pki.ca.cert.cert_der.clone()],
+            allow_legacy_cn: false,
         },
         cluster.client(),
     )
