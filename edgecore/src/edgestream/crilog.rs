@@ -91,12 +91,19 @@ pub fn decode_line(line: &[u8]) -> Option<LogLine<'_>> {
     })
 }
 
+/// Longest log-file line kept (the runtime splits lines at 16 KiB by default); a longer one
+/// (a runtime without a line limit, a file that is not a CRI log) is skipped rather than
+/// buffered without bound.
+pub const MAX_LINE: usize = 1 << 20;
+
 /// Turns log-file bytes into output, keeping state across chunks (a `follow` reader feeds
 /// it what the file grows by).
 pub struct Decoder {
     opts: LogOptions,
     /// Bytes of an incomplete last line.
     pending: Vec<u8>,
+    /// Inside a line longer than [`MAX_LINE`]: skipping to its end.
+    skipping: bool,
     /// Output bytes still allowed (`limitBytes`).
     budget: Option<usize>,
 }
@@ -107,6 +114,7 @@ impl Decoder {
             budget: opts.limit_bytes,
             opts,
             pending: Vec::new(),
+            skipping: false,
         }
     }
 
@@ -116,9 +124,21 @@ impl Decoder {
     }
 
     /// Appends the output for the complete lines in `pending + chunk` to `out`.
-    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+    pub fn feed(&mut self, mut chunk: &[u8], out: &mut Vec<u8>) {
+        if self.skipping {
+            let Some(nl) = chunk.iter().position(|b| *b == b'\n') else {
+                return;
+            };
+            chunk = &chunk[nl + 1..];
+            self.skipping = false;
+        }
         self.pending.extend_from_slice(chunk);
         let Some(last_nl) = self.pending.iter().rposition(|b| *b == b'\n') else {
+            if self.pending.len() > MAX_LINE {
+                tracing::debug!("container log line over {MAX_LINE} bytes skipped");
+                self.pending = Vec::new();
+                self.skipping = true;
+            }
             return;
         };
         let rest = self.pending.split_off(last_nl + 1);
@@ -231,6 +251,19 @@ garbage line\n\
             d.feed(&LOG[cut..], &mut out);
             assert_eq!(out, whole, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn an_endless_line_is_skipped_not_buffered() {
+        let mut d = Decoder::new(LogOptions::default());
+        let mut out = Vec::new();
+        let junk = vec![b'x'; 64 * 1024];
+        for _ in 0..(MAX_LINE / junk.len() + 2) {
+            d.feed(&junk, &mut out);
+            assert!(d.pending.len() <= MAX_LINE + junk.len());
+        }
+        d.feed(b"x\n2024-05-01T12:00:00Z stdout F next\n", &mut out);
+        assert_eq!(out, b"next\n".to_vec());
     }
 
     #[test]

@@ -139,12 +139,10 @@ async fn stream_logs(c: &Connector, runtime: &Runtime, out: &Out<'_>) -> Result<
     let mut decoder = Decoder::new(opts);
     let mut file = open(&path)?;
     if let Some(n) = tail {
-        // The tail needs the whole file (bounded by containerLogMaxSize).
-        let mut content = Vec::new();
-        file.read_to_end(&mut content)
+        let content = read_tail(&mut file, n, CHUNK as u64)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
         let mut buf = Vec::new();
-        decoder.feed(&content[tail_start(&content, n)..], &mut buf);
+        decoder.feed(&content, &mut buf);
         if !out.data(buf).await || decoder.exhausted() {
             return Ok(());
         }
@@ -155,6 +153,27 @@ async fn stream_logs(c: &Connector, runtime: &Runtime, out: &Out<'_>) -> Result<
         return Ok(());
     }
     follow_file(&path, file, &id, runtime, &mut decoder, out).await
+}
+
+/// The last `n` lines of `file`, read backwards from its end in growing windows (memory
+/// follows the lines asked for, not the file: containerLogMaxSize may be 0, no rotation);
+/// leaves the file positioned at the end it read to.
+fn read_tail(file: &mut std::fs::File, n: usize, first_window: u64) -> std::io::Result<Vec<u8>> {
+    let end = file.seek(SeekFrom::End(0))?;
+    let mut window = first_window.max(1);
+    loop {
+        let start = end.saturating_sub(window);
+        file.seek(SeekFrom::Start(start))?;
+        let mut content = Vec::new();
+        file.by_ref().take(end - start).read_to_end(&mut content)?;
+        let from = tail_start(&content, n);
+        // With fewer than `n` line ends in the window its first line may be cut: widen it.
+        if start == 0 || from > 0 || n == 0 {
+            content.drain(..from);
+            return Ok(content);
+        }
+        window = window.saturating_mul(2);
+    }
 }
 
 /// Sends what `file` holds from its position to its end, chunk by chunk; false when the
@@ -244,6 +263,41 @@ async fn follow_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tail_reads_back_only_as_far_as_needed() {
+        let dir = std::env::temp_dir().join(format!("edgestream-tail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("0.log");
+        let lines: Vec<String> = (0..500).map(|i| format!("line {i:03}\n")).collect();
+        std::fs::write(&path, lines.concat()).unwrap();
+        for (n, window) in [
+            (3usize, 4u64),
+            (3, 1 << 20),
+            (120, 16),
+            (500, 7),
+            (900, 5),
+            (0, 4),
+        ] {
+            let mut f = std::fs::File::open(&path).unwrap();
+            let got = read_tail(&mut f, n, window).unwrap();
+            let want = lines[lines.len().saturating_sub(n)..].concat();
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                want,
+                "n={n} window={window}"
+            );
+            assert_eq!(
+                f.stream_position().unwrap(),
+                500 * 9,
+                "positioned at the end"
+            );
+        }
+        std::fs::write(&path, "no newline at the end").unwrap();
+        let mut f = std::fs::File::open(&path).unwrap();
+        assert_eq!(read_tail(&mut f, 1, 4).unwrap(), b"no newline at the end");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn paths() {
