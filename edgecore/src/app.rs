@@ -60,17 +60,19 @@ pub struct EdgeCore {
     stream: Option<crate::edgestream::EdgeStream>,
 }
 
+/// The error for a TLS file of config `field` that could not be loaded.
+pub(crate) fn load_err(field: &'static str, path: &str) -> impl FnOnce(TlsError) -> StartError {
+    let path = path.to_string();
+    move |source| StartError::TlsFile {
+        field,
+        path,
+        source,
+    }
+}
+
 /// Loads the client TLS configuration from the files `modules.edgeHub` names.
 pub fn load_tls(config: &EdgeCoreConfig) -> Result<Arc<rustls::ClientConfig>, StartError> {
     let hub = &config.modules.edge_hub;
-    let load_err = |field: &'static str, path: &str| {
-        let path = path.to_string();
-        move |source| StartError::TlsFile {
-            field,
-            path,
-            source,
-        }
-    };
     let ca = tls::load_certs(Path::new(&hub.tls_ca_file))
         .map_err(load_err("modules.edgeHub.tlsCaFile", &hub.tls_ca_file))?;
     let chain = tls::load_certs(Path::new(&hub.tls_cert_file))

@@ -20,6 +20,47 @@ use tokio_util::sync::CancellationToken;
 /// How long a client may take to send a request's headers on :10003/:10004 (slowloris).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a TLS handshake on :10003/:10004 may take.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) type TlsConn = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// Accepts on `listener` until `shutdown`, completes each TLS handshake within
+/// [`TLS_HANDSHAKE_TIMEOUT`] and hands the connection to `serve` on its own task.
+pub(crate) async fn accept_loop<F, Fut>(
+    what: &'static str,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: CancellationToken,
+    serve: F,
+) where
+    F: Fn(TlsConn, SocketAddr) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "{what} accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, serve) = (acceptor.clone(), serve.clone());
+        tokio::spawn(async move {
+            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => serve(tls, peer).await,
+                Ok(Err(e)) => tracing::info!(%peer, error = %e, "{what} TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "{what} TLS handshake timed out"),
+            }
+        });
+    }
+}
+
 /// The HTTP/1 server both ports use: hyper enforces its header-read timeout only with a
 /// timer, and without one a peer that never finishes its headers holds the connection forever.
 pub(crate) fn http1_server(header_timeout: Duration) -> hyper::server::conn::http1::Builder {

@@ -18,7 +18,6 @@ use kubeedge_shared::stream::{self, Connector, GoUrl, MessageType, TunnelMessage
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -31,42 +30,28 @@ pub async fn serve(
     client: kube::Client,
     shutdown: CancellationToken,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "stream server accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
+    super::accept_loop(
+        "stream server",
+        listener,
+        tls,
+        shutdown,
+        move |tls, peer| {
+            let (sessions, client) = (sessions.clone(), client.clone());
+            async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let (sessions, client) = (sessions.clone(), client.clone());
+                    async move { Ok::<_, Infallible>(route(req, &sessions, client).await) }
+                });
+                if let Err(e) = super::http1_server(super::HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await
+                {
+                    tracing::debug!(%peer, error = %e, "stream server connection ended");
                 }
-            },
-        };
-        let (acceptor, sessions, client) = (acceptor.clone(), sessions.clone(), client.clone());
-        tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
-                        tracing::info!(%peer, error = %e, "stream server TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-            let svc = hyper::service::service_fn(move |req| {
-                let (sessions, client) = (sessions.clone(), client.clone());
-                async move { Ok::<_, Infallible>(route(req, &sessions, client).await) }
-            });
-            if let Err(e) = super::http1_server(super::HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(tls), svc)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "stream server connection ended");
             }
-        });
-    }
+        },
+    )
+    .await
 }
 
 fn text(status: StatusCode, msg: String) -> Response<Body> {

@@ -29,55 +29,43 @@ pub async fn serve(
     sessions: Arc<Sessions>,
     shutdown: CancellationToken,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "tunnel accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let (acceptor, sessions, shutdown) = (acceptor.clone(), sessions.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
-                        tracing::info!(%peer, error = %e, "tunnel TLS handshake failed");
-                        return;
+    super::accept_loop(
+        "tunnel",
+        listener,
+        tls,
+        shutdown.clone(),
+        move |tls, peer| {
+            let (sessions, shutdown) = (sessions.clone(), shutdown.clone());
+            async move {
+                let cn = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(kubeedge_shared::tls::common_name);
+                let svc = hyper::service::service_fn(move |req| {
+                    let (sessions, shutdown) = (sessions.clone(), shutdown.clone());
+                    let identity = Identity {
+                        peer,
+                        cn: cn.clone(),
+                        allow_legacy_cn,
+                    };
+                    async move {
+                        Ok::<_, std::convert::Infallible>(upgrade(
+                            req, identity, sessions, shutdown,
+                        ))
                     }
-                    Err(_) => return,
-                };
-            let cn = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(kubeedge_shared::tls::common_name);
-            let svc = hyper::service::service_fn(move |req| {
-                let (sessions, shutdown) = (sessions.clone(), shutdown.clone());
-                let identity = Identity {
-                    peer,
-                    cn: cn.clone(),
-                    allow_legacy_cn,
-                };
-                async move {
-                    Ok::<_, std::convert::Infallible>(upgrade(req, identity, sessions, shutdown))
+                });
+                let conn = super::http1_server(super::HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .with_upgrades();
+                if let Err(e) = conn.await {
+                    tracing::debug!(%peer, error = %e, "tunnel HTTP connection ended");
                 }
-            });
-            let conn = super::http1_server(super::HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(tls), svc)
-                .with_upgrades();
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "tunnel HTTP connection ended");
             }
-        });
-    }
+        },
+    )
+    .await
 }
 
 fn plain(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {

@@ -9,7 +9,7 @@ pub mod crilog;
 pub mod logs;
 pub mod tunnel;
 
-use crate::app::StartError;
+use crate::app::{StartError, load_err};
 use crate::config::EdgeCoreConfig;
 use crate::edged::EdgedConfig;
 use crate::edged::runtime::Runtime;
@@ -71,14 +71,6 @@ impl EdgeStream {
         edged: &EdgedConfig,
     ) -> Result<EdgeStream, StartError> {
         let s = &config.modules.edge_stream;
-        let load_err = |field: &'static str, path: &str| {
-            let path = path.to_string();
-            move |source| StartError::TlsFile {
-                field,
-                path,
-                source,
-            }
-        };
         let ca = tls::load_certs(Path::new(&s.tls_tunnel_ca_file)).map_err(load_err(
             "modules.edgeStream.tlsTunnelCAFile",
             &s.tls_tunnel_ca_file,
