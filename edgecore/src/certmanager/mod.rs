@@ -28,7 +28,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum CertError {
     #[error(
         "no usable edge certificate ({0}) and modules.edgeHub.token is empty: \
-         get a token with `keadm gettoken` on the cloud and set it, or provide the certificate files"
+         get a token with `keadm gettoken` on the cloud and run `edgecore join --cloudcore-ipport \
+         <cloud-ip>:10000 --token <token>` (or set modules.edgeHub.token), or provide the files \
+         named by modules.edgeHub.tlsCaFile, tlsCertFile and tlsPrivateKeyFile"
     )]
     NoToken(String),
     #[error(
