@@ -1,0 +1,489 @@
+//! The Helm chart in `manifests/charts/cloudcore`, checked without Helm (none exists on these
+//! machines): a renderer for the template subset the chart uses (`{{ .Values.x }}`,
+//! `.Release.*`, `.Chart.AppVersion`, `toYaml .Values.x | nindent N`, `if`/`end`), then every
+//! rendered document is parsed and checked against what cloudcore needs.
+
+use cloudcore::config::CloudCoreConfig;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+const RELEASE_NAME: &str = "cloudcore";
+const NAMESPACE: &str = "kubeedge";
+
+fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/charts/cloudcore")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn yaml(text: &str, what: &str) -> Value {
+    serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("{what}: {e}\n---\n{text}"))
+}
+
+/// The chart's values.yaml.
+fn default_values() -> Value {
+    yaml(&read(&chart_dir().join("values.yaml")), "values.yaml")
+}
+
+/// `--set a.b.c=v` (objects only).
+fn set(values: &mut Value, path: &str, v: Value) {
+    let mut cur = values;
+    let mut keys = path.split('.').peekable();
+    while let Some(k) = keys.next() {
+        if keys.peek().is_none() {
+            cur[k] = v;
+            return;
+        }
+        cur = &mut cur[k];
+    }
+}
+
+fn lookup<'a>(root: &'a Value, path: &str) -> &'a Value {
+    path.split('.').fold(root, |v, k| {
+        v.get(k).unwrap_or_else(|| panic!("no value {path}"))
+    })
+}
+
+/// Go template truthiness: false, 0, "", null and empty collections are false.
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+struct Scope {
+    values: Value,
+    app_version: String,
+}
+
+impl Scope {
+    fn value(&self, expr: &str) -> Value {
+        match expr {
+            ".Release.Name" => json!(RELEASE_NAME),
+            ".Release.Namespace" => json!(NAMESPACE),
+            ".Chart.AppVersion" => json!(self.app_version),
+            _ => {
+                let path = expr
+                    .strip_prefix(".Values.")
+                    .unwrap_or_else(|| panic!("unsupported template expression {expr:?}"));
+                lookup(&self.values, path).clone()
+            }
+        }
+    }
+
+    /// One `{{ … }}` action outside the `if`/`end` structure.
+    fn action(&self, action: &str) -> String {
+        if let Some(rest) = action.strip_prefix("toYaml ") {
+            let (expr, indent) = rest
+                .split_once("| nindent ")
+                .unwrap_or_else(|| panic!("toYaml without nindent: {action:?}"));
+            let n: usize = indent.trim().parse().expect("nindent width");
+            let text = serde_saphyr::to_string(&self.value(expr.trim())).expect("toYaml");
+            let pad = " ".repeat(n);
+            return text
+                .trim_end()
+                .lines()
+                .map(|l| format!("\n{pad}{l}"))
+                .collect();
+        }
+        match self.value(action) {
+            Value::String(s) => s,
+            v @ (Value::Bool(_) | Value::Number(_)) => v.to_string(),
+            v => panic!("{action:?} renders {v} (use toYaml)"),
+        }
+    }
+}
+
+/// Renders one template: `{{-`/`-}}` trim whitespace as in Go templates; `if` nests.
+fn render(template: &str, scope: &Scope) -> String {
+    let mut out = String::new();
+    let mut emitting: Vec<bool> = Vec::new();
+    let mut rest = template;
+    let mut trim_next = false;
+    while let Some(start) = rest.find("{{") {
+        let mut text = &rest[..start];
+        if trim_next {
+            text = text.trim_start();
+        }
+        let after = &rest[start + 2..];
+        let end = after.find("}}").expect("unclosed {{");
+        let mut action = &after[..end];
+        if let Some(a) = action.strip_prefix('-') {
+            text = text.trim_end();
+            action = a;
+        }
+        trim_next = action.ends_with('-');
+        let action = action.trim_end_matches('-').trim();
+        let on = emitting.iter().all(|b| *b);
+        if on {
+            out.push_str(text);
+        }
+        if let Some(cond) = action.strip_prefix("if ") {
+            emitting.push(on && truthy(&scope.value(cond.trim())));
+        } else if action == "end" {
+            emitting.pop().expect("end without if");
+        } else if on {
+            out.push_str(&scope.action(action));
+        }
+        rest = &after[end + 2..];
+    }
+    assert!(emitting.is_empty(), "unterminated if");
+    out.push_str(if trim_next { rest.trim_start() } else { rest });
+    out
+}
+
+/// Every document of every template (and the CRDs), rendered with these values.
+fn render_chart(values: Value) -> Vec<Value> {
+    let chart = yaml(&read(&chart_dir().join("Chart.yaml")), "Chart.yaml");
+    let scope = Scope {
+        values,
+        app_version: chart["appVersion"].as_str().expect("appVersion").into(),
+    };
+    let mut files: Vec<PathBuf> = ["templates", "crds"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(chart_dir().join(d)).expect("chart dir"))
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    files.sort();
+    let mut docs = Vec::new();
+    for f in files {
+        let rendered = render(&read(&f), &scope);
+        for doc in rendered.split("\n---") {
+            let meaningful = doc
+                .lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+            if meaningful {
+                docs.push(yaml(doc, &f.display().to_string()));
+            }
+        }
+    }
+    for d in &docs {
+        for field in ["apiVersion", "kind"] {
+            assert!(d[field].is_string(), "{field} missing in {d}");
+        }
+        assert!(d["metadata"]["name"].is_string(), "metadata.name in {d}");
+    }
+    docs
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+fn installed_values() -> Value {
+    let mut v = default_values();
+    set(
+        &mut v,
+        "cloudCore.modules.cloudHub.advertiseAddress",
+        json!(["203.0.113.10"]),
+    );
+    v
+}
+
+fn ports(list: &Value, key: &str) -> Vec<u64> {
+    let mut p: Vec<u64> = list
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| p[key].as_u64().expect("port number"))
+        .collect();
+    p.sort();
+    p
+}
+
+#[test]
+fn config_map_holds_a_cloudcore_yaml_that_cloudcore_loads() {
+    // Without advertiseAddress (the chart's default) cloudcore refuses to start, naming it.
+    let docs = render_chart(default_values());
+    let cm = find(&docs, "ConfigMap", "cloudcore").expect("ConfigMap cloudcore");
+    let text = cm["data"]["cloudcore.yaml"]
+        .as_str()
+        .expect("cloudcore.yaml");
+    let err = CloudCoreConfig::from_yaml(text).expect_err("advertiseAddress is required");
+    assert!(err.to_string().contains("advertiseAddress"), "{err}");
+
+    let docs = render_chart(installed_values());
+    let cm = find(&docs, "ConfigMap", "cloudcore").expect("ConfigMap cloudcore");
+    assert_eq!(cm["metadata"]["namespace"], NAMESPACE);
+    let text = cm["data"]["cloudcore.yaml"]
+        .as_str()
+        .expect("cloudcore.yaml");
+    let cfg = CloudCoreConfig::from_yaml(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let hub = &cfg.modules.cloud_hub;
+    assert_eq!(hub.advertise_address, ["203.0.113.10"]);
+    assert!(hub.websocket.enable && hub.https.enable && cfg.modules.cloud_stream.enable);
+    assert!(
+        cfg.kube_api_config.kube_config.is_empty(),
+        "in-cluster config"
+    );
+    let monitor: std::net::SocketAddr = cfg
+        .common_config
+        .monitor_server
+        .bind_address
+        .parse()
+        .expect("monitor address");
+    assert!(
+        monitor.ip().is_unspecified(),
+        "probes reach the pod address"
+    );
+
+    // The ports cloudcore listens on are the ones the Deployment and Service declare.
+    let mut listening = vec![
+        u64::from(hub.websocket.port),
+        u64::from(hub.https.port),
+        u64::from(cfg.modules.cloud_stream.stream_port),
+        u64::from(cfg.modules.cloud_stream.tunnel_port),
+    ];
+    listening.sort();
+    assert_eq!(listening, [10000, 10002, 10003, 10004]);
+    let svc = find(&docs, "Service", "cloudcore").expect("Service cloudcore");
+    assert_eq!(ports(&svc["spec"]["ports"], "port"), listening);
+    assert_eq!(ports(&svc["spec"]["ports"], "targetPort"), listening);
+    let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment cloudcore");
+    let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+    let mut with_monitor = listening.clone();
+    with_monitor.push(u64::from(monitor.port()));
+    with_monitor.sort();
+    assert_eq!(ports(&container["ports"], "containerPort"), with_monitor);
+    let mount = &container["volumeMounts"][0]["mountPath"];
+    assert_eq!(
+        format!("{}/cloudcore.yaml", mount.as_str().expect("mountPath")),
+        cloudcore::config::DEFAULT_CONFIG_PATH
+    );
+}
+
+#[test]
+fn deployment_sets_namespace_probes_and_keeps_off_edge_nodes() {
+    let docs = render_chart(installed_values());
+    let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment cloudcore");
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "cloudcore");
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(
+        deploy["spec"]["selector"]["matchLabels"],
+        deploy["spec"]["template"]["metadata"]["labels"]
+    );
+    let c = &pod["containers"][0];
+    assert_eq!(c["image"], "kubeedge-rs/cloudcore:0.1.0");
+    let env = c["env"].as_array().expect("env");
+    let ns = env
+        .iter()
+        .find(|e| e["name"] == "POD_NAMESPACE")
+        .expect("POD_NAMESPACE");
+    assert_eq!(
+        ns["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let port = &c[probe]["httpGet"]["port"];
+        assert!(
+            c["ports"]
+                .as_array()
+                .expect("ports")
+                .iter()
+                .any(|p| p["name"] == *port),
+            "{probe} port {port} is a named container port"
+        );
+    }
+    assert!(c["resources"]["limits"]["memory"].is_string());
+    assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert_eq!(
+        terms[0]["matchExpressions"][0],
+        json!({"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"})
+    );
+    // The service account the pod runs as is the one bound to the ClusterRole.
+    let binding = find(&docs, "ClusterRoleBinding", "cloudcore").expect("binding");
+    assert_eq!(binding["roleRef"]["name"], "cloudcore");
+    assert_eq!(
+        binding["subjects"][0],
+        json!({"kind": "ServiceAccount", "name": "cloudcore", "namespace": NAMESPACE})
+    );
+    let sa = find(&docs, "ServiceAccount", "cloudcore").expect("ServiceAccount");
+    assert_eq!(sa["metadata"]["namespace"], NAMESPACE);
+}
+
+#[test]
+fn service_follows_kubeedge_node_ports_and_the_values_overrides() {
+    let docs = render_chart(installed_values());
+    let svc = find(&docs, "Service", "cloudcore").expect("Service cloudcore");
+    assert_eq!(svc["spec"]["type"], "NodePort");
+    assert_eq!(
+        ports(&svc["spec"]["ports"], "nodePort"),
+        [30000, 30002, 30003, 30004]
+    );
+    let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment");
+    assert_eq!(
+        svc["spec"]["selector"],
+        deploy["spec"]["template"]["metadata"]["labels"]
+    );
+
+    let mut v = installed_values();
+    set(&mut v, "cloudCore.service.type", json!("LoadBalancer"));
+    set(&mut v, "cloudCore.hostNetWork", json!(false));
+    set(
+        &mut v,
+        "cloudCore.service.annotations",
+        json!({"metallb.universe.tf/address-pool": "edge"}),
+    );
+    let docs = render_chart(v);
+    let svc = find(&docs, "Service", "cloudcore").expect("Service");
+    assert_eq!(svc["spec"]["type"], "LoadBalancer");
+    assert_eq!(
+        svc["metadata"]["annotations"]["metallb.universe.tf/address-pool"],
+        "edge"
+    );
+    let pod =
+        &find(&docs, "Deployment", "cloudcore").expect("Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], false);
+    assert!(pod.get("dnsPolicy").is_none(), "{pod}");
+
+    let mut v = installed_values();
+    set(&mut v, "cloudCore.service.type", json!("ClusterIP"));
+    for p in [
+        "cloudhubNodePort",
+        "cloudhubHttpsNodePort",
+        "cloudstreamNodePort",
+        "tunnelNodePort",
+    ] {
+        set(&mut v, &format!("cloudCore.service.{p}"), json!(""));
+    }
+    let docs = render_chart(v);
+    let svc = find(&docs, "Service", "cloudcore").expect("Service");
+    for p in svc["spec"]["ports"].as_array().expect("ports") {
+        assert!(
+            p.get("nodePort").is_none(),
+            "ClusterIP has no nodePort: {p}"
+        );
+    }
+
+    let mut v = installed_values();
+    set(&mut v, "cloudCore.service.enable", json!(false));
+    assert!(find(&render_chart(v), "Service", "cloudcore").is_none());
+}
+
+/// Every API call cloudcore makes, as (apiGroup, resource, verb); from controller/upstream.rs
+/// (creates, queries, patches, deletes, tokens, events), downstream.rs (watches, pod list),
+/// services.rs (service/endpoints/endpointslice watches), objectsync (records, orphans),
+/// certs.rs and join/token_secret.rs (casecret, tokensecret), cloudstream (pod lookup),
+/// leader.rs (the sync controller Lease).
+const NEEDED: &[(&str, &str, &[&str])] = &[
+    ("", "nodes", &["get", "list", "watch", "create", "patch"]),
+    ("", "nodes/status", &["patch"]),
+    ("", "pods", &["get", "list", "watch", "create", "delete"]),
+    ("", "pods/status", &["patch"]),
+    ("", "configmaps", &["get", "list", "watch"]),
+    ("", "secrets", &["get", "list", "watch", "create", "update"]),
+    ("", "persistentvolumes", &["get"]),
+    ("", "persistentvolumeclaims", &["get"]),
+    ("", "serviceaccounts/token", &["create"]),
+    ("", "services", &["get", "list", "watch"]),
+    ("", "endpoints", &["get", "list", "watch"]),
+    ("", "events", &["create", "patch", "update"]),
+    (
+        "discovery.k8s.io",
+        "endpointslices",
+        &["get", "list", "watch"],
+    ),
+    ("storage.k8s.io", "volumeattachments", &["get"]),
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "update"],
+    ),
+    (
+        "reliablesyncs.kubeedge.io",
+        "objectsyncs",
+        &["get", "list", "watch", "create", "delete"],
+    ),
+    (
+        "reliablesyncs.kubeedge.io",
+        "objectsyncs/status",
+        &["update"],
+    ),
+    (
+        "reliablesyncs.kubeedge.io",
+        "clusterobjectsyncs",
+        &["get", "list", "watch", "create", "delete"],
+    ),
+    (
+        "reliablesyncs.kubeedge.io",
+        "clusterobjectsyncs/status",
+        &["update"],
+    ),
+];
+
+#[test]
+fn cluster_role_covers_every_call_cloudcore_makes() {
+    let docs = render_chart(installed_values());
+    let role = find(&docs, "ClusterRole", "cloudcore").expect("ClusterRole cloudcore");
+    let rules = role["rules"].as_array().expect("rules");
+    let has = |list: &Value, want: &str| {
+        list.as_array()
+            .expect("rule list")
+            .iter()
+            .any(|x| x == want || x == "*")
+    };
+    let mut missing = Vec::new();
+    for (group, resource, verbs) in NEEDED {
+        for verb in *verbs {
+            let covered = rules.iter().any(|r| {
+                has(&r["apiGroups"], group)
+                    && has(&r["resources"], resource)
+                    && has(&r["verbs"], verb)
+            });
+            if !covered {
+                missing.push(format!("{group}/{resource}:{verb}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "ClusterRole misses {missing:?}");
+}
+
+#[test]
+fn chart_ships_the_reliablesyncs_crds_unchanged() {
+    let chart_crds = read(&chart_dir().join("crds/reliablesyncs-crds.yaml"));
+    let source =
+        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/reliablesyncs-crds.yaml"));
+    assert_eq!(
+        chart_crds, source,
+        "copy cloudcore/manifests/reliablesyncs-crds.yaml to the chart's crds/"
+    );
+    let docs = render_chart(installed_values());
+    for name in [
+        "objectsyncs.reliablesyncs.kubeedge.io",
+        "clusterobjectsyncs.reliablesyncs.kubeedge.io",
+    ] {
+        assert!(
+            find(&docs, "CustomResourceDefinition", name).is_some(),
+            "CRD {name}"
+        );
+    }
+}
+
+#[test]
+fn renderer_trims_and_nests_like_go_templates() {
+    let scope = Scope {
+        values: json!({"a": {"on": true, "off": false, "l": ["x", "z"], "n": 3}}),
+        app_version: "9".into(),
+    };
+    let t = "k:\n  {{- toYaml .Values.a.l | nindent 2 }}\nn: {{ .Values.a.n }}\n\
+             {{- if .Values.a.on }}\non: yes\n{{- if .Values.a.off }}\noff: yes\n{{- end }}\n{{- end }}\n\
+             v: {{ .Chart.AppVersion }}-{{ .Release.Namespace }}\n";
+    assert_eq!(
+        render(t, &scope),
+        "k:\n  - x\n  - z\nn: 3\non: yes\nv: 9-kubeedge\n"
+    );
+}
