@@ -2,8 +2,9 @@
 //!
 //! Today it starts the container runtime side — a private containerd with the locally built
 //! busybox and pause images and a local registry (`e2e::containerd`) — the in-memory API server
-//! (with a kubeconfig for kubectl) and cloudcore (cloudhub + edge controllers), prints how to
-//! reach each, and tears it all down on Ctrl-C or SIGTERM. edgecore joins at the marked place.
+//! (with a kubeconfig for kubectl), cloudcore (cloudhub, edge controllers and the stream tunnel)
+//! and edgecore for node `edge-demo`; runs a sample pod there, shows it Running and its
+//! `kubectl logs`, and tears it all down on Ctrl-C or SIGTERM.
 //!
 //! Run with `bash scripts/demo.sh` (installs the packages, then
 //! `cargo run --release -p e2e --bin local-demo`). Needs root.
@@ -11,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use e2e::apiserver::{ApiServer, Config as ApiConfig};
 use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;
@@ -18,6 +20,7 @@ use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE, PAUSE_IMAGE};
 use edgecore::app::EdgeCore;
 use edgecore::config::EdgeCoreConfig;
+use edgecore::edged::EdgedConfig;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use tokio::signal::unix::{SignalKind, signal};
@@ -92,6 +95,10 @@ async fn main() -> anyhow::Result<()> {
 
     // ── cloudcore ────────────────────────────────────────────────────────────────────────
     step(3, "cloudcore: cloudhub + edge controllers");
+    // KubeEdge's ObjectSync CRDs, as the Helm chart installs them (used for KubeEdge edges).
+    e2e::reliablesyncs::install(&api.client()?)
+        .await
+        .context("installing the reliablesyncs CRDs")?;
     let pki = Pki::new().context("creating the demo CA")?;
     std::fs::write(demo_dir.join("rootCA.crt"), &pki.ca.cert.cert_pem)?;
     let cloud = CloudFixture::start(api.client()?, &pki)
@@ -101,6 +108,27 @@ async fn main() -> anyhow::Result<()> {
         "    cloudhub       wss://{}  (CA: {})",
         cloud.hub.local_addr(),
         demo_dir.join("rootCA.crt").display()
+    );
+    // The stream tunnel for `kubectl logs`: the node reports the stream server's port as its
+    // kubelet port, so the API server reaches cloudcore, which asks the edge over the tunnel.
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let stream = CloudStream::start(
+        StreamSettings {
+            stream_listen: local,
+            tunnel_listen: local,
+            chain: vec![pki.server.cert_der.clone()],
+            key: pki.server.key_der(),
+            ca: vec![pki.ca.cert.cert_der.clone()],
+            allow_legacy_cn: false,
+        },
+        api.client()?,
+    )
+    .await
+    .context("starting cloudstream")?;
+    println!(
+        "    cloudstream    https://{} (kubelet API), tunnel wss://{}",
+        stream.stream_addr(),
+        stream.tunnel_addr()
     );
 
     // ── edgecore ─────────────────────────────────────────────────────────────────────────
@@ -117,6 +145,8 @@ async fn main() -> anyhow::Result<()> {
          database:\n  dataSource: {db}\n\
          modules:\n  edgeHub:\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
          \x20   websocket:\n      server: {server}\n\
+         \x20 edgeStream:\n    enable: true\n    server: {tunnel}\n    tlsTunnelCAFile: {ca}\n\
+         \x20   tlsTunnelCertFile: {crt}\n    tlsTunnelPrivateKeyFile: {key}\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
         db = demo_dir.join("edgecore.db").display(),
@@ -124,6 +154,7 @@ async fn main() -> anyhow::Result<()> {
         crt = demo_dir.join("edge.crt").display(),
         key = demo_dir.join("edge.key").display(),
         server = cloud.hub.local_addr(),
+        tunnel = stream.tunnel_addr(),
         endpoint = containerd.endpoint(),
         pause = PAUSE_IMAGE,
         root = demo_dir.join("edged").display(),
@@ -131,7 +162,9 @@ async fn main() -> anyhow::Result<()> {
     let config_path = demo_dir.join("edgecore.yaml");
     std::fs::write(&config_path, yaml)?;
     let config = EdgeCoreConfig::load(&config_path).context("demo edgecore.yaml")?;
-    let edge = EdgeCore::start(&config)
+    let mut edged = EdgedConfig::from_edgecore(&config);
+    edged.kubelet_port = i32::from(stream.stream_addr().port());
+    let edge = EdgeCore::start_with(&config, Some(edged))
         .await
         .context("starting edgecore")?;
     println!("    config         {}", config_path.display());
@@ -177,6 +210,27 @@ async fn main() -> anyhow::Result<()> {
         println!("    {line}");
     }
 
+    wait_until(
+        "the edge's stream tunnel",
+        Duration::from_secs(30),
+        || async { stream.is_connected(node).then_some(()) },
+    )
+    .await?;
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["logs", "hello"])
+        .output()
+        .await
+        .context("running kubectl logs")?;
+    println!("    $ kubectl logs hello      (through cloudcore's stream tunnel)");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("    {line}");
+    }
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        println!("    {line}");
+    }
+
     println!("\nReady. Press Ctrl-C to stop and remove everything.");
     tokio::select! {
         _ = interrupt.recv() => {}
@@ -186,6 +240,7 @@ async fn main() -> anyhow::Result<()> {
     println!("\nStopping: removing pods, containerd, registry, bridge and temporary files...");
     let stopping = Instant::now();
     edge.shutdown().await;
+    stream.shutdown();
     cloud.stop();
     drop(cloud);
     api.shutdown().await;
