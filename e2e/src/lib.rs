@@ -8,6 +8,7 @@ pub mod containerd;
 pub mod edge;
 pub mod images;
 pub mod process;
+pub mod procfs;
 pub mod registry;
 pub mod reliablesyncs;
 pub mod sim_edge;

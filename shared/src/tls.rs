@@ -136,3 +136,62 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
         .and_then(|cn| cn.as_str().ok())
         .map(str::to_string)
 }
+
+/// Accepts any server certificate but still checks the handshake signatures: what Go's
+/// `InsecureSkipVerify` does (KubeEdge's edge fetching `/ca.crt`, the apiserver calling kubelets
+/// without `--kubelet-certificate-authority`). Only for peers whose identity is checked otherwise.
+#[derive(Debug)]
+pub struct AnyServerCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl AnyServerCert {
+    /// The verifier and the (ring) provider its client configuration must be built with.
+    pub fn new() -> (Arc<AnyServerCert>, Arc<rustls::crypto::CryptoProvider>) {
+        let p = provider();
+        (Arc::new(AnyServerCert(p.clone())), p)
+    }
+}
+
+impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

@@ -10,6 +10,7 @@
 //! cargo run --profile bench-fast -p e2e --bin bench-apiserver -- --nodes 10000 --pods 100000
 //! ```
 
+use e2e::procfs::rss_kb;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -64,17 +65,6 @@ async fn serve(kubeconfig: std::path::PathBuf) -> anyhow::Result<()> {
     .await;
     server.shutdown().await;
     Ok(())
-}
-
-fn proc_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
 }
 
 async fn current_rv(client: &kube::Client) -> anyhow::Result<String> {
@@ -144,7 +134,7 @@ async fn main() -> anyhow::Result<()> {
     let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await?;
     let client = kube::Client::try_from(cfg)?;
-    let rss_start = proc_kb(pid, "VmRSS:");
+    let rss_start = rss_kb(pid);
 
     let nodes: Api<Node> = Api::all(client.clone());
     let took = create_all(args.nodes, args.concurrency, |i| {
@@ -225,7 +215,7 @@ async fn main() -> anyhow::Result<()> {
     for t in &watch_tasks {
         t.abort();
     }
-    let rss_loaded = proc_kb(pid, "VmRSS:");
+    let rss_loaded = rss_kb(pid);
 
     // Lists.
     let all_pods: Api<Pod> = Api::all(client.clone());
@@ -358,8 +348,8 @@ async fn main() -> anyhow::Result<()> {
         args.nodes,
         args.pods,
         rss_loaded / 1024,
-        proc_kb(pid, "VmRSS:") / 1024,
-        proc_kb(pid, "VmHWM:") / 1024
+        rss_kb(pid) / 1024,
+        e2e::procfs::status_kb(pid, "VmHWM:").unwrap_or(0) / 1024
     );
     drop(child.stdin.take());
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;

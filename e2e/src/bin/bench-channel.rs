@@ -181,12 +181,7 @@ async fn throughput_bench(messages: usize) -> anyhow::Result<()> {
 }
 
 fn rss_kb(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmRSS for {pid}"))
+    e2e::procfs::status_kb(pid, "VmRSS:").ok_or_else(|| anyhow::anyhow!("no VmRSS for {pid}"))
 }
 
 fn raise_fd_limit() {

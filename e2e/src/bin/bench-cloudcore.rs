@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::Parser;
 use e2e::apiserver::{ApiServer, Config};
 use e2e::channel::{Pki, RawEdge};
+use e2e::procfs::{cpu_ticks, rss_kb};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -39,26 +40,6 @@ struct Args {
 }
 
 type Receipts = Arc<Mutex<HashMap<String, Instant>>>;
-
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// utime + stime of a process, in clock ticks (100/s on Linux).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    num(11) + num(12)
-}
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?

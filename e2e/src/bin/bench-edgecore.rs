@@ -20,6 +20,7 @@ use e2e::cloud::CloudFixture;
 use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
 use e2e::process::LoggedProcess;
+use e2e::procfs::{cpu_ticks, rss_kb};
 use edgecore::cri::{CriClient, api};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
@@ -28,17 +29,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 fn pod(name: &str) -> anyhow::Result<Pod> {
     Ok(serde_json::from_value(json!({
@@ -222,24 +212,13 @@ fn machine_busy_ticks() -> u64 {
         .sum()
 }
 
-fn process_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command (which may hold spaces): utime is the 12th, stime the 13th.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)
-}
-
 impl CpuSample {
     fn now(pid: Option<u32>) -> Self {
         CpuSample {
             at: Instant::now(),
             busy: machine_busy_ticks(),
-            pid: pid.map(|p| (p, process_ticks(p))),
-            this: process_ticks(std::process::id()),
+            pid: pid.map(|p| (p, cpu_ticks(p))),
+            this: cpu_ticks(std::process::id()),
         }
     }
 
@@ -256,8 +235,8 @@ impl CpuSample {
         if let Some((pid, ticks)) = self.pid {
             s += &format!(
                 ", edgecore {:.2} s CPU, API server + cloudcore {:.2} s CPU",
-                (process_ticks(pid) - ticks) as f64 / hz,
-                (process_ticks(std::process::id()) - self.this) as f64 / hz
+                (cpu_ticks(pid) - ticks) as f64 / hz,
+                (cpu_ticks(std::process::id()) - self.this) as f64 / hz
             );
         }
         s

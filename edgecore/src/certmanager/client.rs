@@ -6,9 +6,8 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use kubeedge_shared::tls::AnyServerCert;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -51,69 +50,20 @@ pub fn parse_server(url: &str) -> Result<(String, String), ClientError> {
     Ok((host.to_string(), port))
 }
 
-/// Accepts any server certificate (KubeEdge's `InsecureSkipVerify` for `/ca.crt`); the
-/// handshake signature is still checked.
-#[derive(Debug)]
-struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// No server verification, no client certificate.
 pub fn insecure_config() -> Result<Arc<rustls::ClientConfig>, ClientError> {
-    let p = provider();
+    // KubeEdge's `InsecureSkipVerify` for `/ca.crt` (the CA is checked against the token).
+    let (any_cert, p) = AnyServerCert::new();
     Ok(Arc::new(
-        rustls::ClientConfig::builder_with_provider(p.clone())
+        rustls::ClientConfig::builder_with_provider(p)
             .with_safe_default_protocol_versions()
             .map_err(|e| ClientError::Config(e.to_string()))?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer(p)))
+            .with_custom_certificate_verifier(any_cert)
             .with_no_client_auth(),
     ))
 }
