@@ -54,10 +54,10 @@ pub async fn rotate(
     Ok(rotated)
 }
 
-/// Keeps the newest `keep` rotated files of `log` (`<log>.<stamp>`).
-fn remove_excess(log: &Path, keep: usize) {
+/// The rotated files of `log` (`<log>.<stamp>`), oldest first.
+pub fn rotated_files(log: &Path) -> Vec<PathBuf> {
     let (Some(dir), Some(name)) = (log.parent(), log.file_name()) else {
-        return;
+        return Vec::new();
     };
     let prefix = format!("{}.", name.to_string_lossy());
     let mut old: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -69,6 +69,12 @@ fn remove_excess(log: &Path, keep: usize) {
         .collect();
     // Stamps sort in time order.
     old.sort();
+    old
+}
+
+/// Keeps the newest `keep` rotated files of `log`.
+fn remove_excess(log: &Path, keep: usize) {
+    let old = rotated_files(log);
     let excess = old.len().saturating_sub(keep);
     for p in old.into_iter().take(excess) {
         let _ = std::fs::remove_file(p);

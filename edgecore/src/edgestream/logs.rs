@@ -200,6 +200,89 @@ async fn drain(
     }
 }
 
+/// How long a rotated file may keep growing after the reader moved on.
+const SETTLE_MAX: Duration = Duration::from_secs(5);
+/// How long a rotated file must stay unchanged when its writers cannot be checked.
+const SETTLE_QUIET: Duration = Duration::from_millis(500);
+const SETTLE_POLL: Duration = Duration::from_millis(20);
+
+/// Reads a rotated `file` to its real end: containerd's old logger writes what it buffered
+/// after the new file exists and only then closes the old one. Waits while the file is
+/// still open for writing (or, where that cannot be checked, until it stayed unchanged for
+/// [`SETTLE_QUIET`]), at most [`SETTLE_MAX`]. False when the connection is gone.
+async fn finish(
+    path: &Path,
+    file: &mut std::fs::File,
+    decoder: &mut Decoder,
+    out: &Out<'_>,
+) -> Result<bool, String> {
+    let start = tokio::time::Instant::now();
+    let mut quiet_since = start;
+    loop {
+        let before = file.stream_position().unwrap_or(0);
+        if !drain(path, file, decoder, out).await? {
+            return Ok(false);
+        }
+        let now = tokio::time::Instant::now();
+        if file.stream_position().unwrap_or(0) != before {
+            quiet_since = now;
+        }
+        let settled = match open_for_writing(file) {
+            Some(writing) => !writing,
+            None => now.duration_since(quiet_since) >= SETTLE_QUIET,
+        };
+        if settled || now.duration_since(start) >= SETTLE_MAX {
+            // One last read: the writer may have closed right after its last write.
+            return drain(path, file, decoder, out).await;
+        }
+        tokio::select! {
+            _ = out.cancel.cancelled() => return Ok(false),
+            _ = tokio::time::sleep(SETTLE_POLL) => {}
+        }
+    }
+}
+
+/// Whether any process holds `file` open for writing, from whether a read lease can be
+/// taken (Linux grants one only then); None where leases are not allowed (not the file's
+/// owner, leases disabled).
+fn open_for_writing(file: &std::fs::File) -> Option<bool> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this function borrows; F_SETLEASE takes an int.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) };
+    if rc == 0 {
+        // SAFETY: as above; releases the lease just taken.
+        unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+        return Some(false);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EAGAIN) => Some(true),
+        _ => None,
+    }
+}
+
+/// Rotated files of `log` newer than the one with inode `old` (all of them when it was
+/// already removed: the oldest go first), except the current file's inode `current`.
+fn rotated_after(log: &Path, old: u64, current: u64) -> Vec<PathBuf> {
+    let files: Vec<(PathBuf, u64)> = crate::edged::logs::rotated_files(log)
+        .into_iter()
+        .filter_map(|p| {
+            let ino = std::fs::metadata(&p).ok()?.ino();
+            Some((p, ino))
+        })
+        .collect();
+    let from = files
+        .iter()
+        .position(|(_, ino)| *ino == old)
+        .map_or(0, |i| i + 1);
+    files
+        .into_iter()
+        .skip(from)
+        .filter(|(_, ino)| *ino != current && *ino != old)
+        .map(|(p, _)| p)
+        .collect()
+}
+
 fn open(path: &Path) -> Result<std::fs::File, String> {
     std::fs::File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))
 }
@@ -229,16 +312,31 @@ async fn follow_file(
         }
         // At the end of the file: rotated (a new file at the path), stopped, or idle.
         let rotated = match (std::fs::metadata(path), file.metadata()) {
-            (Ok(now), Ok(ours)) => now.ino() != ours.ino() || now.len() < ours.len(),
-            _ => false,
+            (Ok(now), Ok(ours)) => (now.ino() != ours.ino() || now.len() < ours.len())
+                .then_some((ours.ino(), now.ino())),
+            _ => None,
         };
-        if rotated && let Ok(f) = std::fs::File::open(path) {
-            // The runtime may have written a last line to the old file while reopening.
-            if !drain(path, &mut file, decoder, out).await? {
+        if let Some((old_ino, new_ino)) = rotated
+            && let Ok(mut f) = std::fs::File::open(path)
+        {
+            // Lines the runtime's old logger still holds land in the old file after the
+            // new one exists: finish it, then any file rotated after it that this reader
+            // never saw (it fell behind by more than one rotation), then the new file.
+            if !finish(path, &mut file, decoder, out).await? {
                 return Ok(());
             }
-            file = f;
-            if file.seek(SeekFrom::Start(0)).is_ok() {
+            if old_ino != new_ino {
+                for p in rotated_after(path, old_ino, new_ino) {
+                    let Ok(mut g) = std::fs::File::open(&p) else {
+                        continue;
+                    };
+                    if !finish(&p, &mut g, decoder, out).await? {
+                        return Ok(());
+                    }
+                }
+            }
+            if f.seek(SeekFrom::Start(0)).is_ok() {
+                file = f;
                 continue;
             }
         }
@@ -297,6 +395,44 @@ mod tests {
         let mut f = std::fs::File::open(&path).unwrap();
         assert_eq!(read_tail(&mut f, 1, 4).unwrap(), b"no newline at the end");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn rotated_files_left_to_read_and_their_writers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("0.log");
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        for s in [
+            "20240101-000000.1",
+            "20240101-000000.2",
+            "20240101-000000.3",
+        ] {
+            std::fs::write(tmp.path().join(format!("0.log.{s}")), s).unwrap();
+        }
+        std::fs::write(&log, "current").unwrap();
+        let first = tmp.path().join("0.log.20240101-000000.1");
+        let names = |v: Vec<PathBuf>| -> Vec<String> {
+            v.iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(
+            names(rotated_after(&log, ino(&first), ino(&log))),
+            ["0.log.20240101-000000.2", "0.log.20240101-000000.3"]
+        );
+        let last = tmp.path().join("0.log.20240101-000000.3");
+        assert!(rotated_after(&log, ino(&last), ino(&log)).is_empty());
+        // The file being read was removed already: every rotated file is newer.
+        assert_eq!(rotated_after(&log, u64::MAX, ino(&log)).len(), 3);
+
+        let writer = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        let reader = std::fs::File::open(&log).unwrap();
+        // Leases need the file's owner (or CAP_LEASE): None is allowed, a wrong answer not.
+        if let Some(open) = open_for_writing(&reader) {
+            assert!(open, "a writer holds the file");
+            drop(writer);
+            assert_eq!(open_for_writing(&reader), Some(false), "the writer is gone");
+        }
     }
 
     #[test]
