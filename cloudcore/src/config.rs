@@ -473,6 +473,26 @@ impl CloudCoreConfig {
                     "must be > 0 seconds",
                 ));
             }
+            at_most(
+                "modules.cloudHub.keepaliveInterval",
+                hub.keepalive_interval,
+                MAX_INTERVAL_SECS,
+            )?;
+            at_most(
+                "modules.cloudHub.nodeQueue.ackRetryInterval",
+                hub.node_queue.ack_retry_interval,
+                MAX_INTERVAL_SECS,
+            )?;
+            at_most(
+                "modules.cloudHub.edgeCertSigningDuration",
+                hub.edge_cert_signing_duration,
+                MAX_SIGNING_DAYS,
+            )?;
+            at_most(
+                "modules.cloudHub.tokenRefreshDuration",
+                hub.token_refresh_duration,
+                MAX_TOKEN_REFRESH_HOURS,
+            )?;
             if hub.node_limit == 0 {
                 return Err(ConfigError::invalid(
                     "modules.cloudHub.nodeLimit",
@@ -507,6 +527,11 @@ impl CloudCoreConfig {
                 "must be > 0 seconds",
             ));
         }
+        at_most(
+            "modules.syncController.resyncInterval",
+            self.modules.sync_controller.resync_interval,
+            MAX_INTERVAL_SECS,
+        )?;
         if !self.common_config.monitor_server.bind_address.is_empty()
             && self
                 .common_config
@@ -554,6 +579,24 @@ impl CloudCoreConfig {
             ..HubConfig::default()
         })
     }
+}
+
+/// Longest interval accepted in seconds (one year): deadlines computed from it stay
+/// representable.
+const MAX_INTERVAL_SECS: u64 = 365 * 24 * 3600;
+/// Longest edge certificate life accepted, days (100 years, the CA's own).
+const MAX_SIGNING_DAYS: u64 = 365 * 100;
+/// Longest join-token refresh period accepted, hours (ten years).
+const MAX_TOKEN_REFRESH_HOURS: u64 = 24 * 365 * 10;
+
+fn at_most(path: &str, value: u64, max: u64) -> Result<(), ConfigError> {
+    if value > max {
+        return Err(ConfigError::invalid(
+            path,
+            format!("must be at most {max}, got {value}"),
+        ));
+    }
+    Ok(())
 }
 
 fn listen_addr(l: &Listener, path: &str) -> Result<SocketAddr, ConfigError> {
@@ -674,5 +717,37 @@ modules:
             .unwrap_err()
             .to_string();
         assert!(e.contains("advertiseAddress[0]"), "{e}");
+    }
+
+    #[test]
+    fn absurd_intervals_and_lifetimes_are_refused_by_name() {
+        let base = "kind: CloudCore\napiVersion: cloudcore.config.kubeedge.io/v1alpha1\nmodules:\n";
+        for (yaml, field) in [
+            (
+                "  cloudHub:\n    advertiseAddress: [10.0.0.1]\n    keepaliveInterval: 18446744073709551615\n",
+                "keepaliveInterval",
+            ),
+            (
+                "  cloudHub:\n    advertiseAddress: [10.0.0.1]\n    nodeQueue:\n      ackRetryInterval: 18446744073709551615\n",
+                "ackRetryInterval",
+            ),
+            (
+                "  cloudHub:\n    advertiseAddress: [10.0.0.1]\n    edgeCertSigningDuration: 9223372036854775808\n",
+                "edgeCertSigningDuration",
+            ),
+            (
+                "  cloudHub:\n    advertiseAddress: [10.0.0.1]\n    tokenRefreshDuration: 18446744073709551615\n",
+                "tokenRefreshDuration",
+            ),
+            (
+                "  cloudHub:\n    advertiseAddress: [10.0.0.1]\n  syncController:\n    resyncInterval: 99999999999\n",
+                "resyncInterval",
+            ),
+        ] {
+            let e = CloudCoreConfig::from_yaml(&format!("{base}{yaml}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field) && e.contains("at most"), "{e}");
+        }
     }
 }

@@ -370,10 +370,11 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
         total += value * scale;
         rest = tail;
     }
-    if !total.is_finite() || total > u64::MAX as f64 {
+    // Go's Duration is int64 nanoseconds: larger values are "invalid duration" there too.
+    if !total.is_finite() || total > i64::MAX as f64 / 1e9 {
         return Err(bad());
     }
-    Ok(Duration::from_secs_f64(total))
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
 }
 
 /// Go's `Duration.String()` for the values configs use (whole milliseconds and up).
@@ -1393,5 +1394,23 @@ mod tests {
         assert_eq!(format_go_duration(Duration::from_secs(3661)), "1h1m1s");
         assert_eq!(format_go_duration(Duration::from_millis(100)), "100ms");
         assert_eq!(format_go_duration(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn durations_beyond_go_int64_nanoseconds_are_errors_not_panics() {
+        let huge = format!("1{}s", "0".repeat(400));
+        for bad in [
+            "18446744073709551616s",
+            "2562048h",
+            "9223372037s",
+            huge.as_str(),
+        ] {
+            let e = parse_go_duration(bad).unwrap_err();
+            assert!(e.contains("invalid duration"), "{bad}: {e}");
+        }
+        assert_eq!(
+            parse_go_duration("2562047h").unwrap(),
+            Duration::from_secs(2_562_047 * 3600)
+        );
     }
 }

@@ -309,13 +309,13 @@ fn resources(
     let memory_request = resource(c, "requests", "memory", false)?.or(memory_limit);
     let shares_milli = cpu_request.or(cpu_limit).unwrap_or(0);
     let mut r = api::LinuxContainerResources {
-        // milliCPUToShares: at least 2.
-        cpu_shares: ((shares_milli * 1024) / 1000).max(2) as i64,
+        // milliCPUToShares: between 2 and 262144 (the kernel's range).
+        cpu_shares: ((shares_milli * 1024) / 1000).clamp(2, 262_144) as i64,
         ..Default::default()
     };
     if let Some(limit) = cpu_limit {
         r.cpu_period = 100_000;
-        r.cpu_quota = ((limit * 100_000) / 1000).max(1000) as i64;
+        r.cpu_quota = ((limit * 100_000) / 1000).clamp(1000, i64::MAX as i128) as i64;
     }
     if let Some(limit) = memory_limit {
         r.memory_limit_in_bytes = limit.min(i64::MAX as i128) as i64;
@@ -524,6 +524,28 @@ mod tests {
         assert_eq!(sc.run_as_user.unwrap().value, 1000);
         assert!(sc.no_new_privs);
         assert!(sc.masked_paths.contains(&"/proc/kcore".to_string()));
+    }
+
+    #[test]
+    fn extreme_quantities_are_clamped_or_rejected_never_overflowed() {
+        let with = |limits: serde_json::Value| {
+            let p = pod(json!({"containers": [{"name": "main", "image": "busybox:1",
+                "resources": {"limits": limits}}]}));
+            resources(&p, &p.spec.containers[0], 1 << 30)
+        };
+        // The largest CPU an int64 holds in millicores: shares at the kernel's maximum,
+        // the quota saturated instead of wrapping negative.
+        let r = with(json!({"cpu": "9223372036854775"})).unwrap();
+        assert_eq!(r.cpu_shares, 262_144);
+        assert_eq!(r.cpu_quota, i64::MAX);
+        for bad in [
+            json!({"cpu": "999999999999999999999999999999M"}),
+            json!({"memory": "10E"}),
+            json!({"cpu": "1e18"}),
+        ] {
+            let e = with(bad.clone()).unwrap_err();
+            assert!(e.0.contains("invalid quantity"), "{bad}: {e}");
+        }
     }
 
     #[test]

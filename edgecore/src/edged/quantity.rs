@@ -1,15 +1,22 @@
 //! Kubernetes resource quantities (`100m`, `1.5`, `128Mi`, `1G`, `1e3`) as exact integers.
 
-/// A quantity in thousandths of its unit (`100m` → 100, `2` → 2000), rounded up.
+/// A quantity in thousandths of its unit (`100m` → 100, `2` → 2000), rounded up; `None`
+/// beyond ±`i64::MAX` (the kubelet's int64 `MilliValue`), so callers' arithmetic cannot
+/// overflow.
 pub fn parse_milli(q: &str) -> Option<i128> {
     let (num, den) = parse_rational(q)?;
-    Some(ceil_div(num * 1000, den))
+    within_i64(ceil_div(num.checked_mul(1000)?, den))
 }
 
-/// A quantity in whole units (`128Mi` → 134217728, `100m` → 1), rounded up.
+/// A quantity in whole units (`128Mi` → 134217728, `100m` → 1), rounded up; `None` beyond
+/// ±`i64::MAX`.
 pub fn parse_units(q: &str) -> Option<i128> {
     let (num, den) = parse_rational(q)?;
-    Some(ceil_div(num, den))
+    within_i64(ceil_div(num, den))
+}
+
+fn within_i64(v: i128) -> Option<i128> {
+    (v.unsigned_abs() <= i64::MAX as u128).then_some(v)
 }
 
 /// A quantity from JSON (a string, or a bare number some clients send).
@@ -109,5 +116,22 @@ mod tests {
         assert_eq!(parse_units("1..2"), None);
         assert_eq!(kibibytes(4096), "4Ki");
         assert_eq!(from_json(&serde_json::json!(2)), Some("2".into()));
+    }
+
+    #[test]
+    fn quantities_beyond_int64_are_rejected_not_overflowed() {
+        // 1e30 × 1e6 fits i128, but × 1000 for milli would not.
+        assert_eq!(parse_milli("999999999999999999999999999999M"), None);
+        assert_eq!(parse_units("999999999999999999999999999999M"), None);
+        assert_eq!(parse_units("10E"), None);
+        assert_eq!(parse_units("-10E"), None);
+        assert_eq!(parse_units("8Ei"), None);
+        assert_eq!(parse_units("7Ei"), Some(7 << 60));
+        assert_eq!(
+            parse_milli("9223372036854775"),
+            Some(9_223_372_036_854_775_000)
+        );
+        assert_eq!(parse_milli("9223372036854776"), None);
+        assert_eq!(parse_units("1e18"), Some(1_000_000_000_000_000_000));
     }
 }

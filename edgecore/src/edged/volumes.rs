@@ -350,7 +350,9 @@ async fn service_account_token<S: ObjectSource>(
         .clone()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "default".into());
-    let expiration = t.expiration_seconds.unwrap_or(3600).max(600);
+    // The API's bounds (10 minutes to 2^32 seconds): the spec may come from anywhere, and
+    // `now + expiration` must stay representable.
+    let expiration = t.expiration_seconds.unwrap_or(3600).clamp(600, 1 << 32);
     let audience = t.audience.clone().unwrap_or_default();
     let key = format!("{sa}/{audience}/{expiration}");
     let now = SystemTime::now();
@@ -386,7 +388,7 @@ async fn service_account_token<S: ObjectSource>(
             let expires_at = reply["status"]["expirationTimestamp"]
                 .as_str()
                 .and_then(time::parse_rfc3339)
-                .unwrap_or(now + Duration::from_secs(expiration as u64));
+                .unwrap_or(now + Duration::from_secs(expiration.unsigned_abs()));
             let ttl = expires_at.duration_since(now).unwrap_or(Duration::ZERO);
             // Refresh at 80 % of the lifetime, and at least daily (the kubelet's rule).
             let refresh = (ttl * 4 / 5).min(Duration::from_secs(24 * 3600));
@@ -687,6 +689,51 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), (v.as_bytes().to_vec(), 0o644)))
             .collect()
+    }
+
+    /// Answers every TokenRequest with a token but no `expirationTimestamp`, and records the
+    /// `expirationSeconds` asked for.
+    struct TokenIssuer(std::sync::Mutex<Vec<Value>>);
+
+    impl ObjectSource for TokenIssuer {
+        async fn configmap(&self, _: &str, _: &str) -> Result<Option<Value>, String> {
+            Ok(None)
+        }
+        async fn secret(&self, _: &str, _: &str) -> Result<Option<Value>, String> {
+            Ok(None)
+        }
+        async fn service_account_token(&self, _: &str, _: &str, r: Value) -> Result<Value, String> {
+            if let Ok(mut seen) = self.0.lock() {
+                seen.push(r["spec"]["expirationSeconds"].clone());
+            }
+            Ok(json!({"status": {"token": "tok"}}))
+        }
+    }
+
+    #[tokio::test]
+    async fn out_of_range_token_expirations_are_clamped_to_the_api_bounds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pod = Pod::from_value(&json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {}}))
+        .unwrap();
+        let issuer = TokenIssuer(std::sync::Mutex::new(Vec::new()));
+        let mut cache = TokenCache::default();
+        for secs in [i64::MAX, i64::MIN, 1] {
+            let t = super::super::spec::ServiceAccountTokenProjection {
+                expiration_seconds: Some(secs),
+                path: "token".into(),
+                ..Default::default()
+            };
+            let token = service_account_token(&pod, &issuer, &mut cache, &t, tmp.path())
+                .await
+                .unwrap();
+            assert_eq!(token, "tok");
+        }
+        assert_eq!(
+            *issuer.0.lock().unwrap(),
+            // The third is the second's cached token.
+            vec![json!(1u64 << 32), json!(600)]
+        );
     }
 
     #[test]

@@ -250,7 +250,13 @@ impl MetaStore {
             let mut stmt = conn
                 .prepare_cached("SELECT key, type, value FROM meta WHERE type = ?1 ORDER BY key")?;
             let rows = stmt.query_map([ty], record_from_row)?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            let mut out = Vec::new();
+            for row in rows {
+                if let Some(r) = skip_corrupt(row)? {
+                    out.push(r);
+                }
+            }
+            Ok(out)
         })
         .await
     }
@@ -279,7 +285,9 @@ impl MetaStore {
             let rows = stmt.query_map([], record_from_row)?;
             let mut out = Vec::new();
             for row in rows {
-                let r = row?;
+                let Some(r) = skip_corrupt(row)? else {
+                    continue;
+                };
                 if NON_OBJECT_TYPES.contains(&r.resource_type.as_str())
                     || r.resource_type == "node"
                     || r.resource_type == "lease"
@@ -494,6 +502,23 @@ fn record_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MetaRecord> {
         resource_type: row.get(1)?,
         value: row.get(2)?,
     })
+}
+
+/// A row whose columns do not read back as text (a BLOB, invalid UTF-8, a NULL written by
+/// another tool) is skipped with a warning: one corrupt row must not hide all the others.
+fn skip_corrupt(row: rusqlite::Result<MetaRecord>) -> Result<Option<MetaRecord>, rusqlite::Error> {
+    match row {
+        Ok(r) => Ok(Some(r)),
+        Err(
+            e @ (rusqlite::Error::FromSqlConversionFailure(..)
+            | rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::Utf8Error(..)),
+        ) => {
+            tracing::warn!(error = %e, "corrupt row in table meta skipped");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn stored_value(conn: &Connection, key: &str) -> Result<Option<String>, StoreError> {
@@ -935,6 +960,39 @@ mod tests {
             DeleteOutcome::Deleted
         );
         s.integrity_check().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn rows_that_are_not_text_are_skipped_not_fatal() {
+        let (d, s) = store().await;
+        s.upsert(pod("good", "u1", "5")).await.unwrap();
+        // Another tool (or a torn write) left a BLOB and invalid UTF-8 in `value`.
+        let conn = Connection::open(d.path().join("sub/edgecore.db")).unwrap();
+        conn.execute(
+            "INSERT INTO meta (key, type, value) VALUES ('default/pod/blob', 'pod', X'00FF')",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO meta (key, type, value) VALUES ('default/pod/utf8', 'pod', CAST(X'C328' AS TEXT))",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO meta (key, type, value) VALUES ('default/pod/int', 'pod', 42)",
+            [],
+        )
+        .unwrap();
+        let listed = s
+            .query(&ResourcePath::parse("default/pod").unwrap())
+            .await
+            .unwrap();
+        assert!(listed.contains(&pod("good", "u1", "5").value), "{listed:?}");
+        // The integer reads back as text "42"; the BLOB and the bad UTF-8 are skipped.
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        let inv = s.inventory().await.unwrap();
+        assert_eq!(inv.len(), 1, "{inv:?}");
+        assert_eq!(inv[0].key, "default/pod/good");
     }
 
     #[tokio::test]
