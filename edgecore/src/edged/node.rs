@@ -587,7 +587,13 @@ async fn register(shared: &Shared, node: Value) -> Result<Option<String>, MetaEr
                     merged.insert(k, json!(v));
                 }
                 let id = uid(&existing);
-                existing["metadata"]["labels"] = Value::Object(merged);
+                let Some(meta) = existing.get_mut("metadata").and_then(Value::as_object_mut) else {
+                    tracing::warn!(
+                        "the stored Node has no metadata object; its labels are left as they are"
+                    );
+                    return Ok(id);
+                };
+                meta.insert("labels".into(), Value::Object(merged));
                 shared.meta.update_node(existing).await?;
                 return Ok(id);
             }
@@ -614,6 +620,31 @@ fn lease_object(config: &EdgedConfig, owner_uid: Option<&str>) -> Value {
         }]);
     }
     lease
+}
+
+/// Stamps a renewal into `lease.spec`; an error when the lease (from the store or the cloud)
+/// has a `spec` that is not an object.
+fn renew_spec(lease: &mut Value, config: &EdgedConfig) -> Result<(), String> {
+    let obj = lease
+        .as_object_mut()
+        .ok_or("the lease is not a JSON object")?;
+    let spec = obj.entry("spec").or_insert_with(|| json!({}));
+    if spec.is_null() {
+        *spec = json!({});
+    }
+    let spec = spec
+        .as_object_mut()
+        .ok_or("the lease's spec is not a JSON object")?;
+    spec.insert(
+        "renewTime".into(),
+        json!(time::rfc3339_micros(SystemTime::now())),
+    );
+    spec.insert("holderIdentity".into(), json!(config.node_name));
+    spec.insert(
+        "leaseDurationSeconds".into(),
+        json!(config.node_lease_duration_seconds),
+    );
+    Ok(())
 }
 
 async fn renew_lease(
@@ -659,18 +690,20 @@ async fn renew_lease(
                 }
             },
             Some(mut lease) => {
-                lease["spec"]["renewTime"] = json!(time::rfc3339_micros(SystemTime::now()));
-                lease["spec"]["holderIdentity"] = json!(config.node_name);
-                lease["spec"]["leaseDurationSeconds"] = json!(config.node_lease_duration_seconds);
-                match meta.update_lease(lease).await {
-                    Ok(l) => {
-                        current = Some(l);
-                        interval
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "renewing the node lease failed");
-                        // Conflict or gone: read it again; offline: try again soon.
-                        interval.min(Duration::from_secs(1))
+                if let Err(e) = renew_spec(&mut lease, config) {
+                    tracing::warn!(error = %e, "malformed node lease; reading it again");
+                    interval.min(Duration::from_secs(1))
+                } else {
+                    match meta.update_lease(lease).await {
+                        Ok(l) => {
+                            current = Some(l);
+                            interval
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "renewing the node lease failed");
+                            // Conflict or gone: read it again; offline: try again soon.
+                            interval.min(Duration::from_secs(1))
+                        }
                     }
                 }
             }
@@ -696,6 +729,25 @@ mod tests {
         c.hostname = "box".into();
         c.node_labels.insert("region".into(), "hz".into());
         c
+    }
+
+    #[test]
+    fn a_lease_with_a_malformed_spec_is_an_error_not_a_panic() {
+        let c = config();
+        for bad in [
+            json!({"spec": "x"}),
+            json!({"spec": [1]}),
+            json!({"spec": 3}),
+            json!("lease"),
+        ] {
+            let mut lease = bad.clone();
+            let e = renew_spec(&mut lease, &c).unwrap_err();
+            assert!(e.contains("not a JSON object"), "{bad}: {e}");
+        }
+        let mut lease = json!({"metadata": {"name": "edge-7"}, "spec": null});
+        renew_spec(&mut lease, &c).unwrap();
+        assert_eq!(lease["spec"]["holderIdentity"], "edge-7");
+        assert!(lease["spec"]["renewTime"].is_string());
     }
 
     #[test]
