@@ -46,10 +46,17 @@ fn serial() -> SerialNumber {
     SerialNumber::from_slice(&bytes)
 }
 
-fn validity(params: &mut CertificateParams, days: i64) {
+/// Valid from five minutes ago for `days`; an error for a lifetime past year 9999 (or a
+/// negative one) rather than the panic `time`'s operators would give.
+fn validity(params: &mut CertificateParams, days: i64) -> Result<(), PkiError> {
     let now = OffsetDateTime::now_utc();
     params.not_before = now - Duration::minutes(5);
-    params.not_after = now + Duration::days(days);
+    params.not_after = days
+        .checked_mul(86_400)
+        .filter(|s| *s >= 0)
+        .and_then(|s| now.checked_add(Duration::seconds(s)))
+        .ok_or_else(|| PkiError::Invalid(format!("a validity of {days} days is out of range")))?;
+    Ok(())
 }
 
 fn issued(cert: rcgen::Certificate, key: &KeyPair) -> IssuedCert {
@@ -83,7 +90,7 @@ impl CertificateAuthority {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         params.serial_number = Some(SerialNumber::from(1024u64));
-        validity(&mut params, 365 * 100);
+        validity(&mut params, 365 * 100)?;
         let cert = params.self_signed(&key)?;
         let issued = issued(cert, &key);
         let key_der = sec1_der(&key)?;
@@ -148,7 +155,7 @@ impl CertificateAuthority {
         ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.serial_number = Some(serial());
-        validity(&mut params, days);
+        validity(&mut params, days)?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(issued(cert, &key))
     }
@@ -174,7 +181,7 @@ impl CertificateAuthority {
         ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.serial_number = Some(serial());
-        validity(&mut params, days);
+        validity(&mut params, days)?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(issued(cert, &key))
     }
@@ -208,7 +215,7 @@ impl CertificateAuthority {
         ];
         csr.params.extended_key_usages = ekus.to_vec();
         csr.params.serial_number = Some(serial());
-        validity(&mut csr.params, days);
+        validity(&mut csr.params, days)?;
         Ok(csr.signed_by(&self.issuer)?.der().clone())
     }
 }
@@ -421,6 +428,18 @@ mod tests {
             crate::tls::common_name(&cert).as_deref(),
             Some("system:node:edge-1")
         );
+    }
+
+    #[test]
+    fn validity_out_of_range_is_an_error_not_a_panic() {
+        let ca = CertificateAuthority::generate().unwrap();
+        let (csr, _key) = node_csr("edge-1").unwrap();
+        for days in [i64::MAX, i64::MAX / 86_400, 10_000 * 366, -1, i64::MIN] {
+            let e = ca.sign_csr(&csr, days).unwrap_err().to_string();
+            assert!(e.contains("out of range"), "{days}: {e}");
+            assert!(ca.issue_client("x", None, days).is_err(), "{days}");
+        }
+        assert!(ca.sign_csr(&csr, 36_500).is_ok());
     }
 
     #[test]
