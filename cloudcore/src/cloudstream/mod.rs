@@ -1,10 +1,11 @@
-//! cloudstream (reference §8): `kubectl logs` for pods on edge nodes. The apiserver calls
-//! the node's "kubelet" at `<InternalIP>:<daemonEndpoints.kubeletEndpoint.Port>`; on a real
+//! cloudstream (reference §8): `kubectl logs`, `exec` and `attach` for pods on edge nodes.
+//! The apiserver calls the node's "kubelet" at `<InternalIP>:<daemonEndpoints.kubeletEndpoint.Port>`; on a real
 //! multi-host cluster that address must reach cloudcore's stream port, which KubeEdge does
 //! with an iptables DNAT on the cloud hosts (`-p tcp --dport <port> -j DNAT --to
 //! <cloudcore>:10003`, see `cloud/pkg/cloudstream/iptables`); cloudcore does not install it.
 //! Edges report the stream port as their kubelet port when edgeStream is enabled.
 
+pub mod exec;
 pub mod server;
 pub mod session;
 pub mod tunnel;

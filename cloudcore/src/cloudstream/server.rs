@@ -4,6 +4,8 @@
 //! tunnel as LOGS_CONNECT with the URL rewritten to `http://127.0.0.1:10350`, and the DATA
 //! the edge sends back is the response body. Like KubeEdge, the answer is 200 with a chunked
 //! body once the tunnel is found; edge-side errors arrive as text in the body.
+//! `GET|POST /exec/…` and `/attach/…` are upgrades relayed byte for byte (see
+//! [`super::exec`]).
 
 use super::session::{MAX_CONNS, OpenError, Session, Sessions};
 use bytes::Bytes;
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-type Body = BoxBody<Bytes, Infallible>;
+pub(super) type Body = BoxBody<Bytes, Infallible>;
 
 pub async fn serve(
     listener: TcpListener,
@@ -44,6 +46,7 @@ pub async fn serve(
                 });
                 if let Err(e) = super::http1_server(super::HEADER_TIMEOUT)
                     .serve_connection(TokioIo::new(tls), svc)
+                    .with_upgrades()
                     .await
                 {
                     tracing::debug!(%peer, error = %e, "stream server connection ended");
@@ -54,7 +57,7 @@ pub async fn serve(
     .await
 }
 
-fn text(status: StatusCode, msg: String) -> Response<Body> {
+pub(super) fn text(status: StatusCode, msg: String) -> Response<Body> {
     tracing::info!(%status, %msg, "stream request refused");
     let mut r = Response::new(Full::new(Bytes::from(msg)).boxed());
     *r.status_mut() = status;
@@ -79,12 +82,24 @@ async fn route(
             let (ns, pod) = (ns.to_string(), pod.to_string());
             logs(req, sessions, client, &ns, &pod).await
         }
+        (
+            &http::Method::GET | &http::Method::POST,
+            [kind @ ("exec" | "attach"), ns, pod, rest @ ..],
+        ) if !ns.is_empty() && !pod.is_empty() && matches!(rest, [c] | [_, c] if !c.is_empty()) => {
+            let kind = if *kind == "exec" {
+                MessageType::ExecConnect
+            } else {
+                MessageType::AttachConnect
+            };
+            let (ns, pod) = (ns.to_string(), pod.to_string());
+            super::exec::serve(req, kind, sessions, client, &ns, &pod).await
+        }
         _ => text(StatusCode::NOT_FOUND, "404 page not found".into()),
     }
 }
 
 /// The tunnel of the node the pod runs on.
-async fn session_for_pod(
+pub(super) async fn session_for_pod(
     sessions: &Sessions,
     client: kube::Client,
     ns: &str,
@@ -164,9 +179,9 @@ pub fn connector(id: u64, req: &Request<Incoming>, method: Option<String>) -> Co
 
 /// Ends the connection when the apiserver's response is dropped, telling the edge unless it
 /// ended the connection itself (as KubeEdge: no REMOVE_CONNECT echo).
-struct ConnGuard {
-    session: Arc<Session>,
-    id: u64,
+pub(super) struct ConnGuard {
+    pub(super) session: Arc<Session>,
+    pub(super) id: u64,
 }
 
 impl Drop for ConnGuard {
@@ -182,6 +197,36 @@ impl Drop for ConnGuard {
     }
 }
 
+/// What the edge sends on one connection.
+pub(super) type ConnData = tokio::sync::mpsc::Receiver<Vec<u8>>;
+
+/// A new connection on the pod's tunnel, ended (and the edge told) when the guard drops.
+pub(super) fn open(
+    sessions: &Sessions,
+    session: &Arc<Session>,
+) -> Result<(ConnGuard, ConnData), Box<Response<Body>>> {
+    match sessions.open(session) {
+        Ok((id, rx)) => Ok((
+            ConnGuard {
+                session: session.clone(),
+                id,
+            },
+            rx,
+        )),
+        Err(OpenError::Closed) => Err(Box::new(text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the stream tunnel of {} has closed", session.node),
+        ))),
+        Err(OpenError::Full) => Err(Box::new(text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "edge node {} already has {MAX_CONNS} open streams (logs -f, exec, attach); end some and retry",
+                session.node
+            ),
+        ))),
+    }
+}
+
 async fn logs(
     req: Request<Incoming>,
     sessions: &Sessions,
@@ -193,28 +238,11 @@ async fn logs(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let (id, rx) = match sessions.open(&session) {
+    let (guard, rx) = match open(sessions, &session) {
         Ok(c) => c,
-        Err(OpenError::Closed) => {
-            return text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the stream tunnel of {} has closed", session.node),
-            );
-        }
-        Err(OpenError::Full) => {
-            return text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "edge node {} already has {MAX_CONNS} open log streams; end some (kubectl logs -f) and retry",
-                    session.node
-                ),
-            );
-        }
+        Err(r) => return *r,
     };
-    let guard = ConnGuard {
-        session: session.clone(),
-        id,
-    };
+    let id = guard.id;
     let payload = match serde_json::to_vec(&connector(id, &req, None)) {
         Ok(p) => p,
         Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),

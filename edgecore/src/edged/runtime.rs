@@ -285,6 +285,21 @@ impl Runtime {
         .await
     }
 
+    /// Prepares a streaming exec (`kubectl exec`): the URL of the runtime's streaming server
+    /// that serves it, for one upgrade request.
+    pub async fn exec(&self, req: api::ExecRequest) -> Result<String, RuntimeError> {
+        Ok(call("Exec", self.timeout, self.cri.runtime().exec(req))
+            .await?
+            .url)
+    }
+
+    /// Prepares a streaming attach (`kubectl attach`), as [`Runtime::exec`].
+    pub async fn attach(&self, req: api::AttachRequest) -> Result<String, RuntimeError> {
+        Ok(call("Attach", self.timeout, self.cri.runtime().attach(req))
+            .await?
+            .url)
+    }
+
     /// The image if the runtime has it (`ImageStatus` answers OK with no image otherwise).
     pub async fn image_status(&self, image: &str) -> Result<Option<api::Image>, RuntimeError> {
         let req = api::ImageStatusRequest {

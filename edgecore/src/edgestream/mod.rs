@@ -3,9 +3,11 @@
 //! `SessionHostNameOverride`/`SessionInternalIP`, retries every 2 s, pings every 5 s, and
 //! serves LOGS_CONNECT from the container log files the runtime writes (in-process, where
 //! KubeEdge's edge forwards to edged's `127.0.0.1:10350`), streaming DATA frames back until
-//! the log ends or the cloud sends REMOVE_CONNECT.
+//! the log ends or the cloud sends REMOVE_CONNECT, and EXEC_CONNECT/ATTACH_CONNECT by
+//! relaying the upgrade request to the runtime's streaming server (see [`exec`]).
 
 pub mod crilog;
+pub mod exec;
 pub mod logs;
 pub mod tunnel;
 

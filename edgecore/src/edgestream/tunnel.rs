@@ -21,6 +21,10 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEAD_AFTER: Duration = Duration::from_secs(20);
 /// Tunnel messages waiting to be written.
 const OUT_BUFFER: usize = 256;
+/// DATA chunks buffered per exec/attach stream before the tunnel waits for it.
+const CONN_BUFFER: usize = 64;
+/// How long one stream's runtime side may keep the tunnel waiting.
+const STALL_LIMIT: Duration = Duration::from_secs(10);
 
 pub type TunnelIo = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
@@ -142,6 +146,30 @@ impl TunnelSender {
     }
 }
 
+/// A local connection: its cancellation and, for exec/attach, where its input goes.
+struct Conn {
+    cancel: CancellationToken,
+    data: Option<mpsc::Sender<Vec<u8>>>,
+}
+
+/// The connect payload of `m`; a bad one is answered with REMOVE_CONNECT.
+async fn connector_of(m: &TunnelMessage, sender: &TunnelSender) -> Option<Connector> {
+    match serde_json::from_slice(&m.data) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(id = m.connect_id, kind = ?m.kind, error = %e, "bad connect payload");
+            let _ = sender
+                .send(TunnelMessage::new(
+                    m.connect_id,
+                    MessageType::RemoveConnect,
+                    Vec::new(),
+                ))
+                .await;
+            None
+        }
+    }
+}
+
 /// Serves one tunnel until it breaks, the cloud closes it, or `shutdown`.
 pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) {
     let (r, w) = tokio::io::split(io);
@@ -175,7 +203,7 @@ pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) 
         w.shutdown().await;
     });
     let sender = TunnelSender(tx);
-    let mut conns: HashMap<u64, CancellationToken> = HashMap::new();
+    let mut conns: HashMap<u64, Conn> = HashMap::new();
     let mut reader = WsReader::new(r, stream::MAX_DATA + 32);
     loop {
         let ev = tokio::select! {
@@ -208,25 +236,20 @@ pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) 
                 continue;
             }
         };
-        conns.retain(|_, t| !t.is_cancelled());
+        conns.retain(|_, c| !c.cancel.is_cancelled());
         match m.kind {
             MessageType::LogsConnect => {
-                let connector: Connector = match serde_json::from_slice(&m.data) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(id = m.connect_id, error = %e, "bad LOGS_CONNECT payload");
-                        let _ = sender
-                            .send(TunnelMessage::new(
-                                m.connect_id,
-                                MessageType::RemoveConnect,
-                                Vec::new(),
-                            ))
-                            .await;
-                        continue;
-                    }
+                let Some(connector) = connector_of(&m, &sender).await else {
+                    continue;
                 };
                 let token = session.child_token();
-                conns.insert(m.connect_id, token.clone());
+                conns.insert(
+                    m.connect_id,
+                    Conn {
+                        cancel: token.clone(),
+                        data: None,
+                    },
+                );
                 tokio::spawn(super::logs::serve(
                     m.connect_id,
                     connector,
@@ -235,9 +258,31 @@ pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) 
                     token,
                 ));
             }
+            MessageType::ExecConnect | MessageType::AttachConnect => {
+                let Some(connector) = connector_of(&m, &sender).await else {
+                    continue;
+                };
+                let token = session.child_token();
+                let (data_tx, data_rx) = mpsc::channel(CONN_BUFFER);
+                conns.insert(
+                    m.connect_id,
+                    Conn {
+                        cancel: token.clone(),
+                        data: Some(data_tx),
+                    },
+                );
+                tokio::spawn(super::exec::serve(
+                    m.connect_id,
+                    connector,
+                    runtime.clone(),
+                    sender.clone(),
+                    data_rx,
+                    token,
+                ));
+            }
             MessageType::RemoveConnect => {
-                if let Some(t) = conns.remove(&m.connect_id) {
-                    t.cancel();
+                if let Some(c) = conns.remove(&m.connect_id) {
+                    c.cancel.cancel();
                 }
             }
             MessageType::CloseConnect => {
@@ -245,7 +290,27 @@ pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) 
                 break;
             }
             MessageType::Data => {
-                tracing::debug!(id = m.connect_id, "data for a logs connection ignored");
+                let Some(tx) = conns.get(&m.connect_id).and_then(|c| c.data.clone()) else {
+                    tracing::debug!(
+                        id = m.connect_id,
+                        "data for a connection without input ignored"
+                    );
+                    continue;
+                };
+                // A stream whose runtime side stopped reading must not hold up the tunnel.
+                if tx.send_timeout(m.data, STALL_LIMIT).await.is_err() {
+                    tracing::warn!(id = m.connect_id, "exec/attach stream stalled; closing it");
+                    if let Some(c) = conns.remove(&m.connect_id) {
+                        c.cancel.cancel();
+                    }
+                    let _ = sender
+                        .send(TunnelMessage::new(
+                            m.connect_id,
+                            MessageType::RemoveConnect,
+                            Vec::new(),
+                        ))
+                        .await;
+                }
             }
             other => {
                 tracing::warn!(kind = ?other, id = m.connect_id, "unsupported tunnel message type ignored");

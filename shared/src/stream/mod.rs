@@ -2,6 +2,7 @@
 //! `uvarint(connectID) ‖ uvarint(messageType) ‖ data`, carried in WebSocket TEXT frames whose
 //! payload is binary (so never decoded as UTF-8), and the JSON connect payloads.
 
+pub mod http;
 pub mod ws;
 
 use serde::{Deserialize, Serialize};
@@ -161,11 +162,12 @@ pub struct GoUrl {
     pub raw_fragment: String,
 }
 
-/// `stream.EdgedLogsConnection` (and, with `method`, the exec/attach connectors).
+/// `stream.EdgedLogsConnection` (and, with `method`, the exec/attach connectors). Go
+/// decodes JSON keys case-insensitively and newer KubeEdge writes `messID`: both are read.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Connector {
-    #[serde(rename = "MessID")]
+    #[serde(rename = "MessID", alias = "messID")]
     pub mess_id: u64,
     pub url: GoUrl,
     /// Go `http.Header`; `null` in Go when absent.
@@ -283,6 +285,47 @@ mod tests {
         let old: Connector =
             serde_json::from_str(r#"{"MessID":1,"url":{"Path":"/x"},"header":null}"#).unwrap();
         assert_eq!(old.url.path, "/x");
+    }
+
+    #[test]
+    fn exec_and_attach_connectors_carry_the_method() {
+        let c = Connector {
+            mess_id: 9,
+            url: GoUrl {
+                scheme: "http".into(),
+                host: EDGED_SERVER_HOST.into(),
+                path: "/exec/default/web/main".into(),
+                raw_query: "command=sh&stdin=1".into(),
+                ..GoUrl::default()
+            },
+            header: Some(BTreeMap::from([(
+                "X-Stream-Protocol-Version".to_string(),
+                vec![
+                    "v4.channel.k8s.io".to_string(),
+                    "v3.channel.k8s.io".to_string(),
+                ],
+            )])),
+            method: Some("POST".into()),
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["method"], "POST");
+        assert_eq!(v["MessID"], 9);
+        assert_eq!(
+            v["header"]["X-Stream-Protocol-Version"][1],
+            "v3.channel.k8s.io"
+        );
+        // Logs connectors have no method key, as Go's EdgedLogsConnection.
+        let logs = Connector {
+            method: None,
+            ..c.clone()
+        };
+        assert!(serde_json::to_value(&logs).unwrap().get("method").is_none());
+        // Newer KubeEdge (BaseEdgedConnection) writes `messID`.
+        let newer: Connector = serde_json::from_str(
+            r#"{"messID":12,"method":"GET","header":{"Upgrade":["SPDY/3.1"]},"url":{"Path":"/attach/ns/p/c"}}"#,
+        )
+        .unwrap();
+        assert_eq!((newer.mess_id, newer.method.as_deref()), (12, Some("GET")));
     }
 
     #[test]

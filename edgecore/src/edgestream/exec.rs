@@ -1,0 +1,380 @@
+//! EXEC_CONNECT / ATTACH_CONNECT: `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}?command=…`
+//! (and `/attach/…`) as the kubelet serves them: the CRI `Exec`/`Attach` call for the pod's
+//! running container gives a URL on the runtime's streaming server; the original upgrade
+//! request (method, headers) goes there and from then on bytes are relayed both ways as
+//! DATA frames, the runtime's raw HTTP answer (`101 Switching Protocols` head included)
+//! first, as KubeEdge's edge relays edged's. REMOVE_CONNECT from the cloud or the end of
+//! the runtime's connection ends it. Errors are sent as the kubelet's HTTP error response.
+
+use super::tunnel::TunnelSender;
+use crate::cri::api;
+use crate::edged::runtime::{
+    LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime,
+};
+use kubeedge_shared::stream::http::request_head;
+use kubeedge_shared::stream::{Connector, MessageType, TunnelMessage, parse_query};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Bytes per DATA frame.
+const CHUNK: usize = 32 * 1024;
+/// How long connecting to the runtime's streaming server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The kubelet's default `streamingConnectionIdleTimeout`: a stream silent this long ends.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 60 * 60);
+
+/// Exec or attach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Exec,
+    Attach,
+}
+
+/// What the request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRequest {
+    pub kind: Kind,
+    pub namespace: String,
+    pub pod: String,
+    pub uid: Option<String>,
+    pub container: String,
+    pub command: Vec<String>,
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+    pub tty: bool,
+}
+
+/// A kubelet-like error answer: status and text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal(pub u16, pub String);
+
+impl StreamRequest {
+    /// Parses the kubelet path and query (flags are `1` from the apiserver; `true` is taken
+    /// too).
+    pub fn parse(path: &str, raw_query: &str) -> Result<Self, Refusal> {
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let (kind, rest) = match parts.split_first() {
+            Some((&"exec", rest)) => (Kind::Exec, rest),
+            Some((&"attach", rest)) => (Kind::Attach, rest),
+            _ => return Err(Refusal(404, "404 page not found".into())),
+        };
+        let (ns, pod, uid, container) = match rest {
+            [ns, pod, c] => (*ns, *pod, None, *c),
+            [ns, pod, uid, c] => (*ns, *pod, Some(uid.to_string()), *c),
+            _ => return Err(Refusal(404, "404 page not found".into())),
+        };
+        if ns.is_empty() || pod.is_empty() || container.is_empty() {
+            return Err(Refusal(404, "404 page not found".into()));
+        }
+        let query = parse_query(raw_query);
+        let flag = |name: &str| {
+            query
+                .iter()
+                .any(|(k, v)| k == name && (v == "1" || v.eq_ignore_ascii_case("true")))
+        };
+        let tty = flag("tty");
+        let req = StreamRequest {
+            kind,
+            namespace: ns.into(),
+            pod: pod.into(),
+            uid: uid.filter(|u| !u.is_empty()),
+            container: container.into(),
+            command: query
+                .iter()
+                .filter(|(k, _)| k == "command")
+                .map(|(_, v)| v.clone())
+                .collect(),
+            stdin: flag("stdin"),
+            stdout: flag("stdout"),
+            // With a TTY, stderr is merged into stdout (the kubelet drops the flag).
+            stderr: flag("stderr") && !tty,
+            tty,
+        };
+        if !req.stdin && !req.stdout && !req.stderr {
+            return Err(Refusal(
+                400,
+                "you must specify at least 1 of stdin, stdout, stderr".into(),
+            ));
+        }
+        if kind == Kind::Exec && req.command.is_empty() {
+            return Err(Refusal(
+                400,
+                "you must specify at least one command for the container".into(),
+            ));
+        }
+        Ok(req)
+    }
+}
+
+/// The raw HTTP response the kubelet would write for an error.
+pub fn error_response(r: &Refusal) -> Vec<u8> {
+    let reason = http::StatusCode::from_u16(r.0)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let body = format!("{}\n", r.1);
+    format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\n\r\n{body}",
+        r.0,
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The running container the request names (the newest, if restarts left several).
+async fn running_container(runtime: &Runtime, r: &StreamRequest) -> Result<String, Refusal> {
+    let mut selector = HashMap::from([
+        (LABEL_POD_NAMESPACE.to_string(), r.namespace.clone()),
+        (LABEL_POD_NAME.to_string(), r.pod.clone()),
+    ]);
+    if let Some(uid) = &r.uid {
+        selector.insert(LABEL_POD_UID.to_string(), uid.clone());
+    }
+    let all = runtime
+        .list_containers(selector)
+        .await
+        .map_err(|e| Refusal(500, format!("listing containers of pod {}: {e}", r.pod)))?;
+    if all.is_empty() {
+        return Err(Refusal(404, "pod does not exist".into()));
+    }
+    all.into_iter()
+        .filter(|c| {
+            c.labels.get(LABEL_CONTAINER_NAME) == Some(&r.container)
+                && c.state() == api::ContainerState::ContainerRunning
+        })
+        .max_by_key(|c| c.created_at)
+        .map(|c| c.id)
+        .ok_or_else(|| Refusal(500, format!("container not found ({:?})", r.container)))
+}
+
+/// Asks the runtime for the streaming URL.
+async fn streaming_url(runtime: &Runtime, r: &StreamRequest) -> Result<String, Refusal> {
+    let id = running_container(runtime, r).await?;
+    let res = match r.kind {
+        Kind::Exec => {
+            runtime
+                .exec(api::ExecRequest {
+                    container_id: id,
+                    cmd: r.command.clone(),
+                    tty: r.tty,
+                    stdin: r.stdin,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                })
+                .await
+        }
+        Kind::Attach => {
+            runtime
+                .attach(api::AttachRequest {
+                    container_id: id,
+                    stdin: r.stdin,
+                    tty: r.tty,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                })
+                .await
+        }
+    };
+    res.map_err(|e| {
+        let status = if e.is_not_found() { 404 } else { 500 };
+        Refusal(status, e.to_string())
+    })
+}
+
+/// `host:port` and path (with query) of an `http://` URL.
+pub fn split_url(url: &str) -> Option<(String, String)> {
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    (!host.is_empty()).then(|| (host.to_string(), path.to_string()))
+}
+
+/// Connects to the streaming server and sends the upgrade request.
+async fn dial(c: &Connector, url: &str) -> Result<tokio::net::TcpStream, Refusal> {
+    let (host, target) = split_url(url).ok_or_else(|| {
+        Refusal(
+            500,
+            format!("the runtime's streaming URL {url:?} is not http://"),
+        )
+    })?;
+    let fail = |e: String| Refusal(500, format!("connecting to {url}: {e}"));
+    let mut tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&host))
+        .await
+        .map_err(|_| fail("timed out".into()))?
+        .map_err(|e| fail(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    let headers = c
+        .header
+        .iter()
+        .flatten()
+        .flat_map(|(k, vs)| vs.iter().map(move |v| (k.as_str(), v.as_str())));
+    let method = c
+        .method
+        .as_deref()
+        .filter(|m| !m.is_empty())
+        .unwrap_or("GET");
+    tcp.write_all(&request_head(method, &target, &host, headers))
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(tcp)
+}
+
+/// Serves one exec/attach connection; `data` carries the cloud's DATA for it.
+pub async fn serve(
+    id: u64,
+    connector: Connector,
+    runtime: Runtime,
+    tunnel: TunnelSender,
+    mut data: mpsc::Receiver<Vec<u8>>,
+    cancel: CancellationToken,
+) {
+    let send = |bytes: Vec<u8>| {
+        let tunnel = tunnel.clone();
+        let cancel = cancel.clone();
+        async move {
+            tokio::select! {
+                _ = cancel.cancelled() => false,
+                ok = tunnel.send(TunnelMessage::new(id, MessageType::Data, bytes)) => ok,
+            }
+        }
+    };
+    let started = async {
+        let req = StreamRequest::parse(&connector.url.path, &connector.url.raw_query)?;
+        let url = streaming_url(&runtime, &req).await?;
+        dial(&connector, &url).await
+    };
+    let tcp = tokio::select! {
+        _ = cancel.cancelled() => None,
+        r = started => match r {
+            Ok(tcp) => Some(tcp),
+            Err(refusal) => {
+                tracing::info!(id, path = %connector.url.path, status = refusal.0, error = %refusal.1, "exec/attach request refused");
+                send(error_response(&refusal)).await;
+                None
+            }
+        },
+    };
+    if let Some(tcp) = tcp {
+        tracing::debug!(id, path = %connector.url.path, "exec/attach stream opened");
+        let (mut rd, mut wr) = tcp.into_split();
+        let mut buf = vec![0u8; CHUNK];
+        let mut to_runtime_open = true;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(IDLE_TIMEOUT) => {
+                    tracing::info!(id, "exec/attach stream idle for {IDLE_TIMEOUT:?}; closing it");
+                    break;
+                }
+                n = rd.read(&mut buf) => match n {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if !send(buf[..n].to_vec()).await {
+                            break;
+                        }
+                    }
+                },
+                chunk = data.recv(), if to_runtime_open => match chunk {
+                    Some(chunk) => {
+                        if wr.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                    }
+                    None => to_runtime_open = false,
+                },
+            }
+        }
+        tracing::debug!(id, "exec/attach stream ended");
+    }
+    if !cancel.is_cancelled() {
+        tunnel
+            .send(TunnelMessage::new(
+                id,
+                MessageType::RemoveConnect,
+                Vec::new(),
+            ))
+            .await;
+    }
+    cancel.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubelet_paths_and_queries() {
+        let r = StreamRequest::parse(
+            "/exec/ns/web/main",
+            "command=sh&command=-c&command=echo+a%26b&stdin=1&stdout=1&stderr=1",
+        )
+        .unwrap();
+        assert_eq!(r.kind, Kind::Exec);
+        assert_eq!((r.namespace.as_str(), r.pod.as_str()), ("ns", "web"));
+        assert_eq!((r.uid.as_deref(), r.container.as_str()), (None, "main"));
+        assert_eq!(r.command, ["sh", "-c", "echo a&b"]);
+        assert!(r.stdin && r.stdout && r.stderr && !r.tty);
+        let a =
+            StreamRequest::parse("/attach/ns/web/u-1/main", "stdout=true&tty=1&stderr=1").unwrap();
+        assert_eq!((a.kind, a.uid.as_deref()), (Kind::Attach, Some("u-1")));
+        assert!(a.stdout && a.tty && !a.stderr, "a TTY merges stderr");
+        assert_eq!(
+            StreamRequest::parse("/exec/ns/web/main", "stdout=1")
+                .unwrap_err()
+                .0,
+            400
+        );
+        assert_eq!(
+            StreamRequest::parse("/exec/ns/web/main", "command=ls")
+                .unwrap_err()
+                .0,
+            400
+        );
+        for p in [
+            "/exec/ns/web",
+            "/exec/ns//c",
+            "/containerLogs/ns/p/c",
+            "/exec/a/b/c/d/e",
+        ] {
+            assert_eq!(
+                StreamRequest::parse(p, "stdout=1&command=x").unwrap_err().0,
+                404,
+                "{p}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_are_http_responses() {
+        let raw = error_response(&Refusal(500, "container not found (\"x\")".into()));
+        let (head, used) = kubeedge_shared::stream::http::parse_response_head(&raw)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (head.status, head.reason.as_str()),
+            (500, "Internal Server Error")
+        );
+        assert_eq!(&raw[used..], b"container not found (\"x\")\n");
+        assert_eq!(head.header("content-length"), Some("26"));
+    }
+
+    #[test]
+    fn streaming_urls() {
+        assert_eq!(
+            split_url("http://127.0.0.1:3456/exec/AbC"),
+            Some(("127.0.0.1:3456".into(), "/exec/AbC".into()))
+        );
+        assert_eq!(
+            split_url("http://[::1]:1"),
+            Some(("[::1]:1".into(), "/".into()))
+        );
+        assert_eq!(split_url("https://x/y"), None);
+        assert_eq!(split_url("http:///y"), None);
+    }
+}
