@@ -27,6 +27,19 @@ pub fn path(kind: Kind, namespace: Option<&str>, name: Option<&str>, sub: Option
     p
 }
 
+/// Why `s` may not be a namespace or name in a REST path: client-go's
+/// `IsValidPathSegmentName` (no `.`/`..`, `/` or `%`), plus what would end or break the path
+/// here (`?`, `#`, whitespace, control characters). Edge-supplied names are checked with it so
+/// they cannot point a request at another path.
+pub fn invalid_segment(s: &str) -> Option<String> {
+    if s.is_empty() || s == "." || s == ".." {
+        return Some(format!("{s:?} may not be a name"));
+    }
+    s.chars()
+        .find(|c| matches!(c, '/' | '%' | '?' | '#') || c.is_whitespace() || c.is_control())
+        .map(|c| format!("{s:?} may not contain {c:?}"))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Node,
@@ -188,6 +201,33 @@ pub fn is_not_found(e: &kube::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_that_would_change_the_path_are_invalid() {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../../secrets/x",
+            "a%2Fb",
+            "a?dryRun=All",
+            "a#b",
+            "a b",
+            "a\nb",
+        ] {
+            assert!(invalid_segment(bad).is_some(), "{bad:?}");
+        }
+        for good in [
+            "edge-1",
+            "kube-node-lease",
+            "web.17a3f0c2",
+            "system:node:x",
+            "a..b",
+        ] {
+            assert_eq!(invalid_segment(good), None, "{good:?}");
+        }
+    }
 
     #[test]
     fn paths_follow_the_rest_layout() {

@@ -113,6 +113,39 @@ impl UpstreamHandler {
         let ns = path.namespace.as_deref();
         let name = path.name.as_deref();
         let op = &msg.route.operation;
+        // Namespaces and names of the types handled here become REST path segments.
+        let rest_type = matches!(
+            path.resource_type.as_str(),
+            "node"
+                | "nodestatus"
+                | "nodepatch"
+                | "podpatch"
+                | "podstatus"
+                | "pod"
+                | "configmap"
+                | "secret"
+                | "persistentvolume"
+                | "persistentvolumeclaim"
+                | "volumeattachment"
+                | "serviceaccounttoken"
+                | "service"
+                | "endpoints"
+                | "endpointslice"
+                | "servicelist"
+                | "endpointslist"
+                | "lease"
+                | "event"
+        );
+        if let Some(why) = [ns, name]
+            .into_iter()
+            .flatten()
+            .find_map(rest::invalid_segment)
+            .filter(|_| rest_type)
+        {
+            tracing::warn!(node = %up.node, resource = %msg.route.resource, %why, "invalid name in upstream resource; refused");
+            let e = StatusError::new(400, "BadRequest", format!("invalid resource name: {why}"));
+            return self.reply(up, Reply::bare(e.to_value(), None));
+        }
         let reply = match (path.resource_type.as_str(), op) {
             ("node", Operation::Insert) => self.create(Kind::Node, None, msg).await,
             ("node", Operation::Query) => self.query(Kind::Node, None, name).await,
@@ -153,6 +186,11 @@ impl UpstreamHandler {
                 return Handled::Dropped(format!("unsupported {ty}/{op}"));
             }
         };
+        self.reply(up, reply)
+    }
+
+    fn reply(&self, up: &Upstream, reply: Reply) -> Handled {
+        let msg = &up.message;
         let Reply { content, rv } = reply;
         let mut response = Message::new(
             source::EDGE_CONTROLLER,
@@ -356,6 +394,10 @@ impl UpstreamHandler {
             let (Some(name), Some(uid)) = (item["Name"].as_str(), item["UID"].as_str()) else {
                 continue;
             };
+            if let Some(why) = rest::invalid_segment(name) {
+                tracing::warn!(node, %why, "legacy pod status for an invalid pod name skipped");
+                continue;
+            }
             let p = rest::path(Kind::Pod, ns, Some(name), Some("status"));
             let patch = json!({"metadata": {"uid": uid}, "status": item["Status"]});
             if let Err(e) = self.api(Method::PATCH, &p, MERGE_PATCH, Some(&patch)).await {
@@ -474,6 +516,9 @@ impl UpstreamHandler {
         else {
             return bad("the event has no name".into());
         };
+        if let Some(why) = rest::invalid_segment(&ns).or_else(|| rest::invalid_segment(&name)) {
+            return bad(format!("invalid event namespace or name: {why}"));
+        }
         if let Some(m) = event["metadata"].as_object_mut() {
             m.remove("resourceVersion");
         }
