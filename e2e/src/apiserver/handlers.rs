@@ -94,6 +94,12 @@ pub async fn handle(
     if let Err(e) = authenticate(&st, req.headers()) {
         return error_response(&e);
     }
+    // Upgrades keep the connection: served before the body is read.
+    if let Some((ns, name, sub)) = super::remotecommand::target(&method, &path) {
+        return super::remotecommand::serve(&st, req, &ns, &name, sub)
+            .await
+            .unwrap_or_else(|e| error_response(&e));
+    }
     let header_str = |h: header::HeaderName| {
         req.headers()
             .get(h)

@@ -68,15 +68,9 @@ fn kubelet_address(node: &Value) -> Option<(String, u16)> {
     Some((host.to_string(), port))
 }
 
-pub async fn pod_log(
-    st: &State,
-    ns: &str,
-    pod_name: &str,
-    query: &Query,
-    raw_query: &str,
-) -> ApiResult<Response<Body>> {
-    let pods = st.core("pods");
-    let pod = verbs::get(st, &pods, ns, pod_name)?.value();
+/// The container a `pods/log|exec|attach` request names (or the only one), as the
+/// apiserver's `streamLocation` checks it.
+pub(super) fn pick_container(pod: &Value, pod_name: &str, query: &Query) -> ApiResult<String> {
     let containers: Vec<&str> = ["initContainers", "containers", "ephemeralContainers"]
         .iter()
         .flat_map(|l| pod["spec"][*l].as_array().into_iter().flatten())
@@ -88,21 +82,30 @@ pub async fn pod_log(
         .flatten()
         .filter_map(|c| c["name"].as_str())
         .collect();
-    let container = match query.non_empty("container") {
-        Some(c) if containers.contains(&c) => c.to_string(),
-        Some(c) => {
-            return Err(ApiError::bad_request(format!(
-                "container {c} is not valid for pod {pod_name}"
-            )));
-        }
-        None if main.len() == 1 => main[0].to_string(),
-        None => {
-            return Err(ApiError::bad_request(format!(
-                "a container name must be specified for pod {pod_name}, choose one of: [{}]",
-                main.join(" ")
-            )));
-        }
-    };
+    match query.non_empty("container") {
+        Some(c) if containers.contains(&c) => Ok(c.to_string()),
+        Some(c) => Err(ApiError::bad_request(format!(
+            "container {c} is not valid for pod {pod_name}"
+        ))),
+        None if main.len() == 1 => Ok(main[0].to_string()),
+        None => Err(ApiError::bad_request(format!(
+            "a container name must be specified for pod {pod_name}, choose one of: [{}]",
+            main.join(" ")
+        ))),
+    }
+}
+
+pub(super) type KubeletConn = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// A TLS connection to the kubelet of the node `pod` is bound to, and its authority;
+/// errors name `verb` and the URL as the apiserver's do.
+pub(super) async fn connect(
+    st: &State,
+    pod: &Value,
+    pod_name: &str,
+    verb: &str,
+    path: &str,
+) -> ApiResult<(KubeletConn, String)> {
     let Some(node_name) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
         return Err(ApiError::bad_request(format!(
             "pod {pod_name} does not have a host assigned"
@@ -114,6 +117,56 @@ pub async fn pod_log(
             "node {node_name} has no address to reach its kubelet"
         ))
     })?;
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let fail = |e: &dyn std::fmt::Display| {
+        ApiError::internal(format!("{verb} https://{authority}{path}: {e}"))
+    };
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect(&authority),
+    )
+    .await
+    .map_err(|e| fail(&e))?
+    .map_err(|e| fail(&e))?;
+    let _ = tcp.set_nodelay(true);
+    let server_name = ServerName::try_from(host.clone()).map_err(|e| fail(&e))?;
+    let connector = tokio_rustls::TlsConnector::from(st.kubelet_tls.clone());
+    let tls = connector
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| fail(&e))?;
+    Ok((tls, authority))
+}
+
+/// The apiserver's error for a kubelet's non-success answer.
+pub(super) fn kubelet_error(status: StatusCode, body: &[u8]) -> ApiError {
+    let not_found = status == StatusCode::NOT_FOUND;
+    ApiError {
+        code: if not_found { 404 } else { 500 },
+        reason: if not_found {
+            "NotFound"
+        } else {
+            "InternalError"
+        },
+        message: String::from_utf8_lossy(body).trim().to_string(),
+        details: None,
+    }
+}
+
+pub async fn pod_log(
+    st: &State,
+    ns: &str,
+    pod_name: &str,
+    query: &Query,
+    raw_query: &str,
+) -> ApiResult<Response<Body>> {
+    let pods = st.core("pods");
+    let pod = verbs::get(st, &pods, ns, pod_name)?.value();
+    let container = pick_container(&pod, pod_name, query)?;
     let passthrough: Vec<&str> = raw_query
         .split('&')
         .filter(|kv| LOG_PARAMS.contains(&kv.split('=').next().unwrap_or_default()))
@@ -123,27 +176,10 @@ pub async fn pod_log(
         path.push('?');
         path.push_str(&passthrough.join("&"));
     }
-    let authority = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
+    let (tls, authority) = connect(st, &pod, pod_name, "Get", &path).await?;
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         ApiError::internal(format!("{what} https://{authority}{path}: {e}"))
     };
-    let tcp = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::net::TcpStream::connect(&authority),
-    )
-    .await
-    .map_err(|e| fail("Get", &e))?
-    .map_err(|e| fail("Get", &e))?;
-    let server_name = ServerName::try_from(host.clone()).map_err(|e| fail("Get", &e))?;
-    let connector = tokio_rustls::TlsConnector::from(st.kubelet_tls.clone());
-    let tls = connector
-        .connect(server_name, tcp)
-        .await
-        .map_err(|e| fail("Get", &e))?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
             .await
@@ -167,20 +203,7 @@ pub async fn pod_log(
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-        return Err(ApiError {
-            code: if status == StatusCode::NOT_FOUND {
-                404
-            } else {
-                500
-            },
-            reason: if status == StatusCode::NOT_FOUND {
-                "NotFound"
-            } else {
-                "InternalError"
-            },
-            message: String::from_utf8_lossy(&body).trim().to_string(),
-            details: None,
-        });
+        return Err(kubelet_error(status, &body));
     }
     // An upstream error ends the stream (the client sees the log end), as a proxy would.
     use futures::StreamExt;

@@ -30,6 +30,7 @@ pub mod patch;
 mod persist;
 mod protobuf;
 mod query;
+mod remotecommand;
 pub mod resources;
 #[cfg(test)]
 mod robustness;

@@ -60,7 +60,7 @@ pub async fn serve(
                 async move { Ok::<_, Infallible>(handlers::handle(st, req, cancel, addr).await) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
             tokio::pin!(conn);
             tokio::select! {
                 r = conn.as_mut() => {

@@ -580,3 +580,181 @@ async fn follow_continues_across_log_rotation() {
     assert!(current < 100 * 1024, "current log file is {current} bytes");
     env.finish().await;
 }
+
+/// Runs kubectl with `stdin`; stdout, stderr and the exit code.
+async fn kubectl_exit(env: &EdgeEnv, args: &[&str], stdin: Option<&[u8]>) -> (String, String, i32) {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = env.cluster.kubectl();
+    cmd.args(args);
+    if stdin.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    let mut child = cmd.spawn().expect("kubectl");
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        let input = input.to_vec();
+        tokio::spawn(async move {
+            let _ = pipe.write_all(&input).await;
+        });
+    }
+    let out = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .expect("kubectl finishes")
+        .expect("kubectl output");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_and_attach_reach_edge_containers_through_the_tunnel() {
+    let (env, stream) = stream_env("stream-exec").await;
+    env.create_pod(json!({
+        "metadata": {"name": "shell", "namespace": env.ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX_IMAGE,
+                "command": ["sh", "-c", "i=0; while true; do i=$((i+1)); echo attach-tick-$i; sleep 1; done"],
+            }],
+        },
+    }))
+    .await;
+    env.wait_running("shell").await;
+    let ns = env.ns.as_str();
+
+    // stdout, stderr and the exit code of the command, each where it belongs.
+    let (out, err, code) = kubectl_exit(
+        &env,
+        &[
+            "exec",
+            "-n",
+            ns,
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "echo $HOSTNAME; echo err >&2; exit 3",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out, "shell\n", "stderr: {err}");
+    assert!(err.contains("err\n"), "{err:?}");
+    assert_eq!(code, 3, "the command's exit code: {err}");
+
+    // stdin: 300 kB through `cat` and back, and counted by `wc -c`.
+    let input: String = (0..30_000).map(|i| format!("{i:09}\n")).collect();
+    let (out, err, code) = kubectl_exit(
+        &env,
+        &["exec", "-i", "-n", ns, "shell", "--", "cat"],
+        Some(input.as_bytes()),
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out == input,
+        "cat returned {} of {} bytes",
+        out.len(),
+        input.len()
+    );
+    let (out, err, _) = kubectl_exit(
+        &env,
+        &["exec", "-i", "-n", ns, "shell", "--", "wc", "-c"],
+        Some(input.as_bytes()),
+    )
+    .await;
+    assert_eq!(out.trim(), "300000", "{err}");
+
+    // attach: the container's output as it comes.
+    let mut child = env
+        .cluster
+        .kubectl()
+        .args(["attach", "-n", ns, "shell"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl attach");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    let attached = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line);
+            if seen.len() >= 2 {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(attached, Ok(true), "kubectl attach streamed {seen:?}");
+    let n: Vec<u64> = seen
+        .iter()
+        .filter_map(|l| l.strip_prefix("attach-tick-")?.parse().ok())
+        .collect();
+    assert!(n.len() == 2 && n[0] < n[1], "{seen:?}");
+    assert_eq!(stream.open_connections(&env.node), 1);
+    let _ = child.kill().await;
+    wait_for("the attach connection to close", WAIT, || async {
+        (stream.open_connections(&env.node) == 0).then_some(())
+    })
+    .await;
+
+    // A container the pod does not have: the apiserver says so.
+    let (_, err, code) = kubectl_exit(
+        &env,
+        &["exec", "-n", ns, "shell", "-c", "nope", "--", "true"],
+        None,
+    )
+    .await;
+    assert!(
+        code != 0 && err.contains("container nope is not valid for pod shell"),
+        "{err:?}"
+    );
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_into_a_container_not_running_says_so() {
+    let (env, stream) = stream_env("stream-exec-missing").await;
+    env.create_pod(json!({
+        "metadata": {"name": "blocked", "namespace": env.ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "initContainers": [{"name": "wait", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}],
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}],
+        },
+    }))
+    .await;
+    env.wait_pod("blocked", "the init container running", |p| {
+        p["status"]["initContainerStatuses"][0]["state"]["running"].is_object()
+    })
+    .await;
+    // The edge's answer (kubelet-like 500) reaches kubectl through the tunnel.
+    let (_, err, code) = kubectl_exit(
+        &env,
+        &["exec", "-n", &env.ns, "blocked", "-c", "main", "--", "true"],
+        None,
+    )
+    .await;
+    assert!(code != 0, "{err}");
+    assert!(err.contains("container not found (\"main\")"), "{err:?}");
+    // The running init container can be exec'd into.
+    let (out, err, code) = kubectl_exit(
+        &env,
+        &[
+            "exec", "-n", &env.ns, "blocked", "-c", "wait", "--", "echo", "in-init",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!((out.as_str(), code), ("in-init\n", 0), "{err}");
+    wait_for("every stream closed", WAIT, || async {
+        (stream.open_connections(&env.node) == 0).then_some(())
+    })
+    .await;
+    env.finish().await;
+}

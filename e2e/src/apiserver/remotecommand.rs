@@ -1,0 +1,246 @@
+//! `pods/<name>/exec` and `pods/<name>/attach` (GET or POST): like an apiserver that proxies
+//! these upgrades to the kubelet (every apiserver before 1.30, and later ones for SPDY), the
+//! request goes to the node's kubelet endpoint as `/exec|attach/<ns>/<pod>/<container>`
+//! with the options re-encoded (`stdin=1`, `command=…`) and the client's headers (its
+//! credentials left out), and the kubelet's answer comes back: a `101` joins the two
+//! connections until either ends, anything else is relayed as the response. kubectl ≥ 1.30
+//! asks for WebSocket `v5.channel.k8s.io` first; a runtime's streaming server refuses that
+//! (it speaks SPDY and the older WebSocket protocols), kubectl sees the failed upgrade and
+//! falls back to SPDY, as it does against such an apiserver.
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+use super::handlers::Body;
+use super::kubelet;
+use super::query::{Query, percent_decode_path};
+use super::state::State;
+use super::status::{ApiError, ApiResult};
+use super::verbs;
+
+/// Largest kubelet error body relayed.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// `(namespace, pod, "exec"|"attach")` when `path` is such a request.
+pub fn target(method: &Method, path: &str) -> Option<(String, String, &'static str)> {
+    if method != Method::GET && method != Method::POST {
+        return None;
+    }
+    let segs: Vec<String> = path
+        .trim_matches('/')
+        .split('/')
+        .map(percent_decode_path)
+        .collect();
+    let s: Vec<&str> = segs.iter().map(String::as_str).collect();
+    match s.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", name, sub]
+            if !ns.is_empty() && !name.is_empty() =>
+        {
+            let sub = match *sub {
+                "exec" => "exec",
+                "attach" => "attach",
+                _ => return None,
+            };
+            Some((ns.to_string(), name.to_string(), sub))
+        }
+        _ => None,
+    }
+}
+
+/// Go's `strconv.ParseBool`, as the options decoder uses it.
+fn parse_bool(name: &str, v: &str) -> ApiResult<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" | "" => Ok(false),
+        _ => Err(ApiError::bad_request(format!(
+            "{name}: invalid value {v:?}: strconv.ParseBool: parsing {v:?}: invalid syntax"
+        ))),
+    }
+}
+
+/// The kubelet query for the options in `raw_query` (`streamParams`).
+pub fn kubelet_query(sub: &str, raw_query: &str) -> ApiResult<String> {
+    let pairs = kubeedge_shared::stream::parse_query(raw_query);
+    let mut out = Vec::new();
+    for flag in ["stdin", "stdout", "stderr", "tty"] {
+        let mut set = false;
+        for (_, v) in pairs.iter().filter(|(k, _)| k == flag) {
+            set = parse_bool(flag, v)?;
+        }
+        if set {
+            out.push(format!("{flag}=1"));
+        }
+    }
+    if sub == "exec" {
+        for (_, c) in pairs.iter().filter(|(k, _)| k == "command") {
+            out.push(format!("command={}", encode(c)));
+        }
+    }
+    Ok(out.join("&"))
+}
+
+/// Query-escapes `s` (Go's `url.QueryEscape`).
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// Request headers the kubelet gets: the client's, without its credentials and hop headers.
+fn forwarded(name: &header::HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "authorization" | "host" | "content-length" | "transfer-encoding" | "keep-alive" | "te"
+    )
+}
+
+pub async fn serve(
+    st: &State,
+    req: Request<Incoming>,
+    ns: &str,
+    pod_name: &str,
+    sub: &str,
+) -> ApiResult<Response<Body>> {
+    let query = Query::parse(req.uri().query());
+    let pod: Value = verbs::get(st, &st.core("pods"), ns, pod_name)?.value();
+    let container = kubelet::pick_container(&pod, pod_name, &query)?;
+    let q = kubelet_query(sub, req.uri().query().unwrap_or_default())?;
+    let path = format!("/{sub}/{ns}/{pod_name}/{container}?{q}");
+    let verb = if req.method() == Method::POST {
+        "Post"
+    } else {
+        "Get"
+    };
+    let (tls, authority) = kubelet::connect(st, &pod, pod_name, verb, &path).await?;
+    let fail = |e: &dyn std::fmt::Display| {
+        ApiError::internal(format!("{verb} https://{authority}{path}: {e}"))
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| fail(&e))?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let mut upstream = Request::builder()
+        .method(req.method().clone())
+        .uri(path.as_str())
+        .header(header::HOST, authority.as_str());
+    for (k, v) in req.headers() {
+        if forwarded(k) {
+            upstream = upstream.header(k, v);
+        }
+    }
+    let upstream = upstream.body(Empty::<Bytes>::new()).map_err(|e| fail(&e))?;
+    let resp = sender.send_request(upstream).await.map_err(|e| fail(&e))?;
+    let status = resp.status();
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        // The kubelet's refusal goes back as it is (a WebSocket client sees the failed
+        // handshake and may fall back to SPDY).
+        let headers = resp.headers().clone();
+        let body = Limited::new(resp.into_body(), MAX_ERROR_BODY)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let mut out = Response::new(Full::new(body).boxed());
+        *out.status_mut() = status;
+        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+            out.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+        }
+        return Ok(out);
+    }
+    let mut out = Response::new(Empty::new().boxed());
+    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    for (k, v) in resp.headers() {
+        if k != header::CONTENT_LENGTH && k != header::TRANSFER_ENCODING {
+            out.headers_mut().append(k, v.clone());
+        }
+    }
+    if !out.headers().contains_key(header::CONNECTION) {
+        out.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    }
+    let kubelet_side = hyper::upgrade::on(resp);
+    let client_side = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let (Ok(k), Ok(c)) = (kubelet_side.await, client_side.await) else {
+            tracing::debug!("exec/attach upgrade did not complete");
+            return;
+        };
+        splice(TokioIo::new(c), TokioIo::new(k)).await;
+    });
+    Ok(out)
+}
+
+/// Copies both ways until one direction ends, then closes both (the apiserver's
+/// upgrade-aware proxy does the same).
+async fn splice<A, B>(a: A, b: B)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    tokio::select! {
+        _ = tokio::io::copy(&mut ar, &mut bw) => {}
+        _ = tokio::io::copy(&mut br, &mut aw) => {}
+    }
+    let _ = aw.shutdown().await;
+    let _ = bw.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            target(&Method::POST, "/api/v1/namespaces/ns/pods/web/exec"),
+            Some(("ns".into(), "web".into(), "exec"))
+        );
+        assert_eq!(
+            target(&Method::GET, "/api/v1/namespaces/ns/pods/web/attach"),
+            Some(("ns".into(), "web".into(), "attach"))
+        );
+        assert_eq!(
+            target(&Method::PUT, "/api/v1/namespaces/ns/pods/web/exec"),
+            None
+        );
+        assert_eq!(
+            target(&Method::GET, "/api/v1/namespaces/ns/pods/web/log"),
+            None
+        );
+        assert_eq!(target(&Method::GET, "/api/v1/pods/web/exec"), None);
+    }
+
+    #[test]
+    fn options_become_kubelet_params() {
+        assert_eq!(
+            kubelet_query(
+                "exec",
+                "command=sh&command=-c&command=echo+%24HOSTNAME%3B+exit+3&container=main&stdin=true&stdout=true&stderr=true&tty=false"
+            )
+            .unwrap(),
+            "stdin=1&stdout=1&stderr=1&command=sh&command=-c&command=echo+%24HOSTNAME%3B+exit+3"
+        );
+        assert_eq!(
+            kubelet_query("attach", "stdout=1&command=x").unwrap(),
+            "stdout=1"
+        );
+        assert_eq!(kubelet_query("exec", "stdin=maybe").unwrap_err().code, 400);
+    }
+}
