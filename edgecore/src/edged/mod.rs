@@ -317,6 +317,10 @@ impl Dispatcher {
             tracing::warn!(pod = %pod["metadata"]["name"], "pod without a uid; ignored");
             return;
         };
+        if !spec::is_safe_uid(uid) {
+            tracing::warn!(pod = %pod["metadata"]["name"], uid, "pod uid is not a plain name (it names the pod's directory); ignored");
+            return;
+        }
         let uid = uid.to_string();
         let key = format!(
             "{}/{}",

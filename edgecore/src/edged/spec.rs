@@ -615,6 +615,13 @@ impl PodSpec {
             if v.name.is_empty() {
                 return Err(invalid(format!("{field}.name"), "must not be empty"));
             }
+            // The name is a directory under the pod's: it must be one plain path element.
+            if !is_dns_label(&v.name) {
+                return Err(invalid(
+                    format!("{field}.name"),
+                    format!("{:?} is not a valid volume name (a DNS label)", v.name),
+                ));
+            }
             if !volumes.insert(v.name.as_str()) {
                 return Err(invalid(
                     format!("{field}.name"),
@@ -932,6 +939,17 @@ pub fn fnv1a_hex(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
+/// A pod UID usable as a directory name under the root directory: one plain path element
+/// (the apiserver writes UUIDs).
+pub fn is_safe_uid(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 /// RFC 1123 label: what container names must be.
 pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -1047,6 +1065,11 @@ mod tests {
                 json!({"initContainers": [{"name": "a", "image": "x"}], "containers": [{"name": "a", "image": "x"}]}),
                 "spec.containers[0].name",
             ),
+            (
+                json!({"containers": [{"name": "a", "image": "x"}],
+                       "volumes": [{"name": "../../../etc", "emptyDir": {}}]}),
+                "spec.volumes[0].name",
+            ),
         ];
         for (spec, field) in cases {
             let err = pod(spec.clone()).spec.validate().unwrap_err();
@@ -1054,6 +1077,16 @@ mod tests {
                 err.to_string().starts_with(&format!("{field}: ")),
                 "{spec}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn only_plain_uids_name_pod_directories() {
+        for good in ["0b7a3c2e-9f1d-4c55-8e11-2a3b4c5d6e7f", "u1", "a.b_c"] {
+            assert!(is_safe_uid(good), "{good}");
+        }
+        for bad in ["", ".", "..", "../x", "a/b", "a b", "/etc", "\u{0}"] {
+            assert!(!is_safe_uid(bad), "{bad:?}");
         }
     }
 
