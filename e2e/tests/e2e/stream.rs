@@ -437,6 +437,111 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         (id, MessageType::RemoveConnect)
     );
 
+    // exec: EXEC_CONNECT with the method and the upgrade headers; the edge's raw HTTP answer
+    // (a 101 head split across DATA frames, then SPDY bytes) reaches the client as is.
+    let request = format!(
+        "POST /exec/{ns}/web/main?command=sh&command=-c&command=echo+hi&stdin=1&stdout=1 HTTP/1.1\r\n\
+         Host: 10.9.8.7:10350\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+         X-Stream-Protocol-Version: v4.channel.k8s.io\r\nX-Stream-Protocol-Version: v3.channel.k8s.io\r\n\
+         Content-Length: 0\r\n\r\n"
+    );
+    let (connect, mut client) = tokio::join!(
+        next_message(&mut reader),
+        stream_raw(&stream, &pki, &request)
+    );
+    assert_eq!(connect.kind, MessageType::ExecConnect);
+    let v: serde_json::Value = serde_json::from_slice(&connect.data).expect("JSON");
+    assert_eq!(v["MessID"], connect.connect_id);
+    assert_eq!(v["method"], "POST");
+    assert_eq!(v["url"]["Host"], "127.0.0.1:10350");
+    assert_eq!(v["url"]["Path"], format!("/exec/{ns}/web/main"));
+    assert_eq!(
+        v["url"]["RawQuery"],
+        "command=sh&command=-c&command=echo+hi&stdin=1&stdout=1"
+    );
+    assert_eq!(v["header"]["Upgrade"], json!(["SPDY/3.1"]));
+    assert_eq!(
+        v["header"]["X-Stream-Protocol-Version"],
+        json!(["v4.channel.k8s.io", "v3.channel.k8s.io"])
+    );
+    let id = connect.connect_id;
+    for part in [
+        &b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpg"[..],
+        &b"rade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n\x80\x03\x00\x04spdy"[..],
+    ] {
+        let m = TunnelMessage::new(id, MessageType::Data, part.to_vec());
+        w.write_all(&gorilla_text_fragments(&m)).await.unwrap();
+    }
+    let (head, mut after) = read_response_head(&mut client).await;
+    assert_eq!(head.status, 101);
+    assert_eq!(head.header("upgrade"), Some("SPDY/3.1"));
+    assert_eq!(
+        head.header("x-stream-protocol-version"),
+        Some("v4.channel.k8s.io")
+    );
+    use tokio::io::AsyncReadExt;
+    while after.len() < 8 {
+        let mut b = [0u8; 64];
+        let n = client.read(&mut b).await.expect("read");
+        assert!(n > 0, "connection ended after {after:?}");
+        after.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(after, b"\x80\x03\x00\x04spdy");
+    // Client bytes go to the edge as DATA; REMOVE_CONNECT from the edge ends the client's.
+    client.write_all(b"\x00\xffclient-bytes").await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 14 {
+        let m = next_message(&mut reader).await;
+        assert_eq!((m.connect_id, m.kind), (id, MessageType::Data));
+        got.extend(m.data);
+    }
+    assert_eq!(got, b"\x00\xffclient-bytes");
+    let done = TunnelMessage::new(id, MessageType::RemoveConnect, Vec::new());
+    w.write_all(&gorilla_text_fragments(&done)).await.unwrap();
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(WAIT, client.read_to_end(&mut rest)).await;
+    assert!(matches!(ended, Ok(Ok(0))), "{ended:?} {rest:?}");
+    wait_for("the exec connection to close", WAIT, || async {
+        (stream.open_connections(&node) == 0).then_some(())
+    })
+    .await;
+
+    // attach refused by the edge: its status and body reach the client, and the edge is told
+    // the connection is over.
+    let request = format!(
+        "GET /attach/{ns}/web/main?stdout=1 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+         Upgrade: SPDY/3.1\r\n\r\n"
+    );
+    let (connect, mut client) = tokio::join!(
+        next_message(&mut reader),
+        stream_raw(&stream, &pki, &request)
+    );
+    assert_eq!(connect.kind, MessageType::AttachConnect);
+    let v: serde_json::Value = serde_json::from_slice(&connect.data).expect("JSON");
+    assert_eq!(v["method"], "GET");
+    let refusal = TunnelMessage::new(
+        connect.connect_id,
+        MessageType::Data,
+        b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 18\r\n\r\npod does not exist".to_vec(),
+    );
+    w.write_all(&gorilla_text_fragments(&refusal))
+        .await
+        .unwrap();
+    let (head, mut body) = read_response_head(&mut client).await;
+    assert_eq!(head.status, 404);
+    while body.len() < 18 {
+        let mut b = [0u8; 64];
+        let n = client.read(&mut b).await.expect("read");
+        assert!(n > 0, "body ended after {body:?}");
+        body.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(body, b"pod does not exist");
+    let removed = next_message(&mut reader).await;
+    assert_eq!(
+        (removed.connect_id, removed.kind),
+        (connect.connect_id, MessageType::RemoveConnect)
+    );
+
     // A pod on a node without a tunnel: a clear error.
     let other: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
         "metadata": {"name": "elsewhere"},
@@ -458,6 +563,77 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         String::from_utf8_lossy(&text).contains("no stream tunnel from edge node no-tunnel-node"),
         "{text:?}"
     );
+    let mut client = stream_raw(
+        &stream,
+        &pki,
+        &format!(
+            "POST /exec/{ns}/elsewhere/main?command=true&stdout=1 HTTP/1.1\r\nHost: x\r\n\
+             Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n"
+        ),
+    )
+    .await;
+    let (head, mut body) = read_response_head(&mut client).await;
+    assert_eq!(head.status, 500);
+    let len: usize = head
+        .header("content-length")
+        .and_then(|l| l.parse().ok())
+        .expect("a length");
+    while body.len() < len {
+        let mut b = [0u8; 256];
+        let n = client.read(&mut b).await.expect("read");
+        assert!(n > 0, "body ended after {body:?}");
+        body.extend_from_slice(&b[..n]);
+    }
+    assert!(
+        String::from_utf8_lossy(&body).contains("no stream tunnel from edge node no-tunnel-node"),
+        "{body:?}"
+    );
+}
+
+type RawClient = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// A TLS connection to the stream server with `request` (raw HTTP/1.1) written on it.
+async fn stream_raw(stream: &CloudStream, pki: &e2e::channel::Pki, request: &str) -> RawClient {
+    use tokio::io::AsyncWriteExt;
+    let cert = pki.node_cert("apiserver").expect("client cert");
+    let tls = kubeedge_shared::tls::client_config(
+        std::slice::from_ref(&pki.ca.cert.cert_der),
+        vec![cert.cert_der.clone()],
+        cert.key_der(),
+    )
+    .expect("client tls");
+    let tcp = tokio::net::TcpStream::connect(stream.stream_addr())
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut io = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .expect("stream server TLS");
+    io.write_all(request.as_bytes()).await.expect("request");
+    io
+}
+
+/// Reads a response head off `io`: the head and the bytes read after it.
+async fn read_response_head(
+    io: &mut RawClient,
+) -> (kubeedge_shared::stream::http::ResponseHead, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    loop {
+        if let Some((head, used)) =
+            kubeedge_shared::stream::http::parse_response_head(&buf).expect("a response head")
+        {
+            return (head, buf.split_off(used));
+        }
+        let mut b = [0u8; 1024];
+        let n = tokio::time::timeout(WAIT, io.read(&mut b))
+            .await
+            .expect("an answer in time")
+            .expect("read");
+        assert!(n > 0, "connection ended before a response head: {buf:?}");
+        buf.extend_from_slice(&b[..n]);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
