@@ -317,8 +317,21 @@ impl Dispatcher {
             tracing::warn!(pod = %pod["metadata"]["name"], "pod without a uid; ignored");
             return;
         };
-        if !spec::is_safe_uid(uid) {
-            tracing::warn!(pod = %pod["metadata"]["name"], uid, "pod uid is not a plain name (it names the pod's directory); ignored");
+        let (ns, name) = (
+            pod["metadata"]["namespace"].as_str().unwrap_or(""),
+            pod["metadata"]["name"].as_str().unwrap_or(""),
+        );
+        if !spec::is_path_element(uid)
+            || ![ns, name]
+                .into_iter()
+                .all(|s| s.is_empty() || spec::is_path_element(s))
+        {
+            tracing::warn!(
+                namespace = ns,
+                name,
+                uid,
+                "pod namespace, name or uid is not a plain name (they name directories); ignored"
+            );
             return;
         }
         let uid = uid.to_string();

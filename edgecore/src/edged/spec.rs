@@ -939,9 +939,9 @@ pub fn fnv1a_hex(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-/// A pod UID usable as a directory name under the root directory: one plain path element
-/// (the apiserver writes UUIDs).
-pub fn is_safe_uid(s: &str) -> bool {
+/// One plain path element: pod UIDs (UUIDs from the apiserver), namespaces and names name
+/// directories (`pods/<uid>`, `<ns>_<name>_<uid>` logs).
+pub fn is_path_element(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s != "."
@@ -1081,12 +1081,12 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_uids_name_pod_directories() {
+    fn only_plain_names_name_pod_directories() {
         for good in ["0b7a3c2e-9f1d-4c55-8e11-2a3b4c5d6e7f", "u1", "a.b_c"] {
-            assert!(is_safe_uid(good), "{good}");
+            assert!(is_path_element(good), "{good}");
         }
         for bad in ["", ".", "..", "../x", "a/b", "a b", "/etc", "\u{0}"] {
-            assert!(!is_safe_uid(bad), "{bad:?}");
+            assert!(!is_path_element(bad), "{bad:?}");
         }
     }
 
