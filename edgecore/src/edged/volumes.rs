@@ -589,6 +589,14 @@ fn unmount(p: &Path) -> io::Result<()> {
 /// directory, then switches the `..data` symlink to it in one rename; each top-level name is
 /// a symlink through `..data`. Returns whether anything changed.
 pub fn write_atomic(dir: &Path, files: &Payload) -> io::Result<bool> {
+    // The kubelet's validatePayload: every path stays inside the volume (keys of a malformed
+    // ConfigMap or Secret included).
+    if let Some(bad) = files.keys().find(|k| !payload_path_ok(k)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("invalid file name {bad:?} in the volume's payload"),
+        ));
+    }
     std::fs::create_dir_all(dir)?;
     let data_link = dir.join("..data");
     let old = std::fs::read_link(&data_link).ok();
@@ -644,6 +652,15 @@ pub fn write_atomic(dir: &Path, files: &Payload) -> io::Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// Relative, no `..` element, not starting with `..` (the writer's own names), no NUL.
+fn payload_path_ok(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.starts_with("..")
+        && !path.contains('\0')
+        && path.split('/').all(|p| p != "..")
 }
 
 fn same_contents(dir: &Path, files: &Payload) -> io::Result<bool> {
@@ -733,6 +750,25 @@ mod tests {
             *issuer.0.lock().unwrap(),
             // The third is the second's cached token.
             vec![json!(1u64 << 32), json!(600)]
+        );
+    }
+
+    #[test]
+    fn payload_paths_outside_the_volume_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("v");
+        for bad in ["../escape", "/etc/x", "a/../../b", "..data", ""] {
+            let e = write_atomic(&dir, &payload(&[("ok", "1"), (bad, "x")])).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+            assert!(e.to_string().contains("invalid file name"), "{e}");
+        }
+        assert!(!tmp.path().join("escape").exists());
+        assert!(
+            write_atomic(
+                &dir,
+                &payload(&[("ok", "1"), (".hidden", "2"), ("a/b", "3")])
+            )
+            .unwrap()
         );
     }
 
