@@ -298,7 +298,9 @@ pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) 
                     continue;
                 };
                 // A stream whose runtime side stopped reading must not hold up the tunnel.
-                if tx.send_timeout(m.data, STALL_LIMIT).await.is_err() {
+                if let Err(mpsc::error::SendTimeoutError::Timeout(_)) =
+                    tx.send_timeout(m.data, STALL_LIMIT).await
+                {
                     tracing::warn!(id = m.connect_id, "exec/attach stream stalled; closing it");
                     if let Some(c) = conns.remove(&m.connect_id) {
                         c.cancel.cancel();
