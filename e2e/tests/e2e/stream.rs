@@ -934,3 +934,206 @@ async fn exec_into_a_container_not_running_says_so() {
     .await;
     env.finish().await;
 }
+
+/// A KubeEdge cloudcore's tunnel end, written by hand: accepts the edge's WSS connection and
+/// sends connect messages as Go's `BaseEdgedConnection` marshals them (`messID`).
+struct GoCloud {
+    reader: WsReader<tokio::io::ReadHalf<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>,
+    writer:
+        ws::WsWriter<tokio::io::WriteHalf<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>,
+}
+
+impl GoCloud {
+    async fn accept(listener: tokio::net::TcpListener, pki: &e2e::channel::Pki) -> GoCloud {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tls = kubeedge_shared::tls::server_config(
+            vec![pki.server.cert_der.clone()],
+            pki.server.key_der(),
+            std::slice::from_ref(&pki.ca.cert.cert_der),
+            true,
+        )
+        .expect("tls");
+        let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
+            .await
+            .expect("the edge dials the tunnel")
+            .expect("accept");
+        let mut io = tokio_rustls::TlsAcceptor::from(tls)
+            .accept(tcp)
+            .await
+            .expect("TLS");
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(io.read_u8().await.expect("handshake"));
+        }
+        let text = String::from_utf8_lossy(&head).into_owned();
+        let key = text
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.eq_ignore_ascii_case("sec-websocket-key"))
+            .map(|(_, v)| v.trim().to_string())
+            .expect("a WebSocket key");
+        assert!(text.contains("SessionHostNameOverride: "), "{text}");
+        let answer = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
+            ws::accept_key(key.as_bytes())
+        );
+        io.write_all(answer.as_bytes()).await.expect("101");
+        let (r, w) = tokio::io::split(io);
+        GoCloud {
+            reader: WsReader::new(r, 2 << 20),
+            writer: ws::WsWriter::new(w, false),
+        }
+    }
+
+    async fn send(&mut self, m: TunnelMessage) {
+        self.writer
+            .send(ws::OP_TEXT, &m.encode())
+            .await
+            .expect("send");
+    }
+
+    /// The edge's next tunnel message, pings answered.
+    async fn next(&mut self) -> TunnelMessage {
+        loop {
+            match tokio::time::timeout(WAIT, self.reader.next()).await {
+                Ok(Ok(Some(WsEvent::Data { payload, .. }))) => {
+                    return TunnelMessage::decode(&payload).expect("a tunnel message");
+                }
+                Ok(Ok(Some(WsEvent::Ping(p)))) => {
+                    self.writer.send(ws::OP_PONG, &p).await.expect("pong")
+                }
+                Ok(Ok(Some(WsEvent::Pong(_)))) => {}
+                other => panic!("expected a tunnel message, got {other:?}"),
+            }
+        }
+    }
+
+    /// DATA of connection `id` up to a whole HTTP response head: the head and what followed.
+    async fn response_head(
+        &mut self,
+        id: u64,
+    ) -> (kubeedge_shared::stream::http::ResponseHead, Vec<u8>) {
+        let mut buf = Vec::new();
+        loop {
+            let m = self.next().await;
+            assert_eq!((m.connect_id, m.kind), (id, MessageType::Data), "{buf:?}");
+            buf.extend(m.data);
+            if let Some((head, used)) =
+                kubeedge_shared::stream::http::parse_response_head(&buf).expect("HTTP")
+            {
+                return (head, buf.split_off(used));
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edgestream_serves_exec_for_a_kubeedge_cloud() {
+    let mut env = EdgeEnv::start_with(EdgeOptions::new("stream-go-cloud")).await;
+    env.stop_edge().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let d = env.dir.path().to_path_buf();
+    let s = &mut env.config.modules.edge_stream;
+    s.enable = true;
+    s.server = listener.local_addr().expect("addr").to_string();
+    s.tls_tunnel_ca_file = d.join("ca.crt").display().to_string();
+    s.tls_tunnel_cert_file = d.join("edge.crt").display().to_string();
+    s.tls_tunnel_private_key_file = d.join("edge.key").display().to_string();
+    env.edge = Some(
+        EdgeCore::start_with(&env.config, Some(env.edged_config()))
+            .await
+            .expect("edgecore starts"),
+    );
+    let mut cloud = GoCloud::accept(listener, &env.pki).await;
+    env.wait_node_ready().await;
+    env.create_pod(json!({
+        "metadata": {"name": "target", "namespace": env.ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}],
+        },
+    }))
+    .await;
+    env.wait_running("target").await;
+
+    // EXEC_CONNECT as a Go cloudcore sends it: the edge relays containerd's own answer.
+    let connect = |id: u64, method: &str, path: String, query: &str| {
+        let v = json!({
+            "messID": id,
+            "method": method,
+            "header": {
+                "Connection": ["Upgrade"],
+                "Upgrade": ["SPDY/3.1"],
+                "X-Stream-Protocol-Version": ["v4.channel.k8s.io", "v3.channel.k8s.io"],
+            },
+            "url": {"Scheme": "http", "Opaque": "", "User": null, "Host": "127.0.0.1:10350",
+                    "Path": path, "RawPath": "", "ForceQuery": false, "RawQuery": query,
+                    "Fragment": "", "RawFragment": ""},
+        });
+        serde_json::to_vec(&v).expect("json")
+    };
+    let path = format!("/exec/{}/target/main", env.ns);
+    cloud
+        .send(TunnelMessage::new(
+            7,
+            MessageType::ExecConnect,
+            connect(7, "POST", path, "command=sleep&command=30&stdout=1"),
+        ))
+        .await;
+    let (head, _) = cloud.response_head(7).await;
+    assert_eq!(head.status, 101, "{head:?}");
+    assert_eq!(head.header("upgrade"), Some("SPDY/3.1"));
+    assert_eq!(
+        head.header("x-stream-protocol-version"),
+        Some("v4.channel.k8s.io")
+    );
+    cloud
+        .send(TunnelMessage::new(
+            7,
+            MessageType::RemoveConnect,
+            Vec::new(),
+        ))
+        .await;
+
+    // ATTACH_CONNECT for a container the pod does not run: the kubelet's error, then
+    // REMOVE_CONNECT from the edge.
+    let path = format!("/attach/{}/target/other", env.ns);
+    cloud
+        .send(TunnelMessage::new(
+            8,
+            MessageType::AttachConnect,
+            connect(8, "GET", path, "stdout=1"),
+        ))
+        .await;
+    let (head, mut body) = loop {
+        // Leftover DATA of the ended exec stream may still arrive first.
+        let m = cloud.next().await;
+        if m.connect_id == 7 {
+            continue;
+        }
+        assert_eq!((m.connect_id, m.kind), (8, MessageType::Data));
+        let (head, used) = kubeedge_shared::stream::http::parse_response_head(&m.data)
+            .expect("HTTP")
+            .expect("one frame holds the error");
+        break (head, m.data[used..].to_vec());
+    };
+    assert_eq!(head.status, 500);
+    loop {
+        let m = cloud.next().await;
+        if m.connect_id == 7 {
+            continue;
+        }
+        assert_eq!(m.connect_id, 8);
+        if m.kind == MessageType::RemoveConnect {
+            break;
+        }
+        body.extend(m.data);
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        "container not found (\"other\")\n"
+    );
+    env.finish().await;
+}
