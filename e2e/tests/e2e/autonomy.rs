@@ -18,9 +18,9 @@ use e2e::edge::{
 };
 use e2e::images::BUSYBOX_IMAGE;
 use edgecore::cri::{CriClient, api};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -151,6 +151,21 @@ async fn taints(env: &EdgeEnv) -> Vec<String> {
         .into_iter()
         .map(|t| t.key)
         .collect()
+}
+
+/// How often events with this reason were recorded about the object with this UID (a node's
+/// UID in its events is its name), over all namespaces.
+async fn event_count(env: &EdgeEnv, uid: &str, reason: &str) -> i64 {
+    let events: Api<Event> = Api::all(env.cluster.client());
+    let lp = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
+    let Ok(list) = events.list(&lp).await else {
+        return 0;
+    };
+    list.items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| i64::from(e.count.unwrap_or(1)))
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,6 +308,15 @@ async fn after_a_reboot_without_the_cloud_pods_come_back_from_the_database_and_c
     )
     .await;
     env.wait_running("newcomer").await;
+    // Events raised while the cloud was away reach the API once it is back: the keeper's
+    // container started again offline (a second Started), and so did edgecore (a second
+    // Starting on the node, in namespace default as the kubelet records node events).
+    wait_for("the events raised offline", WAIT, || async {
+        let started = event_count(&env, &uid, "Started").await;
+        let starting = event_count(&env, &env.node, "Starting").await;
+        (started >= 2 && starting >= 2).then_some(())
+    })
+    .await;
     wait_for("the pod deleted while offline to go", WAIT, || async {
         let gone = env.pods().get_opt("doomed").await.ok()?.is_none();
         let (c, s) = runtime_objects(&cri, &doomed_uid).await;

@@ -141,6 +141,32 @@ async fn a_running_pod_has_pulled_created_and_started_events_and_deletion_a_kill
         killing["involvedObject"]["fieldPath"],
         "spec.containers{main}"
     );
+
+    // The node has the kubelet's node events, in namespace default, about the Node.
+    let node_events: Api<Event> = Api::namespaced(env.cluster.client(), "default");
+    let lp = ListParams::default().fields(&format!("involvedObject.uid={}", env.node));
+    let reasons = wait_for("the node's events", WAIT, || async {
+        let list = node_events.list(&lp).await.ok()?;
+        let reasons: Vec<String> = list.items.iter().filter_map(|e| e.reason.clone()).collect();
+        let all = ["Starting", "NodeReady", "NodeHasSufficientMemory"]
+            .iter()
+            .all(|r| reasons.iter().any(|x| x == r));
+        all.then_some(list.items)
+    })
+    .await;
+    let ready = reasons
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("NodeReady"))
+        .map(|e| serde_json::to_value(e).unwrap())
+        .unwrap();
+    assert_eq!(
+        ready["involvedObject"],
+        json!({"kind": "Node", "name": env.node, "uid": env.node})
+    );
+    assert_eq!(
+        ready["message"],
+        format!("Node {} status is now: NodeReady", env.node)
+    );
     env.finish().await;
 }
 

@@ -1,6 +1,7 @@
-//! Kubernetes Events about pods, as the kubelet records them (`source.component: kubelet`,
-//! `source.host: <node>`, `involvedObject` = the pod, with `fieldPath: spec.containers{<name>}`
-//! for a container), sent through the metamanager as KubeEdge's edged does (`insert`/`patch`
+//! Kubernetes Events about pods and the node, as the kubelet records them (`source.component:
+//! kubelet`, `source.host: <node>`, `involvedObject` = the pod, with `fieldPath:
+//! spec.containers{<name>}` for a container, or the Node, its UID being its name, the event in
+//! namespace `default`), sent through the metamanager as KubeEdge's edged does (`insert`/`patch`
 //! `<ns>/event/<name>`, reference §11).
 //!
 //! Recording never blocks a pod worker: [`Recorder::record`] puts the occurrence on a bounded
@@ -15,7 +16,10 @@
 //! * each object may send [`SPAM_BURST`] messages, then one per [`SPAM_REFILL`] (the kubelet's
 //!   spam filter); what is held back stays pending, so counts catch up later.
 //!
-//! Events are best-effort: while the cloud is unreachable they are dropped (debug log).
+//! While the cloud is unreachable nothing is dropped: events stay pending (with their first
+//! timestamp and count) and are sent once the link is back, the oldest first; memory stays
+//! bounded by the caches' size ([`CACHE_ENTRIES`], least recently seen evicted first). An
+//! event the API server refuses is forgotten.
 
 use super::spec::ObjectMeta;
 use super::time;
@@ -39,7 +43,9 @@ pub const SIMILAR_WINDOW: Duration = Duration::from_secs(600);
 pub const SPAM_BURST: f64 = 25.0;
 pub const SPAM_REFILL: Duration = Duration::from_secs(300);
 /// Entries kept per cache (events, similar-message groups, spam buckets).
-const CACHE_ENTRIES: usize = 1024;
+pub const CACHE_ENTRIES: usize = 1024;
+/// After a send failed for want of a link, pending events wait this long before the next try.
+const OFFLINE_RETRY: Duration = Duration::from_secs(1);
 /// An event not seen again for this long is forgotten (a later occurrence is a new event), and
 /// so are idle spam buckets and similar-message groups: memory follows recent activity, not
 /// every pod the node ever ran.
@@ -60,9 +66,11 @@ impl EventType {
     }
 }
 
-/// What an event is about: a pod, or a container of it.
+/// What an event is about: a pod, a container of it, or the node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct ObjectRef {
+    /// `Pod` or `Node`.
+    pub kind: &'static str,
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -73,11 +81,31 @@ pub struct ObjectRef {
 impl ObjectRef {
     pub fn pod(meta: &ObjectMeta) -> Self {
         ObjectRef {
+            kind: "Pod",
             namespace: meta.namespace.clone(),
             name: meta.name.clone(),
             uid: meta.uid.clone(),
             resource_version: meta.resource_version.clone(),
             field_path: String::new(),
+        }
+    }
+
+    /// The node, as the kubelet refers to it (UID = name, no namespace).
+    pub fn node(name: &str) -> Self {
+        ObjectRef {
+            kind: "Node",
+            name: name.to_string(),
+            uid: name.to_string(),
+            ..ObjectRef::default()
+        }
+    }
+
+    /// The namespace of events about this object (`default` for cluster-scoped ones).
+    fn event_namespace(&self) -> &str {
+        if self.namespace.is_empty() {
+            "default"
+        } else {
+            &self.namespace
         }
     }
 
@@ -92,8 +120,11 @@ impl ObjectRef {
     }
 
     fn to_json(&self) -> Value {
+        if self.kind == "Node" {
+            return json!({"kind": "Node", "name": self.name, "uid": self.uid});
+        }
         let mut v = json!({
-            "kind": "Pod",
+            "kind": self.kind,
             "namespace": self.namespace,
             "name": self.name,
             "uid": self.uid,
@@ -139,7 +170,7 @@ impl Recorder {
         message: impl Into<String>,
     ) {
         let message = message.into();
-        tracing::debug!(pod = %format!("{}/{}", object.namespace, object.name), field = %object.field_path, kind = kind.as_str(), reason, %message, "event");
+        tracing::debug!(object = %format!("{}/{}/{}", object.kind, object.namespace, object.name), field = %object.field_path, kind = kind.as_str(), reason, %message, "event");
         let occurrence = Occurrence {
             object: object.clone(),
             kind,
@@ -155,6 +186,16 @@ impl Recorder {
             Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
     }
+}
+
+/// What became of one send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Sent,
+    /// The API server (through the cloud) said no.
+    Refused,
+    /// The cloud could not be reached: try again later.
+    Offline,
 }
 
 /// What to send for one event.
@@ -303,11 +344,32 @@ impl Correlator {
         (self.records.len(), self.similar.len(), self.spam.len())
     }
 
-    /// The outcome of sending `out`: a failed create or patch forgets the event (a later
-    /// occurrence starts a new one).
-    pub fn sent(&mut self, out: &Outgoing, ok: bool) {
-        if !ok {
-            self.records.remove(out.key());
+    /// The outcome of sending `out`: a refused create or patch forgets the event (a later
+    /// occurrence starts a new one); one not sent for want of a link stays pending as it was.
+    pub fn sent(&mut self, out: &Outgoing, outcome: Outcome) {
+        match outcome {
+            Outcome::Sent => {}
+            Outcome::Refused => {
+                self.records.remove(out.key());
+            }
+            Outcome::Offline => {
+                let Some(r) = self.records.get_mut(out.key()) else {
+                    return;
+                };
+                r.dirty = true;
+                if matches!(out, Outgoing::Create { .. }) {
+                    r.created = false;
+                    r.sent_at = None;
+                }
+                let object = r.event["involvedObject"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                // The spam filter counts what reached the cloud, not attempts.
+                if let Some(b) = self.spam.get_mut(&object) {
+                    b.tokens = (b.tokens + 1.0).min(SPAM_BURST);
+                }
+            }
         }
     }
 
@@ -421,7 +483,7 @@ impl Correlator {
         json!({
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": o.object.namespace},
+            "metadata": {"name": name, "namespace": o.object.event_namespace()},
             "involvedObject": o.object.to_json(),
             "reason": o.reason,
             "message": message,
@@ -450,16 +512,20 @@ fn evict_oldest<V>(map: &mut HashMap<String, V>, last: impl Fn(&V) -> SystemTime
     }
 }
 
-/// The event task: correlates occurrences and sends events until cancelled.
+/// The event task: correlates occurrences and sends events until cancelled; `link_up` changes
+/// when the cloud link comes back.
 pub async fn run(
     meta: MetaClient,
     host: String,
     mut rx: mpsc::Receiver<Occurrence>,
+    mut link_up: tokio::sync::watch::Receiver<u64>,
     cancel: CancellationToken,
 ) {
     let mut correlator = Correlator::new(&host);
+    let mut watch_link = true;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut offline_until: Option<tokio::time::Instant> = None;
     loop {
         let out = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -468,16 +534,39 @@ pub async fn run(
                 None => return,
             },
             _ = tick.tick() => correlator.flush(SystemTime::now()),
+            // The link is back: what waited goes now.
+            changed = link_up.changed(), if watch_link => {
+                watch_link = changed.is_ok();
+                offline_until = None;
+                correlator.flush(SystemTime::now())
+            }
         };
         for o in out {
+            // While the link is down, one try per OFFLINE_RETRY; the rest stays pending.
+            if offline_until.is_some_and(|t| tokio::time::Instant::now() < t) {
+                correlator.sent(&o, Outcome::Offline);
+                continue;
+            }
             let result = match &o {
                 Outgoing::Create { event, .. } => meta.create_event(event).await,
                 Outgoing::Patch { event, patch, .. } => meta.patch_event(event, patch).await,
             };
-            if let Err(e) = &result {
-                tracing::debug!(event = %event_of(&o)["metadata"]["name"], reason = %event_of(&o)["reason"], error = %e, "event not sent; dropped");
-            }
-            correlator.sent(&o, result.is_ok());
+            let outcome = match &result {
+                Ok(()) => {
+                    offline_until = None;
+                    Outcome::Sent
+                }
+                Err(e) if e.is_link_failure() => {
+                    tracing::debug!(error = %e, "cloud unreachable; events stay pending");
+                    offline_until = Some(tokio::time::Instant::now() + OFFLINE_RETRY);
+                    Outcome::Offline
+                }
+                Err(e) => {
+                    tracing::debug!(event = %event_of(&o)["metadata"]["name"], reason = %event_of(&o)["reason"], error = %e, "event refused; dropped");
+                    Outcome::Refused
+                }
+            };
+            correlator.sent(&o, outcome);
         }
     }
 }
@@ -494,6 +583,7 @@ mod tests {
 
     fn pod() -> ObjectRef {
         ObjectRef {
+            kind: "Pod",
             namespace: "ns".into(),
             name: "web".into(),
             uid: "u1".into(),
@@ -597,11 +687,81 @@ mod tests {
         let mut c = Correlator::new("edge-1");
         let p = pod();
         let first = c.observe(occ(&p, "Started", "m", 0)).unwrap();
-        c.sent(&first, false);
+        c.sent(&first, Outcome::Refused);
         assert!(matches!(
             c.observe(occ(&p, "Started", "m", 1)),
             Some(Outgoing::Create { .. })
         ));
+    }
+
+    #[test]
+    fn events_raised_offline_wait_for_the_link_with_their_counts() {
+        let mut c = Correlator::new("edge-1");
+        let p = pod();
+        let first = c.observe(occ(&p, "BackOff", "m", 0)).unwrap();
+        c.sent(&first, Outcome::Offline);
+        // Repeats while offline are folded in; every try that fails keeps the event pending.
+        for i in 1..=40 {
+            for o in c.flush(at(i)) {
+                assert!(matches!(o, Outgoing::Create { .. }), "never created yet");
+                c.sent(&o, Outcome::Offline);
+            }
+            // A repeat tries again at once (the event task defers it while offline).
+            if let Some(o) = c.observe(occ(&p, "BackOff", "m", i)) {
+                assert!(matches!(o, Outgoing::Create { .. }), "never created yet");
+                c.sent(&o, Outcome::Offline);
+            }
+        }
+        // Another event of the same pod raised offline: failed tries did not use up the
+        // pod's spam-filter budget.
+        let other = c.observe(occ(&p, "Started", "s", 41)).unwrap();
+        c.sent(&other, Outcome::Offline);
+        // Back online: both are created, the oldest first, with what happened meanwhile.
+        let out = c.flush(at(60));
+        let [
+            Outgoing::Create { event: a, .. },
+            Outgoing::Create { event: b, .. },
+        ] = &out[..]
+        else {
+            panic!("two creates: {out:?}");
+        };
+        assert_eq!(a["reason"], "BackOff");
+        assert_eq!(a["count"], 41);
+        assert_eq!(a["firstTimestamp"], time::rfc3339(at(0)));
+        assert_eq!(a["lastTimestamp"], time::rfc3339(at(40)));
+        assert_eq!(b["reason"], "Started");
+        for o in &out {
+            c.sent(o, Outcome::Sent);
+        }
+        assert!(c.flush(at(61)).is_empty(), "nothing left pending");
+    }
+
+    #[test]
+    fn node_events_refer_to_the_node_like_the_kubelets() {
+        let mut c = Correlator::new("edge-1");
+        let node = ObjectRef::node("edge-1");
+        let Some(Outgoing::Create { event, key }) = c.observe(Occurrence {
+            object: node,
+            kind: EventType::Normal,
+            reason: "NodeReady".into(),
+            message: "Node edge-1 status is now: NodeReady".into(),
+            at: at(0),
+        }) else {
+            panic!("a create");
+        };
+        assert!(!key.is_empty());
+        assert_eq!(event["metadata"]["namespace"], "default");
+        assert!(
+            event["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("edge-1.")
+        );
+        assert_eq!(
+            event["involvedObject"],
+            json!({"kind": "Node", "name": "edge-1", "uid": "edge-1"})
+        );
+        assert_eq!(event["type"], "Normal");
     }
 
     #[test]
@@ -664,7 +824,7 @@ mod tests {
         let mut c = Correlator::new("edge-1");
         let p = pod();
         let first = c.observe(occ(&p, "Started", "m", 0)).unwrap();
-        c.sent(&first, true);
+        c.sent(&first, Outcome::Sent);
         assert_eq!(c.remembered(), (1, 1, 1));
         assert!(c.flush(at(60)).is_empty());
         assert_eq!(c.remembered(), (1, 1, 1), "not idle yet");

@@ -89,10 +89,12 @@ impl Edged {
         let machine = node::Machine::detect(&config.root_directory);
         let (events, occurrences) = events::Recorder::new(events::QUEUE_CAPACITY);
         let cancel = CancellationToken::new();
+        let resync = watch::channel(0).0;
         tokio::spawn(events::run(
             meta.clone(),
             config.node_name.clone(),
             occurrences,
+            resync.subscribe(),
             cancel.child_token(),
         ));
         let shared = Arc::new(Shared {
@@ -105,7 +107,7 @@ impl Edged {
             runtime_name: OnceLock::new(),
             known_pods: Mutex::new(HashSet::new()),
             pull_lock: tokio::sync::Mutex::new(()),
-            resync: watch::channel(0).0,
+            resync,
         });
         let task = tokio::spawn(run(shared, machine, changes, link, cancel.clone()));
         Ok(Edged { cancel, task })

@@ -5,13 +5,14 @@
 //! `nodeStatusReportFrequency`), and the Lease in `kube-node-lease` renewed every quarter of
 //! `nodeLeaseDurationSeconds`.
 
+use super::events::{EventType, ObjectRef};
 use super::pod_worker::{Allocatable, Shared};
 use super::quantity;
 use super::settings::EdgedConfig;
 use super::time;
 use crate::metamanager::MetaError;
 use serde_json::{Map, Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -437,6 +438,43 @@ pub async fn run(shared: Arc<Shared>, machine: Machine, cancel: CancellationToke
     let _ = lease.await;
 }
 
+/// The kubelet's node event reason for a condition's status (`NodeReady`,
+/// `NodeHasSufficientMemory`, …); None for conditions the kubelet records nothing about.
+fn condition_reason(ty: &str, status: &str) -> Option<&'static str> {
+    let ok = status == "False";
+    Some(match ty {
+        "Ready" if status == "True" => "NodeReady",
+        "Ready" => "NodeNotReady",
+        "MemoryPressure" if ok => "NodeHasSufficientMemory",
+        "MemoryPressure" => "NodeHasInsufficientMemory",
+        "DiskPressure" if ok => "NodeHasNoDiskPressure",
+        "DiskPressure" => "NodeHasDiskPressure",
+        "PIDPressure" if ok => "NodeHasSufficientPID",
+        "PIDPressure" => "NodeHasInsufficientPID",
+        _ => return None,
+    })
+}
+
+/// The node events for conditions whose status differs from `known` (type → status, as last
+/// computed here; empty at start, so the first report records each once, as the kubelet
+/// does), updating `known`.
+fn condition_events(known: &mut HashMap<String, String>, status: &Value) -> Vec<&'static str> {
+    let mut reasons = Vec::new();
+    for c in status["conditions"].as_array().into_iter().flatten() {
+        let (Some(ty), Some(st)) = (c["type"].as_str(), c["status"].as_str()) else {
+            continue;
+        };
+        if known.get(ty).map(String::as_str) == Some(st) {
+            continue;
+        }
+        known.insert(ty.to_string(), st.to_string());
+        if let Some(reason) = condition_reason(ty, st) {
+            reasons.push(reason);
+        }
+    }
+    reasons
+}
+
 /// Whether the cloud's copy of the Node disagrees with the conditions last sent.
 fn conditions_differ(node: &Value, sent: &[Value]) -> bool {
     let theirs = node["status"]["conditions"]
@@ -464,6 +502,14 @@ async fn report_status(
     let mut previous_conditions: Vec<Value> = Vec::new();
     let mut resync = shared.resync.subscribe();
     let mut ticks: u32 = 0;
+    let node_ref = ObjectRef::node(&config.node_name);
+    let mut known_conditions = HashMap::new();
+    shared.events.record(
+        &node_ref,
+        EventType::Normal,
+        "Starting",
+        "Starting kubelet.",
+    );
     if registered && let Ok(node) = meta.get_node().await {
         node_uid.send_replace(node["metadata"]["uid"].as_str().map(str::to_string));
     }
@@ -506,6 +552,12 @@ async fn report_status(
             health: health_of(config, &runtime),
         };
         let bare = node_status(config, &report);
+        for reason in condition_events(&mut known_conditions, &bare) {
+            let message = format!("Node {} status is now: {reason}", config.node_name);
+            shared
+                .events
+                .record(&node_ref, EventType::Normal, reason, message);
+        }
         let mut status = bare.clone();
         stamp_conditions(&mut status, &previous_conditions, &time::now());
         let mut wait = config.node_status_update_frequency;
@@ -573,6 +625,22 @@ async fn register(shared: &Shared, node: Value) -> Result<Option<String>, MetaEr
         Ok(created) => Ok(uid(&created)),
         Err(MetaError::Api(e)) if e.reason() == "AlreadyExists" || e.code() == 409 => {
             let mut existing = shared.meta.get_node().await?;
+            let boot_id = &node["status"]["nodeInfo"]["bootID"];
+            let known_boot = &existing["status"]["nodeInfo"]["bootID"];
+            if known_boot.as_str().is_some_and(|b| !b.is_empty()) && known_boot != boot_id {
+                // As the kubelet: the machine restarted since the Node last reported.
+                let message = format!(
+                    "Node {} has been rebooted, boot id: {}",
+                    shared.config.node_name,
+                    boot_id.as_str().unwrap_or_default()
+                );
+                shared.events.record(
+                    &ObjectRef::node(&shared.config.node_name),
+                    EventType::Warning,
+                    "Rebooted",
+                    message,
+                );
+            }
             let wanted = node_labels(&shared.config);
             let labels = existing["metadata"]["labels"]
                 .as_object()
@@ -860,6 +928,40 @@ mod tests {
         ]}});
         assert!(conditions_differ(&unknown, &sent));
         assert!(conditions_differ(&json!({}), &sent));
+    }
+
+    #[test]
+    fn condition_changes_become_the_kubelets_node_events() {
+        let status = |ready: &str, memory: &str| {
+            json!({"conditions": [
+                {"type": "Ready", "status": ready},
+                {"type": "MemoryPressure", "status": memory},
+                {"type": "DiskPressure", "status": "False"},
+                {"type": "PIDPressure", "status": "False"},
+                {"type": "NetworkUnavailable", "status": "False"},
+            ]})
+        };
+        let mut known = HashMap::new();
+        assert_eq!(
+            condition_events(&mut known, &status("True", "False")),
+            [
+                "NodeReady",
+                "NodeHasSufficientMemory",
+                "NodeHasNoDiskPressure",
+                "NodeHasSufficientPID"
+            ],
+            "each once at start"
+        );
+        assert!(condition_events(&mut known, &status("True", "False")).is_empty());
+        assert_eq!(
+            condition_events(&mut known, &status("False", "True")),
+            ["NodeNotReady", "NodeHasInsufficientMemory"]
+        );
+        assert_eq!(
+            condition_events(&mut known, &status("True", "True")),
+            ["NodeReady"]
+        );
+        assert!(condition_events(&mut known, &json!({})).is_empty());
     }
 
     #[test]
