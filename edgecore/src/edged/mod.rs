@@ -35,6 +35,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod settings;
 pub mod spec;
+pub mod stats;
 pub mod status;
 pub mod time;
 pub mod volumes;

@@ -331,6 +331,47 @@ impl Runtime {
             .await?
             .image_ref)
     }
+
+    /// Resource usage of the containers carrying every label of `selector`.
+    pub async fn list_container_stats(
+        &self,
+        selector: HashMap<String, String>,
+    ) -> Result<Vec<api::ContainerStats>, RuntimeError> {
+        let req = api::ListContainerStatsRequest {
+            filter: Some(api::ContainerStatsFilter {
+                label_selector: selector,
+                ..Default::default()
+            }),
+        };
+        Ok(call(
+            "ListContainerStats",
+            self.timeout,
+            self.cri.runtime().list_container_stats(req),
+        )
+        .await?
+        .stats)
+    }
+
+    /// Resource usage of the pod sandboxes carrying every label of `selector` (runtimes
+    /// before CRI 1.23 answer Unimplemented).
+    pub async fn list_sandbox_stats(
+        &self,
+        selector: HashMap<String, String>,
+    ) -> Result<Vec<api::PodSandboxStats>, RuntimeError> {
+        let req = api::ListPodSandboxStatsRequest {
+            filter: Some(api::PodSandboxStatsFilter {
+                label_selector: selector,
+                ..Default::default()
+            }),
+        };
+        Ok(call(
+            "ListPodSandboxStats",
+            self.timeout,
+            self.cri.runtime().list_pod_sandbox_stats(req),
+        )
+        .await?
+        .stats)
+    }
 }
 
 fn ignore_not_found(r: Result<(), RuntimeError>) -> Result<(), RuntimeError> {

@@ -4,11 +4,14 @@
 //! serves LOGS_CONNECT from the container log files the runtime writes (in-process, where
 //! KubeEdge's edge forwards to edged's `127.0.0.1:10350`), streaming DATA frames back until
 //! the log ends or the cloud sends REMOVE_CONNECT, and EXEC_CONNECT/ATTACH_CONNECT by
-//! relaying the upgrade request to the runtime's streaming server (see [`exec`]).
+//! relaying the upgrade request to the runtime's streaming server (see [`exec`]), and
+//! METRIC_CONNECT with the kubelet's `/stats/summary`, `/metrics/resource` and `/metrics`
+//! (see [`metrics`]).
 
 pub mod crilog;
 pub mod exec;
 pub mod logs;
+pub mod metrics;
 pub mod tunnel;
 
 use crate::app::{StartError, load_err};
@@ -31,6 +34,8 @@ pub struct EdgeStreamSettings {
     pub node_name: String,
     pub node_ip: String,
     pub handshake_timeout: Duration,
+    /// edged's root directory (the node filesystem `/stats/summary` reports).
+    pub root_dir: std::path::PathBuf,
 }
 
 pub struct EdgeStream {
@@ -46,12 +51,17 @@ impl EdgeStream {
     ) -> EdgeStream {
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
+        let stats = Arc::new(crate::edged::stats::StatsProvider::new(
+            runtime.clone(),
+            settings.node_name.clone(),
+            settings.root_dir.clone(),
+        ));
         let task = tokio::spawn(async move {
             loop {
                 match tunnel::connect(&settings, tls.clone()).await {
                     Ok(io) => {
                         tracing::info!(server = %settings.server, "stream tunnel connected");
-                        tunnel::serve(io, runtime.clone(), token.clone()).await;
+                        tunnel::serve(io, runtime.clone(), stats.clone(), token.clone()).await;
                         tracing::info!("stream tunnel closed");
                     }
                     Err(e) => {
@@ -98,6 +108,7 @@ impl EdgeStream {
             node_name: edged.node_name.clone(),
             node_ip: edged.node_ip.clone(),
             handshake_timeout: std::time::Duration::from_secs(s.handshake_timeout.max(1) as u64),
+            root_dir: edged.root_directory.clone(),
         };
         Ok(EdgeStream::start(settings, tls, runtime))
     }

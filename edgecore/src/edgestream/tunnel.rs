@@ -4,6 +4,7 @@
 
 use super::EdgeStreamSettings;
 use crate::edged::runtime::Runtime;
+use crate::edged::stats::StatsProvider;
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader, WsWriter};
 use kubeedge_shared::stream::{self, Connector, MessageType, TunnelMessage};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -171,7 +172,12 @@ async fn connector_of(m: &TunnelMessage, sender: &TunnelSender) -> Option<Connec
 }
 
 /// Serves one tunnel until it breaks, the cloud closes it, or `shutdown`.
-pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) {
+pub async fn serve(
+    io: TunnelIo,
+    runtime: Runtime,
+    stats: Arc<StatsProvider>,
+    shutdown: CancellationToken,
+) {
     let (r, w) = tokio::io::split(io);
     let (tx, mut rx) = mpsc::channel::<TunnelMessage>(OUT_BUFFER);
     let (ping_tx, mut ping_rx) = mpsc::channel::<Vec<u8>>(4);
@@ -254,6 +260,26 @@ pub async fn serve(io: TunnelIo, runtime: Runtime, shutdown: CancellationToken) 
                     m.connect_id,
                     connector,
                     runtime.clone(),
+                    sender.clone(),
+                    token,
+                ));
+            }
+            MessageType::MetricConnect => {
+                let Some(connector) = connector_of(&m, &sender).await else {
+                    continue;
+                };
+                let token = session.child_token();
+                conns.insert(
+                    m.connect_id,
+                    Conn {
+                        cancel: token.clone(),
+                        data: None,
+                    },
+                );
+                tokio::spawn(super::metrics::serve(
+                    m.connect_id,
+                    connector,
+                    stats.clone(),
                     sender.clone(),
                     token,
                 ));
