@@ -6,6 +6,7 @@
 //! Edges report the stream port as their kubelet port when edgeStream is enabled.
 
 pub mod exec;
+pub mod metrics;
 pub mod server;
 pub mod session;
 pub mod tunnel;

@@ -5,7 +5,8 @@
 //! the edge sends back is the response body. Like KubeEdge, the answer is 200 with a chunked
 //! body once the tunnel is found; edge-side errors arrive as text in the body.
 //! `GET|POST /exec/…` and `/attach/…` are upgrades relayed byte for byte (see
-//! [`super::exec`]).
+//! [`super::exec`]); `GET /stats…` and `/metrics…` go to the node found by IP or name (see
+//! [`super::metrics`]).
 
 use super::session::{MAX_CONNS, OpenError, Session, Sessions};
 use bytes::Bytes;
@@ -93,6 +94,9 @@ async fn route(
             };
             let (ns, pod) = (ns.to_string(), pod.to_string());
             super::exec::serve(req, kind, sessions, client, &ns, &pod).await
+        }
+        (&http::Method::GET, parts) if super::metrics::is_route(parts) => {
+            super::metrics::serve(req, sessions).await
         }
         _ => text(StatusCode::NOT_FOUND, "404 page not found".into()),
     }
