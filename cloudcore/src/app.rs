@@ -112,7 +112,13 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
         .await
         .with_context(|| format!("cloudhub cannot listen on {listen}"))?;
     let _stream = if cfg.modules.cloud_stream.enable {
-        Some(start_stream(&cfg, &certs, client.clone()).await?)
+        // As KubeEdge's NegotiateTunnelPort: this replica's port for its own address.
+        let ip = crate::cloudstream::tunnel_port::local_ip();
+        let tunnel_port = crate::cloudstream::tunnel_port::negotiate(&client, &ip)
+            .await
+            .context("negotiating the tunnel port (commonConfig.tunnelPort)")?;
+        start_iptables_manager(&cfg, &client, &shutdown);
+        Some(start_stream(&cfg, &certs, client.clone(), tunnel_port).await?)
     } else {
         None
     };
@@ -131,12 +137,35 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
     Ok(())
 }
 
+/// `modules.iptablesManager` with `enable` and mode `internal` (KubeEdge's default): the DNAT
+/// rules for every replica's tunnel port, installed from this process (hostNetwork and
+/// NET_ADMIN needed). Mode `external` leaves them to a separate iptables-manager.
+fn start_iptables_manager(
+    cfg: &CloudCoreConfig,
+    client: &kube::Client,
+    shutdown: &CancellationToken,
+) {
+    let m = &cfg.modules.iptables_manager;
+    if !m.enable || m.mode != "internal" {
+        tracing::info!(enable = m.enable, mode = %m.mode, "iptables manager not run in cloudcore");
+        return;
+    }
+    tokio::spawn(crate::cloudstream::iptables::run(
+        client.clone(),
+        crate::cloudstream::iptables::Iptables::default(),
+        cfg.modules.cloud_stream.stream_port,
+        std::time::Duration::from_secs(10),
+        shutdown.clone(),
+    ));
+}
+
 /// cloudstream on `streamPort`/`tunnelPort` of all addresses, with the tunnel certificate
 /// from `tlsTunnelCertFile`/`tlsTunnelPrivateKeyFile` when both exist, else cloudhub's.
 async fn start_stream(
     cfg: &CloudCoreConfig,
     certs: &crate::certs::HubCerts,
     client: kube::Client,
+    tunnel_port: u16,
 ) -> anyhow::Result<crate::cloudstream::CloudStream> {
     use kubeedge_shared::tls;
     use std::path::Path;
@@ -158,6 +187,7 @@ async fn start_stream(
         key,
         ca: vec![certs.ca.cert.cert_der.clone()],
         allow_legacy_cn: cfg.modules.cloud_hub.allow_legacy_certificates,
+        node_port: Some(tunnel_port),
     };
     crate::cloudstream::CloudStream::start(settings, client)
         .await

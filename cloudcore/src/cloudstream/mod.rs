@@ -1,15 +1,17 @@
 //! cloudstream (reference §8): `kubectl logs`, `exec` and `attach` for pods on edge nodes.
-//! The apiserver calls the node's "kubelet" at `<InternalIP>:<daemonEndpoints.kubeletEndpoint.Port>`; on a real
-//! multi-host cluster that address must reach cloudcore's stream port, which KubeEdge does
-//! with an iptables DNAT on the cloud hosts (`-p tcp --dport <port> -j DNAT --to
-//! <cloudcore>:10003`, see `cloud/pkg/cloudstream/iptables`); cloudcore does not install it.
-//! Edges report the stream port as their kubelet port when edgeStream is enabled.
+//! The apiserver calls the node's "kubelet" at `<InternalIP>:<daemonEndpoints.kubeletEndpoint.Port>`.
+//! As KubeEdge: each replica negotiates a tunnel port (10351…, [`tunnel_port`]), writes it as
+//! the kubelet port of the nodes whose tunnel it holds ([`node_port`]), and the iptables
+//! manager ([`iptables`], mode internal) DNATs `--dport <port>` to `<replica IP>:<streamPort>`.
 
 pub mod exec;
+pub mod iptables;
 pub mod metrics;
+pub mod node_port;
 pub mod server;
 pub mod session;
 pub mod tunnel;
+pub mod tunnel_port;
 
 use self::session::Sessions;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -83,6 +85,10 @@ pub struct StreamSettings {
     /// Accept the shared legacy edge CN `kubeedge.io` on the tunnel (as cloudHub's
     /// `allowLegacyCertificates`); otherwise the CN must be `system:node:<node>`.
     pub allow_legacy_cn: bool,
+    /// The negotiated tunnel port, written as the kubelet port of every node whose tunnel
+    /// connects here (None: nodes keep the port they report; Some(0): the stream server's own
+    /// port, for an apiserver that reaches it directly).
+    pub node_port: Option<u16>,
 }
 
 pub struct CloudStream {
@@ -124,10 +130,15 @@ impl CloudStream {
         let (tunnel_addr, stream_addr) = (tunnel.local_addr()?, stream.local_addr()?);
         let sessions = Arc::new(Sessions::default());
         let shutdown = CancellationToken::new();
+        let node_port = settings.node_port.map(|port| tunnel::NodePort {
+            client: client.clone(),
+            port: if port == 0 { stream_addr.port() } else { port },
+        });
         tokio::spawn(tunnel::serve(
             tunnel,
             tunnel_tls,
             settings.allow_legacy_cn,
+            node_port,
             sessions.clone(),
             shutdown.clone(),
         ));

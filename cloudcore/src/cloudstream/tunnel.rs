@@ -22,10 +22,18 @@ use tokio_util::sync::CancellationToken;
 /// Edges ping every 5 s; a tunnel silent this long is dead.
 pub const IDLE_LIMIT: Duration = Duration::from_secs(30);
 
+/// Where a connecting edge's kubelet port is written (the negotiated tunnel port).
+#[derive(Clone)]
+pub struct NodePort {
+    pub client: kube::Client,
+    pub port: u16,
+}
+
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     allow_legacy_cn: bool,
+    node_port: Option<NodePort>,
     sessions: Arc<Sessions>,
     shutdown: CancellationToken,
 ) {
@@ -36,6 +44,7 @@ pub async fn serve(
         shutdown.clone(),
         move |tls, peer| {
             let (sessions, shutdown) = (sessions.clone(), shutdown.clone());
+            let node_port = node_port.clone();
             async move {
                 let cn = tls
                     .get_ref()
@@ -45,6 +54,7 @@ pub async fn serve(
                     .and_then(kubeedge_shared::tls::common_name);
                 let svc = hyper::service::service_fn(move |req| {
                     let (sessions, shutdown) = (sessions.clone(), shutdown.clone());
+                    let node_port = node_port.clone();
                     let identity = Identity {
                         peer,
                         cn: cn.clone(),
@@ -52,7 +62,7 @@ pub async fn serve(
                     };
                     async move {
                         Ok::<_, std::convert::Infallible>(upgrade(
-                            req, identity, sessions, shutdown,
+                            req, identity, node_port, sessions, shutdown,
                         ))
                     }
                 });
@@ -109,6 +119,7 @@ fn check_node(
 fn upgrade(
     req: Request<Incoming>,
     identity: Identity,
+    node_port: Option<NodePort>,
     sessions: Arc<Sessions>,
     shutdown: CancellationToken,
 ) -> Response<Full<Bytes>> {
@@ -141,7 +152,7 @@ fn upgrade(
     let on_upgrade = hyper::upgrade::on(req);
     tokio::spawn(async move {
         match on_upgrade.await {
-            Ok(io) => run_session(TokioIo::new(io), node, ip, sessions, shutdown).await,
+            Ok(io) => run_session(TokioIo::new(io), node, ip, node_port, sessions, shutdown).await,
             Err(e) => tracing::info!(%node, error = %e, "tunnel upgrade failed"),
         }
     });
@@ -165,6 +176,7 @@ async fn run_session<S>(
     io: S,
     node: String,
     ip: String,
+    node_port: Option<NodePort>,
     sessions: Arc<Sessions>,
     shutdown: CancellationToken,
 ) where
@@ -174,6 +186,9 @@ async fn run_session<S>(
     let (out_tx, mut out_rx) = mpsc::channel(OUT_BUFFER);
     let session = sessions.add(&node, &ip, out_tx);
     tracing::info!(%node, %ip, "edge stream tunnel connected");
+    if let Some(np) = node_port {
+        tokio::spawn(set_kubelet_port(np, session.clone()));
+    }
     let closed = session.closed.clone();
     let writer = tokio::spawn(async move {
         let mut w = WsWriter::new(w, false);
@@ -198,6 +213,34 @@ async fn run_session<S>(
     sessions.remove(&session);
     let _ = writer.await;
     tracing::info!(%node, "edge stream tunnel closed");
+}
+
+/// Writes the tunnel port into the node's status; on failure ends the tunnel with
+/// CLOSE_CONNECT (KubeEdge's behaviour), so the edge reconnects and it is tried again.
+async fn set_kubelet_port(np: NodePort, session: Arc<Session>) {
+    let update = super::node_port::update(
+        &np.client,
+        &session.node,
+        np.port,
+        Duration::from_secs(2),
+        super::node_port::GIVE_UP_AFTER,
+    );
+    let result = tokio::select! {
+        _ = session.closed.cancelled() => return,
+        r = update => r,
+    };
+    if let Err(e) = result {
+        tracing::warn!(node = %session.node, error = %e, "closing the stream tunnel");
+        session
+            .send(TunnelMessage::new(
+                0,
+                MessageType::CloseConnect,
+                e.into_bytes(),
+            ))
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        session.closed.cancel();
+    }
 }
 
 async fn read_loop<R: tokio::io::AsyncRead + Unpin>(

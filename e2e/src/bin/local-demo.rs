@@ -120,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
             key: pki.server.key_der(),
             ca: vec![pki.ca.cert.cert_der.clone()],
             allow_legacy_cn: false,
+            node_port: Some(0),
         },
         api.client()?,
     )

@@ -12,3 +12,4 @@ mod metamanager;
 mod objectsync;
 mod resilience;
 mod stream;
+mod tunnel_port;

@@ -28,6 +28,7 @@ async fn stream_env(prefix: &str) -> (EdgeEnv, CloudStream) {
             key: env.pki.server.key_der(),
             ca: vec![env.pki.ca.cert.cert_der.clone()],
             allow_legacy_cn: false,
+            node_port: Some(0),
         },
         env.cluster.client(),
     )
@@ -297,6 +298,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
             key: pki.server.key_der(),
             ca: vec![pki.ca.cert.cert_der.clone()],
             allow_legacy_cn: false,
+            node_port: Some(0),
         },
         cluster.client(),
     )

@@ -584,7 +584,13 @@ async fn report_status(
                 }
             };
             if due {
-                match meta.patch_node_status(&json!({"status": status})).await {
+                let mut report = status.clone();
+                if config.kubelet_port_from_cloud
+                    && let Some(o) = report.as_object_mut()
+                {
+                    o.remove("daemonEndpoints");
+                }
+                match meta.patch_node_status(&json!({"status": report})).await {
                     Ok(_) => {
                         tracing::debug!(node = %config.node_name, "node status sent");
                         if let Some(c) = status["conditions"].as_array() {

@@ -49,6 +49,10 @@ pub struct EdgedConfig {
     pub log_rotation_period: std::time::Duration,
     /// The kubelet port reported in `daemonEndpoints` (edgecore's read-only port).
     pub kubelet_port: i32,
+    /// The cloud owns the kubelet port (with edgeStream: cloudstream writes its negotiated
+    /// tunnel port when the tunnel connects), so status reports leave `daemonEndpoints` out;
+    /// only the registration carries `kubelet_port`.
+    pub kubelet_port_from_cloud: bool,
     /// Crash-loop back-off: first delay, doubled per crash up to the maximum.
     pub crash_backoff_initial: Duration,
     pub crash_backoff_max: Duration,
@@ -114,6 +118,7 @@ impl EdgedConfig {
             } else {
                 k.read_only_port
             },
+            kubelet_port_from_cloud: config.modules.edge_stream.enable,
             ..Self::defaults()
         }
     }
@@ -149,6 +154,7 @@ impl EdgedConfig {
             container_log_max_files: 5,
             log_rotation_period: Duration::from_secs(10),
             kubelet_port: 10350,
+            kubelet_port_from_cloud: false,
             crash_backoff_initial: Duration::from_secs(10),
             crash_backoff_max: Duration::from_secs(300),
             image_backoff_initial: Duration::from_secs(10),
