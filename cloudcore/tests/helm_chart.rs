@@ -126,7 +126,19 @@ fn render(template: &str, scope: &Scope) -> String {
             out.push_str(text);
         }
         if let Some(cond) = action.strip_prefix("if ") {
-            emitting.push(on && truthy(&scope.value(cond.trim())));
+            let cond = cond.trim();
+            let holds = match cond.strip_prefix("eq ") {
+                // `eq <expr> "<literal>"`
+                Some(rest) => {
+                    let (expr, lit) = rest.trim().split_once(' ').expect("eq takes two operands");
+                    scope.value(expr) == json!(lit.trim().trim_matches('"'))
+                }
+                None => truthy(&scope.value(cond)),
+            };
+            emitting.push(holds);
+        } else if action == "else" {
+            let b = emitting.pop().expect("else without if");
+            emitting.push(!b);
         } else if action == "end" {
             emitting.pop().expect("end without if");
         } else if on {
@@ -486,4 +498,38 @@ fn renderer_trims_and_nests_like_go_templates() {
         render(t, &scope),
         "k:\n  - x\n  - z\nn: 3\non: yes\nv: 9-kubeedge\n"
     );
+}
+
+#[test]
+fn iptables_manager_internal_gets_net_admin_and_reaches_cloudcore_yaml() {
+    let mut v = installed_values();
+    set(&mut v, "iptablesManager.enable", json!(true));
+    let docs = render_chart(v.clone());
+    let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment");
+    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        c["securityContext"]["capabilities"]["add"],
+        json!(["NET_ADMIN", "NET_RAW"])
+    );
+    assert_eq!(deploy["spec"]["template"]["spec"]["hostNetwork"], true);
+    let env = c["env"].as_array().expect("env");
+    let ip = env.iter().find(|e| e["name"] == "POD_IP").expect("POD_IP");
+    assert_eq!(ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+    let cm = find(&docs, "ConfigMap", "cloudcore").expect("ConfigMap");
+    let text = cm["data"]["cloudcore.yaml"]
+        .as_str()
+        .expect("cloudcore.yaml");
+    let cfg = cloudcore::config::CloudCoreConfig::from_yaml(text).expect("loads");
+    assert!(cfg.modules.iptables_manager.enable);
+    assert_eq!(cfg.modules.iptables_manager.mode, "internal");
+
+    // External (KubeEdge's DaemonSet) or disabled: cloudcore keeps its unprivileged context.
+    set(&mut v, "iptablesManager.mode", json!("external"));
+    for values in [v.clone(), installed_values()] {
+        let docs = render_chart(values);
+        let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment");
+        let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+        assert!(c["securityContext"]["capabilities"]["add"].is_null());
+    }
 }
