@@ -163,7 +163,7 @@ fn relay(first: Vec<u8>, rx: mpsc::Receiver<Vec<u8>>, guard: ConnGuard) -> Body 
         first: Some(first),
         rx,
         sent: 0,
-        guard: guard,
+        guard,
     };
     let frames = futures_util::stream::unfold(state, |mut st| async move {
         let chunk = match st.first.take() {

@@ -100,6 +100,11 @@ pub async fn handle(
             .await
             .unwrap_or_else(|e| error_response(&e));
     }
+    if let Some((node, sub)) = super::node_proxy::target(&method, &path) {
+        return super::node_proxy::serve(&st, req, &node, &sub)
+            .await
+            .unwrap_or_else(|e| error_response(&e));
+    }
     let header_str = |h: header::HeaderName| {
         req.headers()
             .get(h)

@@ -111,6 +111,16 @@ pub(super) async fn connect(
             "pod {pod_name} does not have a host assigned"
         )));
     };
+    connect_node(st, node_name, verb, path).await
+}
+
+/// A TLS connection to the kubelet of `node_name`, and its authority.
+pub(super) async fn connect_node(
+    st: &State,
+    node_name: &str,
+    verb: &str,
+    path: &str,
+) -> ApiResult<(KubeletConn, String)> {
     let node = verbs::get(st, &st.core("nodes"), "", node_name)?.value();
     let (host, port) = kubelet_address(&node).ok_or_else(|| {
         ApiError::internal(format!(

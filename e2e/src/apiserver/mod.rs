@@ -26,6 +26,7 @@ mod kubelet;
 mod lock;
 pub mod meta;
 mod node_lifecycle;
+mod node_proxy;
 pub mod patch;
 mod persist;
 mod protobuf;

@@ -9,6 +9,7 @@ mod edged;
 mod events;
 mod join;
 mod metamanager;
+mod metrics;
 mod objectsync;
 mod resilience;
 mod stream;

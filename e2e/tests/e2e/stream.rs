@@ -16,7 +16,7 @@ use std::time::Instant;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// An edge node whose edgecore runs edgestream against an in-process cloudstream.
-async fn stream_env(prefix: &str) -> (EdgeEnv, CloudStream) {
+pub(crate) async fn stream_env(prefix: &str) -> (EdgeEnv, CloudStream) {
     let mut env = EdgeEnv::start_with(EdgeOptions::new(prefix)).await;
     env.stop_edge().await;
     let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
