@@ -44,14 +44,62 @@ pub async fn rotate(
             continue;
         }
         if let Err(e) = runtime.reopen_container_log(&c.id).await {
-            // The runtime keeps writing to the renamed file: put it back.
-            tracing::warn!(container = %c.id, error = %e, "ReopenContainerLog failed");
-            let _ = std::fs::rename(&rotated_path, &log);
-            continue;
+            // The runtime keeps writing to the renamed file: put it back — unless the call
+            // did reopen after all (a timeout) and a new file is at the path already, which
+            // a plain rename would replace, losing what the runtime writes there.
+            match rename_no_replace(&rotated_path, &log) {
+                Ok(()) => {
+                    tracing::warn!(container = %c.id, error = %e, "ReopenContainerLog failed; log not rotated");
+                    continue;
+                }
+                Err(re) if re.kind() == std::io::ErrorKind::AlreadyExists => {
+                    tracing::info!(container = %c.id, error = %e, "ReopenContainerLog reported an error but the runtime reopened the log");
+                }
+                Err(re) => {
+                    tracing::warn!(container = %c.id, error = %e, rename_error = %re, "ReopenContainerLog failed and the log could not be put back");
+                    continue;
+                }
+            }
         }
         rotated += 1;
     }
     Ok(rotated)
+}
+
+/// `rename(from, to)` that fails with `AlreadyExists` instead of replacing `to`
+/// (`renameat2(RENAME_NOREPLACE)`; where the filesystem lacks it, a check then a rename).
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: two NUL-terminated paths that outlive the call; plain integer flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            if to.exists() {
+                Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists))
+            } else {
+                std::fs::rename(from, to)
+            }
+        }
+        _ => Err(err),
+    }
 }
 
 /// The rotated files of `log` (`<log>.<stamp>`), oldest first.
@@ -100,6 +148,21 @@ fn stamp() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn putting_a_log_back_never_replaces_a_new_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("0.log");
+        let rotated = tmp.path().join("0.log.20240101-000000.1");
+        std::fs::write(&rotated, "old").unwrap();
+        rename_no_replace(&rotated, &log).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "old");
+        std::fs::write(&rotated, "older").unwrap();
+        let err = rename_no_replace(&rotated, &log).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "old", "untouched");
+        assert!(rotated.exists());
+    }
 
     #[test]
     fn only_the_newest_rotated_files_are_kept() {

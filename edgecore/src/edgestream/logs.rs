@@ -311,9 +311,13 @@ async fn follow_file(
             continue;
         }
         // At the end of the file: rotated (a new file at the path), stopped, or idle.
+        // Truncation is judged against what was read, not the open file's size: the runtime
+        // appends between two stat calls, and the file at the path then looks shorter.
+        let read_to = file.stream_position().unwrap_or(0);
         let rotated = match (std::fs::metadata(path), file.metadata()) {
-            (Ok(now), Ok(ours)) => (now.ino() != ours.ino() || now.len() < ours.len())
-                .then_some((ours.ino(), now.ino())),
+            (Ok(now), Ok(ours)) => {
+                (now.ino() != ours.ino() || now.len() < read_to).then_some((ours.ino(), now.ino()))
+            }
             _ => None,
         };
         if let Some((old_ino, new_ino)) = rotated
