@@ -35,14 +35,7 @@ pub async fn update(
                     return Ok(());
                 }
                 kubelet.port = i32::from(port);
-                match api
-                    .replace_status(
-                        node,
-                        &PostParams::default(),
-                        &n,
-                    )
-                    .await
-                {
+                match api.replace_status(node, &PostParams::default(), &n).await {
                     Ok(_) => {
                         tracing::info!(%node, port, "node kubelet port set to this cloudcore's tunnel port");
                         return Ok(());
