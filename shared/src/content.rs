@@ -98,11 +98,29 @@ pub struct ObjectResp {
 }
 
 /// The Go edge decodes `Err` into a value type; an all-zero `{"ErrStatus":{…}}` means success.
+///
+/// `Err` is a Go `error` interface (`upstream.go`'s `ObjectResp`), so it is whatever
+/// `encoding/json` makes of the error's struct: a `*StatusError` gives `{"ErrStatus":{…}}`, but
+/// a transport failure of client-go (`*url.Error`) gives `{"Op":"Put","URL":"…","Err":{}}` and
+/// an `errors.New` value gives `{}`. Those are failures too (the `Object` next to them is the
+/// empty object client-go returns on error), reported as a 500 carrying the JSON text.
 fn zero_err_is_none<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<StatusError>, D::Error> {
-    let e = Option::<StatusError>::deserialize(d)?;
-    Ok(e.filter(|e| e.err_status.code != 0 || !e.err_status.reason.is_empty()))
+    let v = Value::deserialize(d)?;
+    if v.is_null() {
+        return Ok(None);
+    }
+    if v.get("ErrStatus").is_some()
+        && let Ok(e) = serde_json::from_value::<StatusError>(v.clone())
+    {
+        return Ok(Some(e).filter(|e| e.err_status.code != 0 || !e.err_status.reason.is_empty()));
+    }
+    Ok(Some(StatusError::new(
+        500,
+        "InternalError",
+        format!("the cloud reported a non-API error: {v}"),
+    )))
 }
 
 impl ObjectResp {
@@ -204,6 +222,25 @@ mod tests {
         let v = json!({"Object": {"a": 1}, "Err": {"ErrStatus": {"metadata": {}, "status": "", "code": 0}}});
         let r = ObjectResp::from_content(&v).unwrap();
         assert!(r.err.is_none());
+    }
+
+    /// `cloud/pkg/edgecontroller/controller/upstream.go` (`createOrUpdateLease`, `patchNode`)
+    /// replies `FillBody(&ObjectResp{Object: resp, Err: err})`; when client-go fails below HTTP
+    /// status level, `err` is a `*url.Error` and `resp` the empty object it returns on error.
+    #[test]
+    fn non_status_go_errors_are_failures() {
+        let url_error = json!({
+            "Object": {"metadata": {"creationTimestamp": null}, "spec": {}},
+            "Err": {"Op": "Put", "URL": "https://10.96.0.1:443/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/edge-1", "Err": {}}
+        });
+        let r = ObjectResp::from_content(&url_error).expect("still an ObjectResp");
+        let e = r.err.expect("a failure");
+        assert_eq!(e.code(), 500);
+        assert!(e.err_status.message.contains("leases/edge-1"));
+        let bare = json!({"Object": null, "Err": {}});
+        assert!(ObjectResp::from_content(&bare).unwrap().err.is_some());
+        let ok = json!({"Object": {"kind": "Lease"}, "Err": null});
+        assert!(ObjectResp::from_content(&ok).unwrap().err.is_none());
     }
 
     #[test]

@@ -450,4 +450,19 @@ mod tests {
             Err(MetaError::Malformed { .. })
         ));
     }
+
+    /// `upstream.go` `createOrUpdateLease`: `FillBody(&ObjectResp{Object: resp, Err: err})`
+    /// with client-go's empty Lease and a `*url.Error` when the API server is unreachable. That
+    /// is a failed renewal, not a lease to renew next time.
+    #[test]
+    fn a_transport_error_in_an_object_resp_is_a_failure() {
+        let r = "kube-node-lease/lease/edge-1";
+        let reply = json!({"Object": {"metadata": {"creationTimestamp": null}, "spec": {}},
+            "Err": {"Op": "Put", "URL": "https://10.96.0.1:443/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/edge-1",
+                    "Err": {"Op": "dial", "Net": "tcp", "Source": null, "Addr": {"IP": "10.96.0.1", "Port": 443, "Zone": ""}, "Err": {}}}});
+        match object_of(&reply, r) {
+            Err(MetaError::Api(e)) => assert_eq!(e.code(), 500),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
 }

@@ -907,6 +907,64 @@ mod tests {
         );
     }
 
+    /// Frames exactly as a KubeEdge v1.15 cloudhub writes them (gorilla `WriteJSON`: Go key
+    /// order, `\u003c` escapes, trailing newline). Device-twin, router and upgrade traffic
+    /// (`cloud/pkg/devicecontroller/controller/downstream.go` membership updates with group
+    /// `twin`, its `twin` ACKs, router `user` messages, `nodeupgradejobcontroller` jobs) is for
+    /// modules this edgecore does not run: dropped with a log, never ACKed or answered with an
+    /// `error`, and the pod behind it is still stored and ACKed the way
+    /// `cloud/pkg/cloudhub/dispatcher/message_dispatcher.go` (`ReceiveMessageAck` on
+    /// `parent_msg_id`) expects.
+    #[tokio::test]
+    async fn kubeedge_twin_router_and_upgrade_traffic_is_ignored_and_pods_still_acked() {
+        let mut r = rig(true).await;
+        let frames = [
+            r#"{"header":{"msg_id":"0b6c6c1e-6f0a-4bd4-9d7a-6a2f4ad0a001","timestamp":1718000000001},"route":{"source":"devicecontroller","group":"twin","operation":"update","resource":"membership"},"content":{"event_id":"","timestamp":1718000000001,"added_devices":[{"id":"dev-1","name":"dev-1","description":"","state":"","last_online":""}],"removed_devices":null}}
+"#,
+            r#"{"header":{"msg_id":"0b6c6c1e-6f0a-4bd4-9d7a-6a2f4ad0a002","parent_msg_id":"5f1b2d0e-0000-4000-8000-000000000001","timestamp":1718000000002},"route":{"source":"devicecontroller","group":"twin","operation":"response","resource":"twin"},"content":"OK"}
+"#,
+            r#"{"header":{"msg_id":"0b6c6c1e-6f0a-4bd4-9d7a-6a2f4ad0a003","timestamp":1718000000003},"route":{"source":"router_eventbus","group":"user","operation":"publish","resource":"default/topic/a"},"content":"aGVsbG8="}
+"#,
+            r#"{"header":{"msg_id":"0b6c6c1e-6f0a-4bd4-9d7a-6a2f4ad0a004","timestamp":1718000000004},"route":{"source":"nodeupgradejobcontroller","group":"nodeupgradejobcontroller","operation":"upgrade","resource":"nodeupgradejob/job-1/node/edge-1"},"content":{"UpgradeID":"job-1","HistoryID":"h","Version":"v1.15.3","UpgradeTool":"keadm","Image":"kubeedge/installation-package"}}
+"#,
+            r#"{"header":{"msg_id":"0b6c6c1e-6f0a-4bd4-9d7a-6a2f4ad0a005","timestamp":1718000000005,"resourceversion":"48213"},"route":{"source":"edgecontroller","group":"resource","operation":"insert","resource":"default/pod/nginx"},"content":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"nginx","namespace":"default","uid":"7d1c","resourceVersion":"48213","annotations":{"note":"<b> &"}},"spec":{"nodeName":"edge-1"},"status":{}}}
+"#,
+        ];
+        let codec = kubeedge_shared::FrameCodec::default();
+        for f in frames {
+            r.cloud
+                .send(codec.decode(f.as_bytes()).unwrap())
+                .await
+                .unwrap();
+        }
+        let change = next_change(&mut r.edged).await;
+        assert_eq!(change.key, "default/pod/nginx");
+        assert_eq!(change.object["metadata"]["annotations"]["note"], "<b> &");
+        let acks = wait_for_acks(&r.link, 1).await;
+        let ack: Value = serde_json::from_str(&codec.encode(&acks[0]).unwrap()).unwrap();
+        assert_eq!(
+            ack["header"]["parent_msg_id"],
+            "0b6c6c1e-6f0a-4bd4-9d7a-6a2f4ad0a005"
+        );
+        assert_eq!(
+            ack["route"],
+            json!({"source": "edgecontroller", "group": "resource", "operation": "response", "resource": "default/pod/nginx"})
+        );
+        assert_eq!(ack["content"], "OK");
+        assert!(ack["header"]["timestamp"].is_i64());
+        // Cloud messages are handled in arrival order, so the ignored ones, before the pod,
+        // are done with; shutdown drains anything still in flight.
+        r.manager.shutdown().await;
+        let sent: Vec<_> = r
+            .link
+            .sent()
+            .into_iter()
+            .filter(|m| !Inventory::is_inventory(m))
+            .collect();
+        assert_eq!(sent.len(), 1, "only the pod's ACK: {sent:?}");
+        assert_eq!(r.store.count().await.unwrap(), 1);
+    }
+
     #[tokio::test]
     async fn inventory_is_sent_when_the_link_comes_up() {
         let r = rig(false).await;
