@@ -3,6 +3,7 @@
 
 pub mod downstream;
 pub mod location;
+pub mod node_fields;
 pub mod objectsync;
 pub mod refs;
 pub mod rest;

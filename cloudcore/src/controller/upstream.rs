@@ -1,5 +1,6 @@
 //! Upstream: what edges ask of the cluster (reference §4.2), answered in KubeEdge's shapes.
 
+use super::node_fields;
 use super::rest::{
     self, Kind, MERGE_PATCH, STRATEGIC_PATCH, call_retrying, status_error, with_type_meta,
 };
@@ -147,14 +148,14 @@ impl UpstreamHandler {
             return self.reply(up, Reply::bare(e.to_value(), None));
         }
         let reply = match (path.resource_type.as_str(), op) {
-            ("node", Operation::Insert) => self.create(Kind::Node, None, msg).await,
+            ("node", Operation::Insert) => self.create(Kind::Node, None, name, msg).await,
             ("node", Operation::Query) => self.query(Kind::Node, None, name).await,
             ("node", Operation::Update) => self.node_update(name, msg).await,
             ("nodestatus", Operation::Update) => self.node_status_update(name, msg).await,
             ("nodepatch", Operation::Patch) => self.patch_status(Kind::Node, None, name, msg).await,
             ("podpatch", Operation::Patch) => self.patch_status(Kind::Pod, ns, name, msg).await,
             ("podstatus", Operation::Update) => self.pod_status_update(&up.node, ns, msg).await,
-            ("pod", Operation::Insert) => self.create(Kind::Pod, ns, msg).await,
+            ("pod", Operation::Insert) => self.create(Kind::Pod, ns, None, msg).await,
             ("pod", Operation::Delete) => self.pod_delete(ns, name, msg).await,
             ("configmap", Operation::Query) => self.query(Kind::ConfigMap, ns, name).await,
             ("secret", Operation::Query) => self.query(Kind::Secret, ns, name).await,
@@ -173,9 +174,10 @@ impl UpstreamHandler {
             ("endpointslice", Operation::Query) => self.cached(Kind::EndpointSlice, ns, name).await,
             ("servicelist", Operation::Query) => self.cached_list(Kind::Service, ns).await,
             ("endpointslist", Operation::Query) => self.cached_list(Kind::Endpoints, ns).await,
-            ("lease", Operation::Insert) => {
-                self.create(Kind::Lease, ns, msg).await.map(wrap_object)
-            }
+            ("lease", Operation::Insert) => self
+                .create(Kind::Lease, ns, None, msg)
+                .await
+                .map(wrap_object),
             ("lease", Operation::Update) => self.lease_update(ns, name, msg).await,
             ("lease", Operation::Query) => self.query(Kind::Lease, ns, name).await.map(wrap_object),
             ("event", Operation::Insert | Operation::Update | Operation::Patch) => {
@@ -231,11 +233,22 @@ impl UpstreamHandler {
         r
     }
 
-    async fn create(&self, kind: Kind, ns: Option<&str>, msg: &Message) -> Reply {
-        let body = match object_content(msg, kind) {
+    /// `name`, when given, replaces the object's name, as KubeEdge's node registration does
+    /// with the resource's (`upstream.go createNode`).
+    async fn create(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: Option<&str>,
+        msg: &Message,
+    ) -> Reply {
+        let mut body = match object_content(msg, kind) {
             Ok(b) => b,
             Err(e) => return Reply::object_err(*e),
         };
+        if let Some(name) = name {
+            set_name(&mut body, name);
+        }
         let p = rest::path(kind, ns, None, None);
         match self
             .api(Method::POST, &p, "application/json", Some(&body))
@@ -312,7 +325,7 @@ impl UpstreamHandler {
         let Some(name) = name else {
             return Reply::object_err(StatusError::new(400, "BadRequest", "patch needs a name"));
         };
-        let patch = match content::content_json(&msg.content) {
+        let mut patch = match content::content_json(&msg.content) {
             Ok(p) => p,
             Err(e) => {
                 return Reply::object_err(StatusError::new(
@@ -322,6 +335,9 @@ impl UpstreamHandler {
                 ));
             }
         };
+        if kind == Kind::Node {
+            node_fields::strip_from_patch(&mut patch);
+        }
         let p = rest::path(kind, ns, Some(name), Some("status"));
         match self
             .api(Method::PATCH, &p, STRATEGIC_PATCH, Some(&patch))
@@ -361,11 +377,12 @@ impl UpstreamHandler {
         let Ok(req) = content::content_json(&msg.content) else {
             return Reply::bare(json!("nodestatus is not JSON"), None);
         };
-        let status = req
+        let mut status = req
             .get("Status")
             .or_else(|| req.get("status"))
             .cloned()
             .unwrap_or(Value::Null);
+        node_fields::strip_from_status(&mut status);
         let p = rest::path(Kind::Node, None, Some(name), Some("status"));
         match self
             .api(
@@ -381,7 +398,10 @@ impl UpstreamHandler {
         }
     }
 
-    /// Legacy `podstatus`/`update`: one `{UID, Name, Status}` or an array of them.
+    /// Legacy `podstatus`/`update`: one `{UID, Name, Status}` or an array of them. As in
+    /// KubeEdge's `updatePodStatus`, a pod that is gone from the cluster, or was replaced by one
+    /// with another UID, is answered `"OK"` and deleted on the edge (here with the edge's UID,
+    /// so its metamanager, which deletes only a stored pod of that UID, drops it).
     async fn pod_status_update(&self, node: &str, ns: Option<&str>, msg: &Message) -> Reply {
         let Ok(body) = content::content_json(&msg.content) else {
             return Reply::bare(json!("podstatus is not JSON"), None);
@@ -390,6 +410,7 @@ impl UpstreamHandler {
             Value::Array(a) => a,
             other => vec![other],
         };
+        let ns = ns.unwrap_or("default");
         for item in items {
             let (Some(name), Some(uid)) = (item["Name"].as_str(), item["UID"].as_str()) else {
                 continue;
@@ -398,13 +419,49 @@ impl UpstreamHandler {
                 tracing::warn!(node, %why, "legacy pod status for an invalid pod name skipped");
                 continue;
             }
-            let p = rest::path(Kind::Pod, ns, Some(name), Some("status"));
+            let p = rest::path(Kind::Pod, Some(ns), Some(name), Some("status"));
+            let named = rest::path(Kind::Pod, Some(ns), Some(name), None);
+            let current = self
+                .api(Method::GET, &named, "application/json", None)
+                .await;
+            let stale = match &current {
+                Ok(pod) => pod["metadata"]["uid"].as_str() != Some(uid),
+                Err(e) => rest::is_not_found(e),
+            };
+            if stale {
+                tracing::info!(
+                    node,
+                    namespace = ns,
+                    pod = name,
+                    uid,
+                    "status for a pod the cluster no longer has; deleting it on the edge"
+                );
+                self.delete_on_edge(node, ns, name, uid);
+                continue;
+            }
+            if let Err(e) = current {
+                tracing::debug!(node, pod = name, error = %e, "legacy pod status: pod not read");
+                continue;
+            }
             let patch = json!({"metadata": {"uid": uid}, "status": item["Status"]});
             if let Err(e) = self.api(Method::PATCH, &p, MERGE_PATCH, Some(&patch)).await {
                 tracing::debug!(node, pod = name, error = %e, "legacy pod status update failed");
             }
         }
         Reply::ok()
+    }
+
+    fn delete_on_edge(&self, node: &str, ns: &str, name: &str, uid: &str) {
+        let msg = Message::new(
+            source::EDGE_CONTROLLER,
+            Group::Resource,
+            Operation::Delete,
+            format!("node/{node}/{ns}/pod/{name}"),
+            pod_stub(ns, name, uid),
+        );
+        if let Err(e) = self.hub.send(node, msg) {
+            tracing::debug!(node, error = %e, "pod delete for the edge not queued");
+        }
     }
 
     /// `pod`/`delete`: a string content is the UID (old edges); otherwise DeleteOptions.
@@ -621,8 +678,61 @@ fn object_content(msg: &Message, kind: Kind) -> Result<Value, Box<StatusError>> 
     Ok(with_type_meta(v, kind))
 }
 
+/// The pod a `delete` to the edge carries when the cluster has none to show.
+fn pod_stub(ns: &str, name: &str, uid: &str) -> Value {
+    with_type_meta(
+        json!({"metadata": {"namespace": ns, "name": name, "uid": uid}}),
+        Kind::Pod,
+    )
+}
+
+/// Sets `metadata.name` of an object (`metadata` is created when missing).
+fn set_name(obj: &mut Value, name: &str) {
+    if let Some(o) = obj.as_object_mut() {
+        let meta = o.entry("metadata").or_insert_with(|| json!({}));
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        meta["name"] = json!(name);
+    }
+}
+
 fn resource_version(obj: &Value) -> Option<String> {
     obj["metadata"]["resourceVersion"]
         .as_str()
         .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// KubeEdge's `registerNode` names the node after the resource
+    /// (`node/<id>/default/node/<name>`), whatever the content says.
+    #[test]
+    fn registration_takes_the_name_of_the_resource() {
+        let mut node = json!({"metadata": {"labels": {"node-role.kubernetes.io/edge": ""}}});
+        set_name(&mut node, "edge-1");
+        assert_eq!(node["metadata"]["name"], "edge-1");
+        assert_eq!(
+            node["metadata"]["labels"]["node-role.kubernetes.io/edge"],
+            ""
+        );
+        let mut bare = json!({"kind": "Node", "metadata": null});
+        set_name(&mut bare, "edge-2");
+        assert_eq!(bare["metadata"], json!({"name": "edge-2"}));
+    }
+
+    /// What `edge/pkg/metamanager/process.go processDeletePodDB` needs to drop its row: a pod
+    /// whose `metadata.uid` equals the stored one (and edged: a namespace and name).
+    #[test]
+    fn pod_stub_carries_the_uid_the_edge_holds() {
+        let p = pod_stub("ns", "web-0", "u-1");
+        assert_eq!(p["kind"], "Pod");
+        assert_eq!(p["apiVersion"], "v1");
+        assert_eq!(
+            p["metadata"],
+            json!({"namespace": "ns", "name": "web-0", "uid": "u-1"})
+        );
+    }
 }

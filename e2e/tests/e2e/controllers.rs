@@ -499,3 +499,91 @@ async fn deleting_the_node_ends_its_session() {
         "session closed after the node was deleted"
     );
 }
+
+/// What a KubeEdge v1.15 edgecore's embedded kubelet sends beyond the basics, with the reply
+/// and side effects KubeEdge's `cloud/pkg/edgecontroller/controller/upstream.go` produces.
+#[tokio::test]
+async fn kubeedge_kubelet_reports_keep_what_the_cloud_owns() {
+    let s = setup().await;
+    let node = unique("edge");
+    let mut e = SimEdge::connect(&s.fx, &s.pki, &node, &[]).await;
+
+    // `registerNode` names the node after the resource, not the content.
+    let reg = Message::new(
+        "edged",
+        Group::Meta,
+        Operation::Insert,
+        format!("default/node/{node}"),
+        json!({"metadata": {"name": "not-this-name", "labels": {"node-role.kubernetes.io/edge": ""}},
+            "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 10350}}}}),
+    );
+    let reply = e.request(&reg).await;
+    let created = ObjectResp::from_content(&reply.content).expect("ObjectResp");
+    assert!(created.err.is_none(), "{created:?}");
+    assert_eq!(created.object.unwrap()["metadata"]["name"], json!(node));
+    let nodes = Api::<Node>::all(s.cluster.client());
+    assert!(nodes.get_opt("not-this-name").await.unwrap().is_none());
+
+    // cloudstream points the kubelet port at its tunnel port ...
+    let mut n = nodes.get_status(&node).await.unwrap();
+    n.status
+        .as_mut()
+        .unwrap()
+        .daemon_endpoints
+        .get_or_insert_with(Default::default)
+        .kubelet_endpoint
+        .get_or_insert_with(Default::default)
+        .port = 10351;
+    nodes
+        .replace_status(&node, &PostParams::default(), &n)
+        .await
+        .unwrap();
+    // ... and the kubelet's status patch (a JSON string, its DaemonEndpoints setter resetting
+    // the port to its own) must not undo that (KubeEdge issue #4310).
+    let patch = r#"{"status":{"$setElementOrder/conditions":[{"type":"Ready"}],"conditions":[{"lastHeartbeatTime":"2026-11-21T00:00:10Z","lastTransitionTime":"2026-11-21T00:00:10Z","reason":"KubeletReady","status":"True","type":"Ready"}],"daemonEndpoints":{"kubeletEndpoint":{"Port":10350}}}}"#;
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Patch,
+            format!("default/nodepatch/{node}"),
+            Value::String(patch.into()),
+        ))
+        .await;
+    let patched = ObjectResp::from_content(&reply.content).unwrap();
+    assert!(patched.err.is_none(), "{patched:?}");
+    let status = nodes.get_status(&node).await.unwrap().status.unwrap();
+    assert_eq!(
+        status
+            .daemon_endpoints
+            .unwrap()
+            .kubelet_endpoint
+            .unwrap()
+            .port,
+        10351
+    );
+    assert_eq!(status.conditions.unwrap()[0].status, "True");
+
+    // Legacy `podstatus` for a pod the cluster does not have: "OK", and the pod is deleted on
+    // the edge, carrying the UID the edge holds.
+    let report = Message::new(
+        "edged",
+        Group::Meta,
+        Operation::Update,
+        format!("{}/podstatus/gone", s.ns),
+        json!({"UID": "uid-on-edge", "Name": "gone", "Status": {"phase": "Running"}}),
+    );
+    e.raw.send(&report).await.unwrap();
+    let got = e
+        .expect_all(&[
+            (Operation::Response, format!("{}/podstatus/gone", s.ns)),
+            (Operation::Delete, format!("{}/pod/gone", s.ns)),
+        ])
+        .await;
+    assert_eq!(got[0].header.parent_id, report.header.id);
+    assert_eq!(got[0].content, json!("OK"));
+    assert!(got[1].header.parent_id.is_empty());
+    assert_eq!(got[1].content["metadata"]["uid"], "uid-on-edge");
+    assert_eq!(got[1].content["kind"], "Pod");
+    delete_node(&s.cluster, &node).await;
+}
