@@ -6,7 +6,7 @@ use e2e::cloud::CloudFixture;
 use e2e::cluster::{self, TestCluster};
 use e2e::sim_edge::{SimEdge, WAIT, delete_node, edge_node, unique};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kubeedge_shared::content::{ObjectResp, patch_content};
 use kubeedge_shared::{Group, Message, Operation};
@@ -585,5 +585,35 @@ async fn kubeedge_kubelet_reports_keep_what_the_cloud_owns() {
     assert!(got[1].header.parent_id.is_empty());
     assert_eq!(got[1].content["metadata"]["uid"], "uid-on-edge");
     assert_eq!(got[1].content["kind"], "Pod");
+
+    // A projected token: the kubelet's TokenRequest as Go marshals it (no TypeMeta, zero
+    // status), in `<ns>/serviceaccounttoken/<sa>`; the reply is the bare TokenRequest
+    // (`handleServiceAccountTokenFromMetaManager`) and needs no ACK (`noAckRequired`).
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "runner"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(s.cluster.client(), &s.ns)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let tr = json!({"metadata": {"creationTimestamp": null},
+        "spec": {"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3607, "boundObjectRef": null},
+        "status": {"token": "", "expirationTimestamp": null}});
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Query,
+            format!("{}/serviceaccounttoken/runner", s.ns),
+            tr,
+        ))
+        .await;
+    assert!(
+        reply.content["status"]["token"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty()),
+        "{}",
+        reply.content
+    );
+    assert!(!reply.requires_ack());
     delete_node(&s.cluster, &node).await;
 }
