@@ -357,10 +357,7 @@ impl UpstreamHandler {
         let Ok(node) = content::content_json(&msg.content) else {
             return Reply::bare(json!("node update is not JSON"), None);
         };
-        let patch = json!({"metadata": {
-            "labels": node["metadata"]["labels"],
-            "annotations": node["metadata"]["annotations"],
-        }});
+        let patch = label_merge_patch(&node);
         let p = rest::path(Kind::Node, None, Some(name), None);
         match self
             .api(Method::PATCH, &p, STRATEGIC_PATCH, Some(&patch))
@@ -678,6 +675,23 @@ fn object_content(msg: &Message, kind: Kind) -> Result<Value, Box<StatusError>> 
     Ok(with_type_meta(v, kind))
 }
 
+/// KubeEdge's `updateNode` copies the edge's labels and annotations over the node's: keys are
+/// added or overwritten, never removed. A patch with `"labels": null` (a node without labels)
+/// or a null value would delete them (the edge role label with them), so only string values
+/// are carried.
+fn label_merge_patch(node: &Value) -> Value {
+    let strings = |field: &str| -> serde_json::Map<String, Value> {
+        node["metadata"][field]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, v)| v.is_string())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    json!({"metadata": {"labels": strings("labels"), "annotations": strings("annotations")}})
+}
+
 /// The pod a `delete` to the edge carries when the cluster has none to show.
 fn pod_stub(ns: &str, name: &str, uid: &str) -> Value {
     with_type_meta(
@@ -721,6 +735,21 @@ mod tests {
         let mut bare = json!({"kind": "Node", "metadata": null});
         set_name(&mut bare, "edge-2");
         assert_eq!(bare["metadata"], json!({"name": "edge-2"}));
+    }
+
+    /// `Nodes().Update` from a KubeEdge kubelet (`edge/pkg/metamanager/client/node.go`
+    /// `Update`: content = the Node) may carry no labels or annotations at all.
+    #[test]
+    fn node_update_only_adds_labels_and_annotations() {
+        assert_eq!(
+            label_merge_patch(&json!({"metadata": {"name": "edge-1"}})),
+            json!({"metadata": {"labels": {}, "annotations": {}}})
+        );
+        assert_eq!(
+            label_merge_patch(&json!({"metadata": {"labels": {"a": "1", "b": null},
+                "annotations": {"n": "v"}}})),
+            json!({"metadata": {"labels": {"a": "1"}, "annotations": {"n": "v"}}})
+        );
     }
 
     /// What `edge/pkg/metamanager/process.go processDeletePodDB` needs to drop its row: a pod
