@@ -8,6 +8,7 @@ mod controllers;
 mod edged;
 mod events;
 mod join;
+mod kubeedge_cloud;
 mod metamanager;
 mod metrics;
 mod objectsync;
