@@ -4,7 +4,7 @@
 //! versions), fed by one cluster-wide watcher per kind: the apiserver load does not grow with
 //! the number of edge nodes, and nothing on the hot path takes a shared lock.
 
-use super::location::{LocationCache, ObjectKey};
+use super::location::{ObjectKey, SharedLocation};
 use super::objectsync::SyncRecords;
 use super::refs::pod_refs;
 use super::rest::{self, Kind, with_type_meta};
@@ -78,7 +78,7 @@ pub struct Downstream {
     edge_nodes: HashSet<String>,
     pods: HashMap<ObjectKey, EdgePod>,
     pods_by_node: HashMap<String, HashSet<ObjectKey>>,
-    location: LocationCache,
+    location: SharedLocation,
     configmaps: HashMap<ObjectKey, (String, u64)>,
     secrets: HashMap<ObjectKey, (String, u64)>,
     /// Keys seen since the last `Init` of each watcher (to find deletions missed meanwhile).
@@ -114,6 +114,11 @@ where
 }
 
 impl Downstream {
+    /// The location cache this actor keeps, for readers elsewhere.
+    pub fn location(&self) -> SharedLocation {
+        self.location.clone()
+    }
+
     pub fn new(
         client: kube::Client,
         hub: CloudHub,
@@ -126,7 +131,7 @@ impl Downstream {
             edge_nodes: HashSet::new(),
             pods: HashMap::new(),
             pods_by_node: HashMap::new(),
-            location: LocationCache::default(),
+            location: SharedLocation::default(),
             configmaps: HashMap::new(),
             secrets: HashMap::new(),
             relisting: HashMap::new(),
@@ -261,6 +266,7 @@ impl Downstream {
         self.synced.insert(w);
         if self.synced.len() == 4 && !self.ready.is_ready() {
             tracing::info!("informers synced");
+            self.location.set_synced();
             self.ready.set_ready();
         }
     }
@@ -306,7 +312,7 @@ impl Downstream {
         if let Some(records) = &self.records {
             records.node_deleted(node);
         }
-        self.location.remove_node(node);
+        self.location.write().remove_node(node);
         for key in self.pods_by_node.remove(node).unwrap_or_default() {
             self.pods.remove(&key);
         }
@@ -399,7 +405,7 @@ impl Downstream {
             None if terminating => Operation::Update,
             None => Operation::Insert,
         };
-        self.location.set_pod(key.clone(), &node, refs);
+        self.location.write().set_pod(key.clone(), &node, refs);
         self.send_pod(&node, op, &value);
         let object = compact(&value);
         self.pods_by_node
@@ -431,7 +437,7 @@ impl Downstream {
 
     fn remove_pod_entry(&mut self, key: &ObjectKey) -> Option<EdgePod> {
         let p = self.pods.remove(key)?;
-        self.location.remove_pod(key);
+        self.location.write().remove_pod(key);
         if let Some(keys) = self.pods_by_node.get_mut(&p.node) {
             keys.remove(key);
             if keys.is_empty() {
@@ -502,9 +508,9 @@ impl Downstream {
                 }
                 map.insert(key.clone(), version);
                 let nodes = if which == Watched::ConfigMaps {
-                    self.location.configmap_nodes(&key)
+                    self.location.read().configmap_nodes(&key)
                 } else {
-                    self.location.secret_nodes(&key)
+                    self.location.read().secret_nodes(&key)
                 };
                 if nodes.is_empty() {
                     return;
@@ -555,9 +561,9 @@ impl Downstream {
             return;
         };
         let nodes = if which == Watched::ConfigMaps {
-            self.location.configmap_nodes(key)
+            self.location.read().configmap_nodes(key)
         } else {
-            self.location.secret_nodes(key)
+            self.location.read().secret_nodes(key)
         };
         let object = object.unwrap_or_else(
             || json!({"metadata": {"namespace": key.0, "name": key.1, "uid": uid}}),
@@ -671,7 +677,7 @@ impl Downstream {
             deleted += 1;
         }
         // Configmaps and secrets its pods use.
-        let (cms, secrets) = self.location.node_objects(node);
+        let (cms, secrets) = self.location.read().node_objects(node);
         for (ty, kind, keys) in [
             ("configmap", Kind::ConfigMap, cms),
             ("secret", Kind::Secret, secrets),

@@ -5,6 +5,8 @@
 
 use super::refs::PodRefs;
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// `namespace/name` of a namespaced object.
 pub type ObjectKey = (String, String);
@@ -82,6 +84,21 @@ impl LocationCache {
         for p in self.by_node.remove(node).unwrap_or_default() {
             self.remove_pod(&p);
         }
+    }
+
+    /// The edge node a pod is bound to, if it is on one.
+    pub fn pod_node(&self, pod: &ObjectKey) -> Option<&str> {
+        self.pods.get(pod).map(|(node, _)| node.as_str())
+    }
+
+    /// Whether a pod on `node` references this configmap (or secret, with `secret`).
+    pub fn node_uses(&self, node: &str, key: &ObjectKey, secret: bool) -> bool {
+        let map = if secret {
+            &self.secrets
+        } else {
+            &self.configmaps
+        };
+        map.get(key).is_some_and(|nodes| nodes.contains_key(node))
     }
 
     pub fn configmap_nodes(&self, key: &ObjectKey) -> BTreeSet<String> {
@@ -166,5 +183,32 @@ mod tests {
         assert_eq!(lc.configmap_nodes(&k("ns", "new")).len(), 1);
         let (cms, _) = lc.node_objects("edge-1");
         assert_eq!(cms.into_iter().collect::<Vec<_>>(), [k("ns", "new")]);
+    }
+}
+
+/// The location cache the downstream actor keeps, readable by the upstream handler (which
+/// restricts what an edge may touch to what its pods use), and whether it is complete yet
+/// (the informers have synced).
+#[derive(Clone, Default)]
+pub struct SharedLocation {
+    cache: Arc<RwLock<LocationCache>>,
+    synced: Arc<AtomicBool>,
+}
+
+impl SharedLocation {
+    pub fn read(&self) -> RwLockReadGuard<'_, LocationCache> {
+        self.cache.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, LocationCache> {
+        self.cache.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
     }
 }

@@ -4,6 +4,7 @@
 pub mod downstream;
 pub mod location;
 pub mod node_fields;
+pub mod node_restriction;
 pub mod objectsync;
 pub mod refs;
 pub mod rest;
@@ -59,6 +60,7 @@ pub async fn run_with(
     );
     let downstream = Downstream::new(client.clone(), hub.clone(), ds_ready, tx.clone())
         .with_sync_records(records, sync.resync_interval);
+    let location = downstream.location();
     let events = hub.subscribe();
     let ds = tokio::spawn(downstream.run(events, rx, shutdown.clone()));
     let services = ServiceCache::default();
@@ -67,7 +69,7 @@ pub async fn run_with(
             .clone()
             .run(client.clone(), svc_ready, shutdown.clone()),
     );
-    let handler = UpstreamHandler::new(client, hub, 64, metrics, services);
+    let handler = UpstreamHandler::new(client, hub, 64, metrics, services, location);
     loop {
         let up = tokio::select! {
             _ = shutdown.cancelled() => break,

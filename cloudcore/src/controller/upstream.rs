@@ -1,6 +1,8 @@
 //! Upstream: what edges ask of the cluster (reference §4.2), answered in KubeEdge's shapes.
 
+use super::location::SharedLocation;
 use super::node_fields;
+use super::node_restriction::{self, Verdict};
 use super::rest::{
     self, Kind, MERGE_PATCH, STRATEGIC_PATCH, call_retrying, status_error, with_type_meta,
 };
@@ -26,6 +28,8 @@ pub struct UpstreamHandler {
     metrics: ControllerMetrics,
     /// Services, Endpoints and EndpointSlices, answered from memory (`services.rs`).
     services: ServiceCache,
+    /// Which pods are on which edge node and what they use (`node_restriction.rs`).
+    location: SharedLocation,
 }
 
 /// What the handler did with a message (for tests and logs).
@@ -44,11 +48,13 @@ impl UpstreamHandler {
         concurrency: usize,
         metrics: ControllerMetrics,
         services: ServiceCache,
+        location: SharedLocation,
     ) -> Self {
         let c = concurrency.max(1);
         UpstreamHandler {
             metrics,
             services,
+            location,
             client,
             hub,
             status: Arc::new(Semaphore::new(c)),
@@ -147,6 +153,22 @@ impl UpstreamHandler {
             let e = StatusError::new(400, "BadRequest", format!("invalid resource name: {why}"));
             return self.reply(up, Reply::bare(e.to_value(), None));
         }
+        if let Err(why) = self.authorize(up, path).await {
+            tracing::warn!(node = %up.node, resource = %msg.route.resource, operation = %op, %why, "upstream request outside what the node may do; refused");
+            let e = StatusError::new(403, "Forbidden", why);
+            let object_reply = matches!(
+                (path.resource_type.as_str(), op),
+                ("node" | "lease" | "pod", Operation::Insert)
+                    | ("nodepatch" | "podpatch", Operation::Patch)
+                    | ("lease", Operation::Update)
+            );
+            let reply = if object_reply {
+                Reply::object_err(e)
+            } else {
+                Reply::bare(e.to_value(), None)
+            };
+            return self.reply(up, reply);
+        }
         let reply = match (path.resource_type.as_str(), op) {
             ("node", Operation::Insert) => self.create(Kind::Node, None, name, msg).await,
             ("node", Operation::Query) => self.query(Kind::Node, None, name).await,
@@ -189,6 +211,34 @@ impl UpstreamHandler {
             }
         };
         self.reply(up, reply)
+    }
+
+    /// Whether the edge may do this (`node_restriction.rs`); a pod the cache does not place is
+    /// read from the API.
+    async fn authorize(&self, up: &Upstream, path: &ResourcePath) -> Result<(), String> {
+        let op = &up.message.route.operation;
+        let content = if node_restriction::needs_content(&path.resource_type, op) {
+            content::content_json(&up.message.content).unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        let verdict = node_restriction::check(&up.node, path, op, &content, &self.location);
+        match &verdict {
+            Verdict::Allow => Ok(()),
+            Verdict::Deny(why) => Err(why.clone()),
+            Verdict::PodOnNode {
+                namespace, name, ..
+            } => {
+                let p = rest::path(Kind::Pod, Some(namespace), Some(name), None);
+                match self.api(Method::GET, &p, "application/json", None).await {
+                    Ok(pod) => node_restriction::pod_verdict(&up.node, &verdict, Some(&pod)),
+                    Err(e) if rest::is_not_found(&e) => {
+                        node_restriction::pod_verdict(&up.node, &verdict, None)
+                    }
+                    Err(e) => Err(format!("pod {namespace}/{name} could not be checked: {e}")),
+                }
+            }
+        }
     }
 
     fn reply(&self, up: &Upstream, reply: Reply) -> Handled {
@@ -436,8 +486,20 @@ impl UpstreamHandler {
                 self.delete_on_edge(node, ns, name, uid);
                 continue;
             }
-            if let Err(e) = current {
-                tracing::debug!(node, pod = name, error = %e, "legacy pod status: pod not read");
+            let pod = match current {
+                Ok(pod) => pod,
+                Err(e) => {
+                    tracing::debug!(node, pod = name, error = %e, "legacy pod status: pod not read");
+                    continue;
+                }
+            };
+            if pod["spec"]["nodeName"].as_str() != Some(node) {
+                tracing::warn!(
+                    node,
+                    namespace = ns,
+                    pod = name,
+                    "legacy pod status for a pod bound to another node; refused"
+                );
                 continue;
             }
             let patch = json!({"metadata": {"uid": uid}, "status": item["Status"]});

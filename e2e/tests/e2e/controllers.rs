@@ -291,10 +291,19 @@ async fn edge_reports_land_in_the_cluster() {
     );
 
     // Pod status patch from the edge lands on the pod; the reply carries the pod.
-    Api::<Pod>::namespaced(s.cluster.client(), &s.ns)
-        .create(&PostParams::default(), &pod_spec("p", &node, None))
-        .await
-        .unwrap();
+    // (Pod `p` uses configmap `q`, pod `m` the configmap `missing`: an edge may read only what
+    // its pods use.)
+    let pods = Api::<Pod>::namespaced(s.cluster.client(), &s.ns);
+    for (name, cm) in [("p", "q"), ("m", "missing")] {
+        pods.create(&PostParams::default(), &pod_spec(name, &node, Some(cm)))
+            .await
+            .unwrap();
+    }
+    e.expect_all(&[
+        (Operation::Insert, format!("{}/pod/p", s.ns)),
+        (Operation::Insert, format!("{}/pod/m", s.ns)),
+    ])
+    .await;
     let status = json!({"status": {"phase": "Running", "podIP": "10.88.0.5"}});
     let reply = e
         .request(&Message::new(
@@ -344,6 +353,28 @@ async fn edge_reports_land_in_the_cluster() {
         ))
         .await;
     assert_eq!(reply.content["ErrStatus"]["code"], 404);
+    // A configmap no pod of this node uses is not this node's to read (the Node authorizer's
+    // rule for kubelets; KubeEdge v1.15 would hand it out).
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "unused"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let reply = e
+        .request(&Message::new(
+            "edged",
+            Group::Meta,
+            Operation::Query,
+            format!("{}/configmap/unused", s.ns),
+            Value::Null,
+        ))
+        .await;
+    assert_eq!(
+        reply.content["ErrStatus"]["code"], 403,
+        "{:?}",
+        reply.content
+    );
 
     // Pod deletion by the edge, with the UID precondition.
     let uid = p.metadata.uid.clone().unwrap();
@@ -595,8 +626,17 @@ async fn kubeedge_kubelet_reports_keep_what_the_cloud_owns() {
         .create(&PostParams::default(), &sa)
         .await
         .unwrap();
+    // The kubelet binds it to the pod (`getServiceAccountTokenRequest`); only a pod bound to
+    // this node, running as that service account, gets one.
+    let mut tok = pod_spec("tok", &node, None);
+    tok.spec.as_mut().unwrap().service_account_name = Some("runner".into());
+    let tok = Api::<Pod>::namespaced(s.cluster.client(), &s.ns)
+        .create(&PostParams::default(), &tok)
+        .await
+        .unwrap();
     let tr = json!({"metadata": {"creationTimestamp": null},
-        "spec": {"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3607, "boundObjectRef": null},
+        "spec": {"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3607,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "tok", "uid": tok.metadata.uid}},
         "status": {"token": "", "expirationTimestamp": null}});
     let reply = e
         .request(&Message::new(
@@ -604,7 +644,7 @@ async fn kubeedge_kubelet_reports_keep_what_the_cloud_owns() {
             Group::Meta,
             Operation::Query,
             format!("{}/serviceaccounttoken/runner", s.ns),
-            tr,
+            tr.clone(),
         ))
         .await;
     assert!(
@@ -615,5 +655,23 @@ async fn kubeedge_kubelet_reports_keep_what_the_cloud_owns() {
         reply.content
     );
     assert!(!reply.requires_ack());
+    // Another service account's token, or one bound to no pod, is refused.
+    for (sa, bound) in [
+        ("default", tr["spec"]["boundObjectRef"].clone()),
+        ("runner", Value::Null),
+    ] {
+        let mut other = tr.clone();
+        other["spec"]["boundObjectRef"] = bound;
+        let reply = e
+            .request(&Message::new(
+                "edged",
+                Group::Meta,
+                Operation::Query,
+                format!("{}/serviceaccounttoken/{sa}", s.ns),
+                other,
+            ))
+            .await;
+        assert_eq!(reply.content["ErrStatus"]["code"], 403, "{}", reply.content);
+    }
     delete_node(&s.cluster, &node).await;
 }

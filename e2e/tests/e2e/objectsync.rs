@@ -143,6 +143,19 @@ async fn acked_deliveries_to_a_kubeedge_edge_are_recorded_and_deletes_remove_the
         .create(&PostParams::default(), &cm)
         .await
         .unwrap();
+    // (A pod of this node uses it: an edge may only read what its pods use.)
+    let user: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "user"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}],
+            "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(c.client(), &ns)
+        .create(&PostParams::default(), &user)
+        .await
+        .unwrap();
+    edge.expect(Operation::Insert, &format!("{ns}/pod/user"))
+        .await;
     let query = Message::new(
         "edged",
         Group::Meta,
