@@ -175,6 +175,12 @@ pub struct TailoredKubeletConfig {
     pub resolv_conf: String,
     #[serde(rename = "imageMinimumGCAge")]
     pub image_minimum_gc_age: KubeDuration,
+    /// Newer kubelets (1.29+): images unused this long go whatever the disk usage (0: off).
+    #[serde(
+        rename = "imageMaximumGCAge",
+        skip_serializing_if = "KubeDuration::is_zero"
+    )]
+    pub image_maximum_gc_age: KubeDuration,
     #[serde(rename = "imageGCHighThresholdPercent")]
     pub image_gc_high_threshold_percent: i32,
     #[serde(rename = "imageGCLowThresholdPercent")]
@@ -318,6 +324,10 @@ pub struct KubeDuration(pub Duration);
 impl KubeDuration {
     pub fn secs(s: u64) -> Self {
         KubeDuration(Duration::from_secs(s))
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.0.is_zero()
     }
 }
 
@@ -564,6 +574,7 @@ impl Default for TailoredKubeletConfig {
             content_type: "application/json".into(),
             resolv_conf: "/etc/resolv.conf".into(),
             image_minimum_gc_age: KubeDuration::secs(120),
+            image_maximum_gc_age: KubeDuration::secs(0),
             image_gc_high_threshold_percent: 80,
             image_gc_low_threshold_percent: 40,
             runtime_request_timeout: KubeDuration::secs(120),
@@ -951,6 +962,17 @@ impl EdgeCoreConfig {
                     ),
                 );
             }
+            if !k.image_maximum_gc_age.is_zero()
+                && k.image_maximum_gc_age.0 <= k.image_minimum_gc_age.0
+            {
+                bad(
+                    &format!("{p}.imageMaximumGCAge"),
+                    format!(
+                        "must be greater than imageMinimumGCAge ({})",
+                        format_go_duration(k.image_minimum_gc_age.0)
+                    ),
+                );
+            }
             if k.address.parse::<std::net::IpAddr>().is_err() {
                 bad(
                     &format!("{p}.address"),
@@ -1197,7 +1219,7 @@ mod tests {
         assert_eq!(c.modules.edge_hub.heartbeat, 20);
         assert_eq!(c.modules.edge_hub.message_qps, 30);
         let k = parse(
-            "modules:\n  edged:\n    tailoredKubeletConfig:\n      imageGCHighThresholdPercent: 90\n      imageGCLowThresholdPercent: 70\n      imageMinimumGCAge: 5m\n      cgroupsPerQOS: false\n      registryPullQPS: 1\n      clusterDNS: [10.96.0.10]\n",
+            "modules:\n  edged:\n    tailoredKubeletConfig:\n      imageGCHighThresholdPercent: 90\n      imageGCLowThresholdPercent: 70\n      imageMinimumGCAge: 5m\n      imageMaximumGCAge: 168h\n      cgroupsPerQOS: false\n      registryPullQPS: 1\n      clusterDNS: [10.96.0.10]\n",
         )
         .unwrap()
         .modules
@@ -1211,6 +1233,7 @@ mod tests {
             (90, 70)
         );
         assert_eq!(k.image_minimum_gc_age, KubeDuration::secs(300));
+        assert_eq!(k.image_maximum_gc_age, KubeDuration::secs(168 * 3600));
         assert!(!k.cgroups_per_qos);
         assert_eq!(k.registry_pull_qps, 1);
         assert_eq!(k.cluster_dns, ["10.96.0.10"]);
@@ -1253,6 +1276,7 @@ mod tests {
         c.modules.edged.hostname_override = "Edge_1".into();
         c.modules.edged.tailored_kubelet_config.cgroup_driver = "lxc".into();
         c.modules.edged.tailored_kubelet_config.cluster_dns = vec!["dns".into()];
+        c.modules.edged.tailored_kubelet_config.image_maximum_gc_age = KubeDuration::secs(60);
         c.modules.meta_manager.remote_query_timeout = 0;
         c.kind = "CloudCore".into();
         let errors = c.validate().unwrap_err();
@@ -1266,6 +1290,7 @@ mod tests {
             "modules.edged.hostnameOverride",
             "modules.edged.tailoredKubeletConfig.cgroupDriver",
             "modules.edged.tailoredKubeletConfig.clusterDNS[0]",
+            "modules.edged.tailoredKubeletConfig.imageMaximumGCAge",
             "modules.metaManager.remoteQueryTimeout",
         ] {
             assert!(paths.contains(&p), "{p} missing in {errors}");

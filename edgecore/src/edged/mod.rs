@@ -10,7 +10,8 @@
 //!   so this works offline) and starts one [`pod_worker::PodWorker`] per pod, which adopts
 //!   the sandbox and containers the runtime already runs for it (by the kubelet's labels)
 //!   without restarting them. The runtime is dialled lazily (edgecore may start first);
-//!   once it answers, runtime objects of pods this node does not know are removed ([`gc`]).
+//!   once it answers, runtime objects of pods this node does not know are removed ([`gc`]),
+//!   and unused images are collected when the disk fills up ([`image_gc`]).
 //! * The dispatcher routes pod changes to workers, tells workers when a configmap or secret
 //!   their volumes use changed, and lists the runtime every `relist_period` to wake the
 //!   workers whose containers changed state.
@@ -23,6 +24,7 @@ pub mod env;
 pub mod events;
 pub mod gc;
 pub mod hooks;
+pub mod image_gc;
 pub mod lifecycle;
 pub mod logs;
 pub mod node;
@@ -109,6 +111,7 @@ impl Edged {
             known_pods: Mutex::new(HashSet::new()),
             pull_lock: tokio::sync::Mutex::new(()),
             resync,
+            image_gc_now: Notify::new(),
         });
         let task = tokio::spawn(run(shared, machine, changes, link, cancel.clone()));
         Ok(Edged { cancel, task })
@@ -485,6 +488,7 @@ async fn runtime_ready(shared: Arc<Shared>, cancel: CancellationToken) {
         wait = (wait * 2).min(Duration::from_secs(5));
     }
     tokio::spawn(ensure_sandbox_image(shared.clone()));
+    tokio::spawn(image_gc::run(shared.clone(), cancel.clone()));
     match gc::collect(&shared).await {
         Ok(c) if c != gc::Collected::default() => {
             tracing::info!(

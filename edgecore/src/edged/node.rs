@@ -551,6 +551,9 @@ async fn report_status(
             runtime_version,
             health: health_of(config, &runtime),
         };
+        if report.health.disk_pressure {
+            shared.image_gc_now.notify_one();
+        }
         let bare = node_status(config, &report);
         for reason in condition_events(&mut known_conditions, &bare) {
             let message = format!("Node {} status is now: {reason}", config.node_name);

@@ -66,6 +66,8 @@ pub struct Shared {
     /// Bumped when the cloud link comes back: statuses are sent again even if unchanged
     /// here (the cloud side may have marked the node's pods not ready meanwhile).
     pub resync: watch::Sender<u64>,
+    /// Notified when the node has DiskPressure: unused images are removed at once.
+    pub image_gc_now: tokio::sync::Notify,
 }
 
 impl Shared {

@@ -315,6 +315,46 @@ impl Runtime {
         .image)
     }
 
+    /// Every image the runtime has.
+    pub async fn list_images(&self) -> Result<Vec<api::Image>, RuntimeError> {
+        let req = api::ListImagesRequest { filter: None };
+        Ok(call(
+            "ListImages",
+            self.timeout,
+            self.cri.image().list_images(req),
+        )
+        .await?
+        .images)
+    }
+
+    /// Removes an image (every tag of it); one already gone is not an error.
+    pub async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+        let req = api::RemoveImageRequest {
+            image: Some(image_spec(id)),
+        };
+        ignore_not_found(
+            call(
+                "RemoveImage",
+                self.timeout,
+                self.cri.image().remove_image(req),
+            )
+            .await
+            .map(|_| ()),
+        )
+    }
+
+    /// The filesystems holding the runtime's images.
+    pub async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>, RuntimeError> {
+        let req = api::ImageFsInfoRequest {};
+        Ok(call(
+            "ImageFsInfo",
+            self.timeout,
+            self.cri.image().image_fs_info(req),
+        )
+        .await?
+        .image_filesystems)
+    }
+
     /// Pulls an image; returns its reference (ID) as the runtime reports it.
     pub async fn pull_image(
         &self,

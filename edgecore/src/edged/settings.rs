@@ -64,6 +64,14 @@ pub struct EdgedConfig {
     pub relist_period: Duration,
     /// Retry interval for status patches and deletions that failed (e.g. while offline).
     pub retry_period: Duration,
+    /// Image garbage collection (`imageGCHighThresholdPercent`, 100: off;
+    /// `imageGCLowThresholdPercent`; `imageMinimumGCAge`; `imageMaximumGCAge`, 0: off).
+    pub image_gc_high_threshold_percent: i32,
+    pub image_gc_low_threshold_percent: i32,
+    pub image_minimum_gc_age: Duration,
+    pub image_maximum_gc_age: Duration,
+    /// How often images are collected (the kubelet's `ImageGCPeriod`).
+    pub image_gc_period: Duration,
 }
 
 /// cloudstream's default stream port, reported as the kubelet port with edgeStream enabled.
@@ -119,6 +127,10 @@ impl EdgedConfig {
                 k.read_only_port
             },
             kubelet_port_from_cloud: config.modules.edge_stream.enable,
+            image_gc_high_threshold_percent: k.image_gc_high_threshold_percent,
+            image_gc_low_threshold_percent: k.image_gc_low_threshold_percent,
+            image_minimum_gc_age: k.image_minimum_gc_age.0,
+            image_maximum_gc_age: k.image_maximum_gc_age.0,
             ..Self::defaults()
         }
     }
@@ -161,6 +173,11 @@ impl EdgedConfig {
             image_backoff_max: Duration::from_secs(300),
             relist_period: Duration::from_secs(1),
             retry_period: Duration::from_secs(5),
+            image_gc_high_threshold_percent: 80,
+            image_gc_low_threshold_percent: 40,
+            image_minimum_gc_age: Duration::from_secs(120),
+            image_maximum_gc_age: Duration::ZERO,
+            image_gc_period: Duration::from_secs(300),
         }
     }
 
@@ -204,6 +221,16 @@ mod tests {
         assert_eq!(e.container_log_max_files, 5);
         assert_eq!(e.crash_backoff_initial, Duration::from_secs(10));
         assert_eq!(e.crash_backoff_max, Duration::from_secs(300));
+        assert_eq!(
+            (
+                e.image_gc_high_threshold_percent,
+                e.image_gc_low_threshold_percent
+            ),
+            (80, 40)
+        );
+        assert_eq!(e.image_minimum_gc_age, Duration::from_secs(120));
+        assert_eq!(e.image_maximum_gc_age, Duration::ZERO);
+        assert_eq!(e.image_gc_period, Duration::from_secs(300));
         assert_eq!(e.pod_dir("u1"), PathBuf::from("/var/lib/edged/pods/u1"));
     }
 }
