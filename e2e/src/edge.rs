@@ -170,6 +170,9 @@ impl EdgeEnv {
         e.container_log_max_size = 16 * 1024;
         e.container_log_max_files = 3;
         e.log_rotation_period = Duration::from_millis(500);
+        // Image GC would remove the shared containerd's images whenever the test machine's
+        // disk is past 80 % (tests that want it set the threshold themselves).
+        e.image_gc_high_threshold_percent = 100;
         e
     }
 

@@ -7,6 +7,7 @@ mod containerd_smoke;
 mod controllers;
 mod edged;
 mod events;
+mod image_gc;
 mod join;
 mod kubeedge_cloud;
 mod metamanager;
