@@ -91,6 +91,8 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
     controller_metrics.register(&mut registry);
     let join_metrics = crate::join::JoinMetrics::default();
     join_metrics.register(&mut registry);
+    let stream_metrics = crate::metrics::StreamMetrics::default();
+    stream_metrics.register(&mut registry);
     let registry = Arc::new(registry);
     let ready = Readiness::default();
     let monitor = &cfg.common_config.monitor_server.bind_address;
@@ -118,7 +120,7 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
             .await
             .context("negotiating the tunnel port (commonConfig.tunnelPort)")?;
         start_iptables_manager(&cfg, &client, &shutdown);
-        Some(start_stream(&cfg, &certs, client.clone(), tunnel_port).await?)
+        Some(start_stream(&cfg, &certs, client.clone(), tunnel_port, stream_metrics).await?)
     } else {
         None
     };
@@ -160,13 +162,17 @@ fn start_iptables_manager(
 }
 
 /// cloudstream on `streamPort`/`tunnelPort` of all addresses, with the tunnel certificate
-/// from `tlsTunnelCertFile`/`tlsTunnelPrivateKeyFile` when both exist, else cloudhub's.
+/// from `tlsTunnelCertFile`/`tlsTunnelPrivateKeyFile` when both exist, else cloudhub's, and
+/// clients of the stream server verified against the stream CA (`tlsStreamCAFile`, else the
+/// service-account CA).
 async fn start_stream(
     cfg: &CloudCoreConfig,
     certs: &crate::certs::HubCerts,
     client: kube::Client,
     tunnel_port: u16,
+    metrics: crate::metrics::StreamMetrics,
 ) -> anyhow::Result<crate::cloudstream::CloudStream> {
+    use crate::cloudstream::client_auth;
     use kubeedge_shared::tls;
     use std::path::Path;
     let s = &cfg.modules.cloud_stream;
@@ -179,6 +185,12 @@ async fn start_stream(
     } else {
         (certs.server_chain.clone(), certs.server_key.clone_key())
     };
+    let client_auth = client_auth::select(
+        Path::new(&s.tls_stream_ca_file),
+        Path::new(client_auth::SERVICE_ACCOUNT_CA),
+        s.insecure_skip_client_verify,
+    )
+    .context("cloudstream's client CA")?;
     let any = std::net::IpAddr::from([0, 0, 0, 0]);
     let settings = crate::cloudstream::StreamSettings {
         stream_listen: (any, s.stream_port).into(),
@@ -188,6 +200,8 @@ async fn start_stream(
         ca: vec![certs.ca.cert.cert_der.clone()],
         allow_legacy_cn: cfg.modules.cloud_hub.allow_legacy_certificates,
         node_port: Some(tunnel_port),
+        client_auth,
+        metrics,
     };
     crate::cloudstream::CloudStream::start(settings, client)
         .await

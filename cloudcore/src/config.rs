@@ -175,6 +175,10 @@ pub struct CloudStreamConfig {
     pub tls_stream_ca_file: String,
     pub tls_stream_cert_file: String,
     pub tls_stream_private_key_file: String,
+    /// kubeedge-rs (not a KubeEdge key): serve the stream server to clients without a
+    /// certificate from the stream CA, as KubeEdge does. Default false: the CA is
+    /// `tlsStreamCAFile`, else the pod's service-account CA, else cloudstream does not start.
+    pub insecure_skip_client_verify: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -370,6 +374,7 @@ impl Default for CloudStreamConfig {
             tls_stream_ca_file: "/etc/kubeedge/ca/streamCA.crt".into(),
             tls_stream_cert_file: "/etc/kubeedge/certs/stream.crt".into(),
             tls_stream_private_key_file: "/etc/kubeedge/certs/stream.key".into(),
+            insecure_skip_client_verify: false,
         }
     }
 }

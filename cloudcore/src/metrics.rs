@@ -214,6 +214,24 @@ impl ControllerMetrics {
     }
 }
 
+/// cloudstream's metrics (the stream server on `:10003`).
+#[derive(Clone, Default)]
+pub struct StreamMetrics {
+    /// Requests answered 401 for want of a client certificate chaining to the stream CA.
+    pub requests_refused: Family<ReasonLabel, Counter>,
+}
+
+impl StreamMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("cloudstream");
+        r.register(
+            "requests_refused",
+            "Stream server requests refused 401, by reason (no_client_certificate, untrusted_client_certificate)",
+            self.requests_refused.clone(),
+        );
+    }
+}
+
 /// Renders a registry as OpenMetrics text.
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();

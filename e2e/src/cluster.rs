@@ -106,6 +106,33 @@ impl TestCluster {
         self.config.clone()
     }
 
+    /// The cluster CA (the kubeconfig's `certificate-authority-data`): in kubeadm clusters, and
+    /// in the in-memory server, the CA that signs the apiserver's kubelet client certificate,
+    /// i.e. KubeEdge's `streamCA.crt`.
+    pub fn cluster_ca(&self) -> Vec<rustls_pki_types::CertificateDer<'static>> {
+        self.config
+            .root_cert
+            .iter()
+            .flatten()
+            .map(|der| rustls_pki_types::CertificateDer::from(der.clone()))
+            .collect()
+    }
+
+    /// TLS for calling cloudcore's stream server as the apiserver does: the in-memory
+    /// apiserver's kubelet client certificate (signed by the cluster CA, cloudstream's stream CA
+    /// in the fixtures), trusting `server_ca` for the stream server's certificate.
+    pub fn apiserver_stream_tls(
+        &self,
+        server_ca: &rustls_pki_types::CertificateDer<'static>,
+    ) -> std::sync::Arc<rustls::ClientConfig> {
+        let server = self.in_memory().expect(
+            "calling the stream server as the apiserver needs the in-memory apiserver's key",
+        );
+        let (cert, key) = server.kubelet_client_identity();
+        kubeedge_shared::tls::client_config(std::slice::from_ref(server_ca), vec![cert], key)
+            .expect("apiserver client TLS")
+    }
+
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }

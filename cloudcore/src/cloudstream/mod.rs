@@ -3,7 +3,10 @@
 //! As KubeEdge: each replica negotiates a tunnel port (10351…, [`tunnel_port`]), writes it as
 //! the kubelet port of the nodes whose tunnel it holds ([`node_port`]), and the iptables
 //! manager ([`iptables`], mode internal) DNATs `--dport <port>` to `<replica IP>:<streamPort>`.
+//! Unlike KubeEdge, the stream server serves only clients whose certificate chains to the
+//! stream CA, as a kubelet with `--client-ca-file` ([`client_auth`]).
 
+pub mod client_auth;
 pub mod exec;
 pub mod iptables;
 pub mod metrics;
@@ -13,7 +16,9 @@ pub mod session;
 pub mod tunnel;
 pub mod tunnel_port;
 
+use self::client_auth::{Authenticator, ClientAuth};
 use self::session::Sessions;
+use crate::metrics::StreamMetrics;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -89,6 +94,9 @@ pub struct StreamSettings {
     /// connects here (None: nodes keep the port they report; Some(0): the stream server's own
     /// port, for an apiserver that reaches it directly).
     pub node_port: Option<u16>,
+    /// Who may use the stream server: the stream CA ([`client_auth::select`]).
+    pub client_auth: ClientAuth,
+    pub metrics: StreamMetrics,
 }
 
 pub struct CloudStream {
@@ -98,17 +106,21 @@ pub struct CloudStream {
     shutdown: CancellationToken,
 }
 
-/// The stream server's TLS: client certificates are not asked for (KubeEdge requests but
-/// never verifies them).
+/// The stream server's TLS: a client certificate is asked for, and checked after the
+/// handshake by `auth` (none is asked for with [`ClientAuth::Insecure`]).
 fn stream_tls(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    auth: &Authenticator,
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?;
+    let builder = match auth.handshake_verifier() {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder.with_single_cert(chain, key)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
@@ -124,7 +136,8 @@ impl CloudStream {
             &settings.ca,
             true,
         )?;
-        let stream_tls = stream_tls(settings.chain, settings.key)?;
+        let auth = Authenticator::new(&settings.client_auth)?;
+        let stream_tls = stream_tls(settings.chain, settings.key, &auth)?;
         let tunnel = TcpListener::bind(settings.tunnel_listen).await?;
         let stream = TcpListener::bind(settings.stream_listen).await?;
         let (tunnel_addr, stream_addr) = (tunnel.local_addr()?, stream.local_addr()?);
@@ -145,6 +158,10 @@ impl CloudStream {
         tokio::spawn(server::serve(
             stream,
             stream_tls,
+            server::Access {
+                auth,
+                metrics: settings.metrics,
+            },
             sessions.clone(),
             client,
             shutdown.clone(),

@@ -6,9 +6,12 @@
 //! body once the tunnel is found; edge-side errors arrive as text in the body.
 //! `GET|POST /exec/…` and `/attach/…` are upgrades relayed byte for byte (see
 //! [`super::exec`]); `GET /stats…` and `/metrics…` go to the node found by IP or name (see
-//! [`super::metrics`]).
+//! [`super::metrics`]). Every request on a connection whose client certificate does not
+//! chain to the stream CA is answered 401 Unauthorized, as the kubelet ([`super::client_auth`]).
 
+use super::client_auth::Authenticator;
 use super::session::{MAX_CONNS, OpenError, Session, Sessions};
+use crate::metrics::{ReasonLabel, StreamMetrics};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
@@ -26,9 +29,17 @@ use tokio_util::sync::CancellationToken;
 
 pub(super) type Body = BoxBody<Bytes, Infallible>;
 
+/// Who may use the stream server, and the count of those refused.
+#[derive(Clone)]
+pub struct Access {
+    pub auth: Authenticator,
+    pub metrics: StreamMetrics,
+}
+
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    access: Access,
     sessions: Arc<Sessions>,
     client: kube::Client,
     shutdown: CancellationToken,
@@ -40,10 +51,27 @@ pub async fn serve(
         shutdown,
         move |tls, peer| {
             let (sessions, client) = (sessions.clone(), client.clone());
+            let authenticated = access.auth.check(tls.get_ref().1.peer_certificates());
+            match &authenticated {
+                Ok(cn) => tracing::debug!(%peer, client = %cn, "stream client authenticated"),
+                Err(refusal) => tracing::info!(%peer, %refusal, "stream client not authenticated"),
+            }
+            let metrics = access.metrics.clone();
             async move {
                 let svc = hyper::service::service_fn(move |req| {
                     let (sessions, client) = (sessions.clone(), client.clone());
-                    async move { Ok::<_, Infallible>(route(req, &sessions, client).await) }
+                    let refused = authenticated.as_ref().err().map(|r| r.reason());
+                    let metrics = metrics.clone();
+                    async move {
+                        if let Some(reason) = refused {
+                            metrics
+                                .requests_refused
+                                .get_or_create(&ReasonLabel { reason })
+                                .inc();
+                            return Ok::<_, Infallible>(unauthorized());
+                        }
+                        Ok::<_, Infallible>(route(req, &sessions, client).await)
+                    }
                 });
                 if let Err(e) = super::http1_server(super::HEADER_TIMEOUT)
                     .serve_connection(TokioIo::new(tls), svc)
@@ -62,6 +90,17 @@ pub(super) fn text(status: StatusCode, msg: String) -> Response<Body> {
     tracing::info!(%status, %msg, "stream request refused");
     let mut r = Response::new(Full::new(Bytes::from(msg)).boxed());
     *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// The kubelet's answer to an unauthenticated request.
+fn unauthorized() -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from_static(b"Unauthorized")).boxed());
+    *r.status_mut() = StatusCode::UNAUTHORIZED;
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain; charset=utf-8"),

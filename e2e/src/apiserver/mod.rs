@@ -146,6 +146,8 @@ pub struct ApiServer {
     url: String,
     kubeconfig_path: PathBuf,
     ca_der: Vec<u8>,
+    /// The client certificate and PKCS#8 key it presents to kubelets.
+    kubelet_client: (rustls_pki_types::CertificateDer<'static>, Vec<u8>),
     temp_dir: Option<PathBuf>,
     cancel: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -265,6 +267,7 @@ impl ApiServer {
             url,
             kubeconfig_path,
             ca_der: pki.ca_der,
+            kubelet_client: (pki.kubelet_client_der, pki.kubelet_client_key_der),
             temp_dir,
             cancel,
             tasks,
@@ -291,6 +294,22 @@ impl ApiServer {
     /// The cluster CA certificate (PEM).
     pub fn ca_pem(&self) -> &str {
         &self.state.ca_pem
+    }
+
+    /// The certificate and key this server presents to kubelets (`--kubelet-client-certificate`,
+    /// `CN=kube-apiserver-kubelet-client, O=system:masters`, signed by the cluster CA): for tests
+    /// that call a "kubelet" as the apiserver would.
+    pub fn kubelet_client_identity(
+        &self,
+    ) -> (
+        rustls_pki_types::CertificateDer<'static>,
+        rustls_pki_types::PrivateKeyDer<'static>,
+    ) {
+        let (cert, key) = &self.kubelet_client;
+        (
+            cert.clone(),
+            rustls_pki_types::PrivatePkcs8KeyDer::from(key.clone()).into(),
+        )
     }
 
     /// A kube-rs client for this server (admin token). Call within a Tokio runtime.

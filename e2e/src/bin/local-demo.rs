@@ -12,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use cloudcore::cloudstream::client_auth::ClientAuth;
 use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use e2e::apiserver::{ApiServer, Config as ApiConfig};
 use e2e::channel::Pki;
@@ -121,6 +122,16 @@ async fn main() -> anyhow::Result<()> {
             ca: vec![pki.ca.cert.cert_der.clone()],
             allow_legacy_cn: false,
             node_port: Some(0),
+            // Only the API server (its kubelet client certificate, from the cluster CA).
+            client_auth: ClientAuth::Verify(
+                api.kube_config()?
+                    .root_cert
+                    .into_iter()
+                    .flatten()
+                    .map(rustls_pki_types::CertificateDer::from)
+                    .collect(),
+            ),
+            metrics: Default::default(),
         },
         api.client()?,
     )

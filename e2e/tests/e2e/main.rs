@@ -15,4 +15,5 @@ mod metrics;
 mod objectsync;
 mod resilience;
 mod stream;
+mod stream_auth;
 mod tunnel_port;

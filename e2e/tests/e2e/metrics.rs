@@ -184,17 +184,11 @@ async fn kubectl_reads_edge_node_stats_and_resource_metrics() {
 /// "kubelet" directly), with its own Host and headers, on its own task.
 fn stream_request(
     stream: &cloudcore::cloudstream::CloudStream,
-    pki: &e2e::channel::Pki,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
     path: &str,
     headers: &[(&str, &str)],
 ) -> tokio::task::JoinHandle<(http::StatusCode, http::HeaderMap, Vec<u8>)> {
-    let cert = pki.node_cert("apiserver").expect("client cert");
-    let tls = kubeedge_shared::tls::client_config(
-        std::slice::from_ref(&pki.ca.cert.cert_der),
-        vec![cert.cert_der.clone()],
-        cert.key_der(),
-    )
-    .expect("client tls");
+    let tls = tls.clone();
     let addr = stream.stream_addr();
     let mut req = http::Request::get(path);
     for (k, v) in headers {
@@ -245,6 +239,7 @@ async fn next_message(reader: &mut WsReader<impl tokio::io::AsyncRead + Unpin>) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     let (env, stream) = stream_env("stream-metrics-go").await;
+    let apiserver = env.cluster.apiserver_stream_tls(&env.pki.ca.cert.cert_der);
     let node = e2e::edge::node_name("go-metrics");
     let ip = "10.77.0.9";
     // A KubeEdge edge: its tunnel with the node's certificate and KubeEdge's headers.
@@ -295,7 +290,7 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     let host = format!("{ip}:10350");
     let response = stream_request(
         &stream,
-        &env.pki,
+        &apiserver,
         "/stats/summary?only_cpu_and_memory=true",
         &[("host", host.as_str()), ("accept-encoding", "gzip")],
     );
@@ -335,7 +330,7 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     let forwarded = format!("/api/v1/nodes/{node}/proxy/metrics/resource");
     let response = stream_request(
         &stream,
-        &env.pki,
+        &apiserver,
         "/metrics/resource",
         &[
             ("host", "192.0.2.1:10350"),
@@ -371,7 +366,7 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     assert_eq!(got, b"scrape_error 0\n");
 
     // An edge that ends the request without a word: 502, not an empty 200.
-    let response = stream_request(&stream, &env.pki, "/metrics", &[("host", host.as_str())]);
+    let response = stream_request(&stream, &apiserver, "/metrics", &[("host", host.as_str())]);
     let connect = next_message(&mut reader).await;
     send(TunnelMessage::new(
         connect.connect_id,
@@ -390,7 +385,7 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     // No tunnel for the host or the forwarded node: KubeEdge's 500.
     let response = stream_request(
         &stream,
-        &env.pki,
+        &apiserver,
         "/stats/summary",
         &[("host", "192.0.2.1:10350")],
     );

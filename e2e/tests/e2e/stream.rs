@@ -4,6 +4,7 @@
 //! the real containerd. The node reports the stream server's port as its kubelet port (on a
 //! real multi-host cluster an iptables DNAT makes `<node IP>:<port>` reach cloudcore).
 
+use cloudcore::cloudstream::client_auth::ClientAuth;
 use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
@@ -29,6 +30,9 @@ pub(crate) async fn stream_env(prefix: &str) -> (EdgeEnv, CloudStream) {
             ca: vec![env.pki.ca.cert.cert_der.clone()],
             allow_legacy_cn: false,
             node_port: Some(0),
+            // The apiserver's kubelet client certificate is signed by the cluster CA.
+            client_auth: ClientAuth::Verify(env.cluster.cluster_ca()),
+            metrics: Default::default(),
         },
         env.cluster.client(),
     )
@@ -253,16 +257,10 @@ async fn next_message(reader: &mut WsReader<impl tokio::io::AsyncRead + Unpin>) 
 
 async fn stream_get(
     stream: &CloudStream,
-    pki: &e2e::channel::Pki,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
     path: &str,
 ) -> (http::StatusCode, hyper::body::Incoming) {
-    let cert = pki.node_cert("apiserver").expect("client cert");
-    let tls = kubeedge_shared::tls::client_config(
-        std::slice::from_ref(&pki.ca.cert.cert_der),
-        vec![cert.cert_der.clone()],
-        cert.key_der(),
-    )
-    .expect("client tls");
+    let tls = tls.clone();
     let tcp = tokio::net::TcpStream::connect(stream.stream_addr())
         .await
         .expect("connect");
@@ -299,6 +297,8 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
             ca: vec![pki.ca.cert.cert_der.clone()],
             allow_legacy_cn: false,
             node_port: Some(0),
+            client_auth: ClientAuth::Verify(cluster.cluster_ca()),
+            metrics: Default::default(),
         },
         cluster.client(),
     )
@@ -317,6 +317,8 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         .await
         .expect("pod created");
 
+    // The apiserver calls the stream server with its kubelet client certificate.
+    let apiserver = cluster.apiserver_stream_tls(&pki.ca.cert.cert_der);
     // The edge dials with its certificate and KubeEdge's headers.
     let cert = pki.node_cert(&node).expect("edge cert");
     let tls = edgecore::edgestream::tunnel::tunnel_tls(
@@ -377,8 +379,10 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     let path = format!("/containerLogs/{ns}/web/main?tailLines=5&follow=true");
     let (status, body) = {
         // Like KubeEdge, 200 comes once the tunnel is found; the body follows the edge.
-        let (connect, response) =
-            tokio::join!(next_message(&mut reader), stream_get(&stream, &pki, &path));
+        let (connect, response) = tokio::join!(
+            next_message(&mut reader),
+            stream_get(&stream, &apiserver, &path)
+        );
         assert_eq!(connect.kind, MessageType::LogsConnect);
         let v: serde_json::Value = serde_json::from_slice(&connect.data).expect("JSON");
         assert_eq!(v["MessID"], connect.connect_id);
@@ -417,8 +421,10 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     // A client that goes away: the edge is told with REMOVE_CONNECT for that connection.
     let (status, body) = {
         // Like KubeEdge, 200 comes once the tunnel is found; the body follows the edge.
-        let (connect, response) =
-            tokio::join!(next_message(&mut reader), stream_get(&stream, &pki, &path));
+        let (connect, response) = tokio::join!(
+            next_message(&mut reader),
+            stream_get(&stream, &apiserver, &path)
+        );
         let data = TunnelMessage::new(connect.connect_id, MessageType::Data, b"x".to_vec());
         w.write_all(&ws::encode_frame(
             ws::OP_TEXT,
@@ -449,7 +455,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     );
     let (connect, mut client) = tokio::join!(
         next_message(&mut reader),
-        stream_raw(&stream, &pki, &request)
+        stream_raw(&stream, &apiserver, &request)
     );
     assert_eq!(connect.kind, MessageType::ExecConnect);
     let v: serde_json::Value = serde_json::from_slice(&connect.data).expect("JSON");
@@ -516,7 +522,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     );
     let (connect, mut client) = tokio::join!(
         next_message(&mut reader),
-        stream_raw(&stream, &pki, &request)
+        stream_raw(&stream, &apiserver, &request)
     );
     assert_eq!(connect.kind, MessageType::AttachConnect);
     let v: serde_json::Value = serde_json::from_slice(&connect.data).expect("JSON");
@@ -555,7 +561,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         .expect("pod created");
     let (status, body) = stream_get(
         &stream,
-        &pki,
+        &apiserver,
         &format!("/containerLogs/{ns}/elsewhere/main"),
     )
     .await;
@@ -567,7 +573,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     );
     let mut client = stream_raw(
         &stream,
-        &pki,
+        &apiserver,
         &format!(
             "POST /exec/{ns}/elsewhere/main?command=true&stdout=1 HTTP/1.1\r\nHost: x\r\n\
              Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n"
@@ -595,15 +601,13 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
 type RawClient = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
 /// A TLS connection to the stream server with `request` (raw HTTP/1.1) written on it.
-async fn stream_raw(stream: &CloudStream, pki: &e2e::channel::Pki, request: &str) -> RawClient {
+async fn stream_raw(
+    stream: &CloudStream,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+    request: &str,
+) -> RawClient {
     use tokio::io::AsyncWriteExt;
-    let cert = pki.node_cert("apiserver").expect("client cert");
-    let tls = kubeedge_shared::tls::client_config(
-        std::slice::from_ref(&pki.ca.cert.cert_der),
-        vec![cert.cert_der.clone()],
-        cert.key_der(),
-    )
-    .expect("client tls");
+    let tls = tls.clone();
     let tcp = tokio::net::TcpStream::connect(stream.stream_addr())
         .await
         .expect("connect");
