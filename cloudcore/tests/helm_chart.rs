@@ -533,3 +533,70 @@ fn iptables_manager_internal_gets_net_admin_and_reaches_cloudcore_yaml() {
         assert!(c["securityContext"]["capabilities"]["add"].is_null());
     }
 }
+
+#[test]
+fn stream_clients_are_verified_against_the_service_account_ca_or_a_stream_ca_secret() {
+    use cloudcore::cloudstream::client_auth::SERVICE_ACCOUNT_CA;
+    let cfg_of = |docs: &[Value]| {
+        let cm = find(docs, "ConfigMap", "cloudcore").expect("ConfigMap");
+        let text = cm["data"]["cloudcore.yaml"]
+            .as_str()
+            .expect("cloudcore.yaml");
+        CloudCoreConfig::from_yaml(text).expect("loads")
+    };
+    // Default: no stream CA file, the service-account token (and its ca.crt) mounted, no opt-out.
+    let docs = render_chart(installed_values());
+    let cfg = cfg_of(&docs);
+    let stream = &cfg.modules.cloud_stream;
+    assert!(stream.enable && !stream.insecure_skip_client_verify);
+    let pod =
+        &find(&docs, "Deployment", "cloudcore").expect("Deployment")["spec"]["template"]["spec"];
+    let sa = find(&docs, "ServiceAccount", "cloudcore").expect("ServiceAccount");
+    assert_ne!(pod["automountServiceAccountToken"], false);
+    assert_ne!(sa["automountServiceAccountToken"], false);
+    let mounts = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts");
+    for m in mounts {
+        let path = m["mountPath"].as_str().expect("mountPath");
+        assert!(
+            !stream.tls_stream_ca_file.starts_with(path) && !SERVICE_ACCOUNT_CA.starts_with(path),
+            "{path} would hide the service-account CA or supply a stream CA"
+        );
+    }
+
+    // streamCASecret: its streamCA.crt is mounted where tlsStreamCAFile points.
+    let mut v = installed_values();
+    set(
+        &mut v,
+        "cloudCore.modules.cloudStream.streamCASecret",
+        json!("cloudcore"),
+    );
+    let docs = render_chart(v);
+    let cfg = cfg_of(&docs);
+    let pod =
+        &find(&docs, "Deployment", "cloudcore").expect("Deployment")["spec"]["template"]["spec"];
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"] == "stream-ca")
+        .expect("stream-ca mount");
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "stream-ca")
+        .expect("stream-ca volume");
+    assert_eq!(volume["secret"]["secretName"], "cloudcore");
+    let item = &volume["secret"]["items"][0];
+    assert_eq!(item["key"], "streamCA.crt");
+    assert_eq!(
+        format!(
+            "{}/{}",
+            mount["mountPath"].as_str().expect("mountPath"),
+            item["path"].as_str().expect("path")
+        ),
+        cfg.modules.cloud_stream.tls_stream_ca_file
+    );
+}
