@@ -84,7 +84,11 @@ impl Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refusal::NoCertificate => f.write_str("no client certificate"),
+            // Go clients (the kube-apiserver) send none when theirs is not from a CA the
+            // server names as acceptable: the stream CA.
+            Refusal::NoCertificate => f.write_str(
+                "no client certificate (or none issued by the stream CA, which Go clients then withhold)",
+            ),
             Refusal::Untrusted(e) => write!(f, "client certificate not trusted: {e}"),
         }
     }
