@@ -228,7 +228,8 @@ impl RawEdge {
 }
 
 /// A loopback TCP proxy that can freeze every connection (forward nothing, close nothing:
-/// a half-open link as a frozen peer or a dead NAT produces it), thaw again, and move to
+/// a half-open link as a frozen peer or a dead NAT produces it), thaw again, cut every open
+/// connection (both ends see it closed), delay what it forwards (added latency), and move to
 /// another upstream (a restarted cloudcore) while edges keep dialling the same address.
 pub struct FaultProxy {
     pub addr: SocketAddr,
@@ -242,6 +243,10 @@ struct ProxyState {
     /// Cancelled by `thaw`: ends the connections the freeze held. Taken under this lock
     /// together with a look at `frozen`, so a thaw never leaves a connection stuck.
     released: std::sync::Mutex<tokio_util::sync::CancellationToken>,
+    /// Cancelled by `cut`: closes the connections open at that moment.
+    cut: std::sync::Mutex<tokio_util::sync::CancellationToken>,
+    /// Added to every chunk's delivery, in microseconds.
+    latency_us: std::sync::atomic::AtomicU64,
 }
 
 impl ProxyState {
@@ -262,6 +267,8 @@ impl FaultProxy {
             frozen: std::sync::atomic::AtomicBool::new(false),
             upstream: std::sync::Mutex::new(upstream),
             released: std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()),
+            cut: std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()),
+            latency_us: std::sync::atomic::AtomicU64::new(0),
         });
         let stop = tokio_util::sync::CancellationToken::new();
         let (st, s) = (state.clone(), stop.clone());
@@ -275,10 +282,11 @@ impl FaultProxy {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
+                let cut = st.cut.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, st.clone(), s.clone()));
-                tokio::spawn(pump(sr, cw, st.clone(), s.clone()));
+                tokio::spawn(pump(cr, sw, st.clone(), s.clone(), cut.clone()));
+                tokio::spawn(pump(sr, cw, st.clone(), s.clone(), cut));
             }
         });
         Ok(FaultProxy { addr, state, stop })
@@ -305,6 +313,20 @@ impl FaultProxy {
         std::mem::take(&mut *released).cancel();
     }
 
+    /// Closes every open connection at once (both ends see it: a cloudcore or edge crash,
+    /// a reset by a middlebox); new connections flow.
+    pub fn cut(&self) {
+        std::mem::take(&mut *self.state.cut.lock().unwrap_or_else(|e| e.into_inner())).cancel();
+    }
+
+    /// Delays every chunk by `latency` in each direction (zero: none), open connections too.
+    pub fn set_latency(&self, latency: Duration) {
+        self.state.latency_us.store(
+            u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
     /// New connections go to `upstream` (open ones stay where they are).
     pub fn set_upstream(&self, upstream: SocketAddr) {
         *self
@@ -321,29 +343,51 @@ impl Drop for FaultProxy {
     }
 }
 
+/// Forwards `from` to `to` through a delay line (the latency at read time), until EOF, a
+/// write error, `stop` or `cut`; dropping the halves closes the sockets.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<ProxyState>,
     stop: tokio_util::sync::CancellationToken,
+    cut: tokio_util::sync::CancellationToken,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
-        };
-        if let Some(released) = state.frozen_until() {
-            // Swallow everything and keep both sockets open until thawed or dropped.
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = released.cancelled() => {}
+    let (tx, mut rx) = mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if let Some(released) = state.frozen_until() {
+                // Swallow everything and keep both sockets open until thawed or dropped.
+                released.cancelled().await;
+                return;
             }
-            return;
+            let latency =
+                Duration::from_micros(state.latency_us.load(std::sync::atomic::Ordering::SeqCst));
+            if tx
+                .send((tokio::time::Instant::now() + latency, buf[..n].to_vec()))
+                .is_err()
+            {
+                return;
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+    };
+    let write = async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
         }
+    };
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = cut.cancelled() => {}
+        // A frozen reader ends only when released; the writer then ends with the line.
+        _ = async { tokio::join!(read, write) } => {}
     }
 }

@@ -3,6 +3,7 @@
 mod apiserver_conformance;
 mod autonomy;
 mod channel;
+mod chaos;
 mod containerd_smoke;
 mod controllers;
 mod edged;
