@@ -34,7 +34,11 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // kube's per-request trace layer reports every failed request at ERROR
+                // without context (also those a shutdown aborts); the callers log failures.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+                }),
         )
         .init();
     kubeedge_shared::tls::install_default_provider();

@@ -15,6 +15,7 @@ pub struct CloudFixture {
     pub metrics: HubMetrics,
     pub controller_metrics: ControllerMetrics,
     shutdown: CancellationToken,
+    controllers: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// ObjectSync settings for tests: short intervals, and a Lease in `namespace` under a fresh
@@ -58,7 +59,7 @@ impl CloudFixture {
         let (cm, token) = (controller_metrics.clone(), shutdown.clone());
         let h = hub.clone();
         let r = ready.clone();
-        tokio::spawn(async move {
+        let controllers = tokio::spawn(async move {
             cloudcore::controller::run_with(client, h, upstream, r, cm, &sync, token).await
         });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -75,12 +76,22 @@ impl CloudFixture {
             metrics,
             controller_metrics,
             shutdown,
+            controllers: Some(controllers),
         })
     }
 
     pub fn stop(&self) {
         self.shutdown.cancel();
         self.hub.shutdown();
+    }
+
+    /// Stops and waits (up to 5 s) for the controllers to finish: their watches end before
+    /// the API server they watch goes away.
+    pub async fn shutdown(mut self) {
+        self.stop();
+        if let Some(c) = self.controllers.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), c).await;
+        }
     }
 }
 

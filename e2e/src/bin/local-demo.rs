@@ -31,7 +31,11 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // kube's per-request trace layer reports every failed request at ERROR
+                // without context (also those a shutdown aborts); the callers log failures.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+                }),
         )
         .with_target(false)
         .init();
@@ -253,8 +257,7 @@ async fn main() -> anyhow::Result<()> {
     let stopping = Instant::now();
     edge.shutdown().await;
     stream.shutdown();
-    cloud.stop();
-    drop(cloud);
+    cloud.shutdown().await;
     api.shutdown().await;
     let _ = std::fs::remove_dir_all(&demo_dir);
     tokio::task::spawn_blocking(move || drop(containerd))
