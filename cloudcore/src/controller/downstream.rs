@@ -4,7 +4,7 @@
 //! versions), fed by one cluster-wide watcher per kind: the apiserver load does not grow with
 //! the number of edge nodes, and nothing on the hot path takes a shared lock.
 
-use super::location::{ObjectKey, SharedLocation};
+use super::location::{ObjectKey, Released, SharedLocation};
 use super::objectsync::SyncRecords;
 use super::refs::pod_refs;
 use super::rest::{self, Kind, with_type_meta};
@@ -357,8 +357,9 @@ impl Downstream {
                     .cloned()
                     .collect();
                 for k in gone {
-                    if let Some(p) = self.remove_pod_entry(&k) {
+                    if let Some((p, released)) = self.remove_pod_entry(&k) {
                         self.send_pod(&p.node, Operation::Delete, &expand(&p.object));
+                        self.send_released(released);
                     }
                 }
                 self.mark_synced(Watched::Pods);
@@ -405,8 +406,9 @@ impl Downstream {
             None if terminating => Operation::Update,
             None => Operation::Insert,
         };
-        self.location.write().set_pod(key.clone(), &node, refs);
+        let released = self.location.write().set_pod(key.clone(), &node, refs);
         self.send_pod(&node, op, &value);
+        self.send_released(released);
         let object = compact(&value);
         self.pods_by_node
             .entry(node.clone())
@@ -426,25 +428,53 @@ impl Downstream {
 
     fn pod_deleted(&mut self, pod: &Pod) {
         let key = object_key(&pod.metadata);
-        let Some(p) = self.remove_pod_entry(&key) else {
+        let Some((p, released)) = self.remove_pod_entry(&key) else {
             return;
         };
         let object = serde_json::to_value(pod)
             .map(|v| with_type_meta(v, Kind::Pod))
             .unwrap_or_else(|_| expand(&p.object));
         self.send_pod(&p.node, Operation::Delete, &object);
+        self.send_released(released);
     }
 
-    fn remove_pod_entry(&mut self, key: &ObjectKey) -> Option<EdgePod> {
+    /// Tells a node to drop the configmaps and secrets none of its pods uses any more: it
+    /// gets no updates for them, so a kept copy would go stale (and a secret would linger).
+    fn send_released(&self, released: Released) {
+        for (ty, kind, keys) in [
+            ("configmap", Kind::ConfigMap, &released.configmaps),
+            ("secret", Kind::Secret, &released.secrets),
+        ] {
+            for key in keys {
+                let current = if kind == Kind::ConfigMap {
+                    self.configmaps.get(key)
+                } else {
+                    self.secrets.get(key)
+                };
+                let uid = current.map(|(uid, _)| uid.as_str()).unwrap_or_default();
+                let object = stub(kind, key, uid);
+                self.send(
+                    &released.node,
+                    Operation::Delete,
+                    ty,
+                    &key.0,
+                    &key.1,
+                    object,
+                );
+            }
+        }
+    }
+
+    fn remove_pod_entry(&mut self, key: &ObjectKey) -> Option<(EdgePod, Released)> {
         let p = self.pods.remove(key)?;
-        self.location.write().remove_pod(key);
+        let released = self.location.write().remove_pod(key);
         if let Some(keys) = self.pods_by_node.get_mut(&p.node) {
             keys.remove(key);
             if keys.is_empty() {
                 self.pods_by_node.remove(&p.node);
             }
         }
-        Some(p)
+        Some((p, released))
     }
 
     fn send_pod(&self, node: &str, op: Operation, pod: &Value) {
@@ -652,17 +682,19 @@ impl Downstream {
                 deleted += 1;
             }
         }
-        // Configmaps and secrets it holds that are gone or were replaced (before any update,
-        // so a replacement is not deleted after it arrives). Only once every watcher has
-        // listed: an object not seen yet is not gone.
+        // Configmaps and secrets it holds that are gone, were replaced, or that none of its
+        // pods uses any more (nothing would keep them fresh) — before any update, so a
+        // replacement is not deleted after it arrives. Only once every watcher has listed: an
+        // object not seen yet is not gone.
+        let (cms, secrets) = self.location.read().node_objects(node);
         for h in held.iter().filter(|_| self.ready.is_ready()) {
-            let (current, kind) = match h.resource_type.as_str() {
-                "configmap" => (&self.configmaps, Kind::ConfigMap),
-                "secret" => (&self.secrets, Kind::Secret),
+            let (current, kind, used) = match h.resource_type.as_str() {
+                "configmap" => (&self.configmaps, Kind::ConfigMap, &cms),
+                "secret" => (&self.secrets, Kind::Secret, &secrets),
                 _ => continue,
             };
             let key = (h.namespace.clone(), h.name.clone());
-            if current.get(&key).is_some_and(|(uid, _)| *uid == h.uid) {
+            if used.contains(&key) && current.get(&key).is_some_and(|(uid, _)| *uid == h.uid) {
                 continue;
             }
             let object = stub(kind, &key, &h.uid);
@@ -677,7 +709,6 @@ impl Downstream {
             deleted += 1;
         }
         // Configmaps and secrets its pods use.
-        let (cms, secrets) = self.location.read().node_objects(node);
         for (ty, kind, keys) in [
             ("configmap", Kind::ConfigMap, cms),
             ("secret", Kind::Secret, secrets),

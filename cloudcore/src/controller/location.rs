@@ -1,7 +1,8 @@
 //! LocationCache: which edge nodes need which configmap and secret.
 //!
 //! Unlike KubeEdge's, entries go away when the pods that caused them do (or their node is
-//! deleted), so a configmap change is never sent to a node that no longer uses it.
+//! deleted), so a configmap change is never sent to a node that no longer uses it; instead the
+//! node is told to drop its copy ([`Released`]), which would otherwise go stale there.
 
 use super::refs::PodRefs;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -29,24 +30,37 @@ fn add(map: &mut HashMap<ObjectKey, HashMap<String, u32>>, key: ObjectKey, node:
         .or_default() += 1;
 }
 
-fn remove(map: &mut HashMap<ObjectKey, HashMap<String, u32>>, key: &ObjectKey, node: &str) {
+/// Drops one reference; true when it was the node's last one.
+fn remove(map: &mut HashMap<ObjectKey, HashMap<String, u32>>, key: &ObjectKey, node: &str) -> bool {
+    let mut last = false;
     if let Some(nodes) = map.get_mut(key) {
         if let Some(n) = nodes.get_mut(node) {
             *n -= 1;
             if *n == 0 {
                 nodes.remove(node);
+                last = true;
             }
         }
         if nodes.is_empty() {
             map.remove(key);
         }
     }
+    last
+}
+
+/// Configmaps and secrets no pod on `node` references any more: the node should not keep them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Released {
+    pub node: String,
+    pub configmaps: Vec<ObjectKey>,
+    pub secrets: Vec<ObjectKey>,
 }
 
 impl LocationCache {
-    /// Records (or replaces) what a pod on `node` references.
-    pub fn set_pod(&mut self, pod: ObjectKey, node: &str, refs: PodRefs) {
-        self.remove_pod(&pod);
+    /// Records (or replaces) what a pod on `node` references; returns what the node no longer
+    /// uses because of the change.
+    pub fn set_pod(&mut self, pod: ObjectKey, node: &str, refs: PodRefs) -> Released {
+        let mut released = self.remove_pod(&pod);
         let ns = pod.0.clone();
         for cm in &refs.configmaps {
             add(&mut self.configmaps, (ns.clone(), cm.clone()), node);
@@ -59,11 +73,19 @@ impl LocationCache {
             .or_default()
             .insert(pod.clone());
         self.pods.insert(pod, (node.to_string(), refs));
+        released
+            .configmaps
+            .retain(|k| !self.node_uses(&released.node, k, false));
+        released
+            .secrets
+            .retain(|k| !self.node_uses(&released.node, k, true));
+        released
     }
 
-    pub fn remove_pod(&mut self, pod: &ObjectKey) {
+    /// Forgets a pod; returns what its node no longer uses.
+    pub fn remove_pod(&mut self, pod: &ObjectKey) -> Released {
         let Some((node, refs)) = self.pods.remove(pod) else {
-            return;
+            return Released::default();
         };
         if let Some(keys) = self.by_node.get_mut(&node) {
             keys.remove(pod);
@@ -71,12 +93,21 @@ impl LocationCache {
                 self.by_node.remove(&node);
             }
         }
+        let mut released = Released::default();
         for cm in &refs.configmaps {
-            remove(&mut self.configmaps, &(pod.0.clone(), cm.clone()), &node);
+            let key = (pod.0.clone(), cm.clone());
+            if remove(&mut self.configmaps, &key, &node) {
+                released.configmaps.push(key);
+            }
         }
         for s in &refs.secrets {
-            remove(&mut self.secrets, &(pod.0.clone(), s.clone()), &node);
+            let key = (pod.0.clone(), s.clone());
+            if remove(&mut self.secrets, &key, &node) {
+                released.secrets.push(key);
+            }
         }
+        released.node = node;
+        released
     }
 
     /// Forgets every pod of a deleted node.
@@ -175,10 +206,28 @@ mod tests {
     }
 
     #[test]
+    fn the_last_pod_of_a_node_releases_what_it_used() {
+        let mut lc = LocationCache::default();
+        lc.set_pod(k("ns", "p1"), "edge-1", refs(&["cfg"], &["s"]));
+        lc.set_pod(k("ns", "p2"), "edge-1", refs(&["cfg"], &[]));
+        lc.set_pod(k("ns", "p3"), "edge-2", refs(&["cfg"], &["s"]));
+        let r = lc.remove_pod(&k("ns", "p1"));
+        assert_eq!(r.node, "edge-1");
+        assert!(r.configmaps.is_empty(), "p2 on edge-1 still uses cfg");
+        assert_eq!(r.secrets, [k("ns", "s")], "edge-2's use does not count");
+        let r = lc.remove_pod(&k("ns", "p2"));
+        assert_eq!(r.configmaps, [k("ns", "cfg")]);
+        assert_eq!(lc.remove_pod(&k("ns", "gone")), Released::default());
+    }
+
+    #[test]
     fn updating_a_pod_replaces_its_references() {
         let mut lc = LocationCache::default();
         lc.set_pod(k("ns", "p"), "edge-1", refs(&["old"], &[]));
-        lc.set_pod(k("ns", "p"), "edge-1", refs(&["new"], &[]));
+        let r = lc.set_pod(k("ns", "p"), "edge-1", refs(&["new", "old2"], &[]));
+        assert_eq!(r.configmaps, [k("ns", "old")]);
+        let r = lc.set_pod(k("ns", "p"), "edge-1", refs(&["new"], &[]));
+        assert_eq!(r.configmaps, [k("ns", "old2")], "still used ones are kept");
         assert!(lc.configmap_nodes(&k("ns", "old")).is_empty());
         assert_eq!(lc.configmap_nodes(&k("ns", "new")).len(), 1);
         let (cms, _) = lc.node_objects("edge-1");

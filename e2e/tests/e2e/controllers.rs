@@ -153,7 +153,8 @@ async fn configmap_update_reaches_only_nodes_whose_pods_use_it() {
         "{seen:?}"
     );
 
-    // Once the pod is gone, the node no longer gets the configmap.
+    // Once the pod is gone, the node is told to drop its copy (nothing would keep it
+    // fresh), and no longer gets the configmap.
     pods.delete(
         "uses-cfg",
         &DeleteParams {
@@ -165,13 +166,20 @@ async fn configmap_update_reaches_only_nodes_whose_pods_use_it() {
     .unwrap();
     e1.expect(Operation::Delete, &format!("{}/pod/uses-cfg", s.ns))
         .await;
+    let dropped = e1
+        .expect(Operation::Delete, &format!("{}/configmap/cfg", s.ns))
+        .await;
+    let uid = cms.get("cfg").await.unwrap().metadata.uid.unwrap();
+    assert_eq!(dropped.content["metadata"]["uid"], uid.as_str());
     let patch = json!({"data": {"k": "3"}});
     cms.patch("cfg", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
     let seen = e1.drain(Duration::from_millis(700)).await;
     assert!(
-        seen.iter().all(|m| !m.route.resource.contains("configmap")),
+        seen.iter()
+            .all(|m| !(m.route.resource.contains("configmap/cfg")
+                && m.route.operation != Operation::Delete)),
         "{seen:?}"
     );
     delete_node(&s.cluster, &n1).await;

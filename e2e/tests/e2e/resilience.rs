@@ -717,3 +717,63 @@ async fn service_and_endpoints_queries_are_answered_from_the_cloud_cache() {
     delete_node(&cluster, &node).await;
     cluster.delete_namespace(&ns).await;
 }
+
+#[tokio::test]
+async fn reconnect_drops_held_configmaps_no_pod_of_the_node_uses() {
+    let cluster = cluster::connect().await.expect("cluster");
+    let ns = cluster.temp_namespace("unused").await.unwrap();
+    let pki = Pki::new().unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(cluster.client(), &ns);
+    let node = unique("edge-rs");
+    edge_node(&cluster, &node).await;
+    let used = cms
+        .create(&PostParams::default(), &configmap("used", "1"))
+        .await
+        .unwrap();
+    let unused = cms
+        .create(&PostParams::default(), &configmap("unused", "1"))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("p", &node, Some("used")))
+        .await
+        .unwrap();
+    let fx = CloudFixture::start(cluster.client(), &pki).await.unwrap();
+    let mut e = ModelEdge::connect(&fx, &pki, &node, true).await;
+    e.until("the pod", |e| e.pods() == names(&["p"])).await;
+
+    // The edge holds both configmaps at their current versions (say a pod that used `unused`
+    // went while the edge was away); it reconnects and reports them.
+    for cm in [&used, &unused] {
+        let name = cm.metadata.name.clone().unwrap();
+        let object = serde_json::to_value(cm).unwrap();
+        e.held.insert(
+            format!("{ns}/configmap/{name}"),
+            Held {
+                ty: "configmap".into(),
+                uid: uid_of(&object),
+                rv: cm.metadata.resource_version.clone().unwrap(),
+                object,
+            },
+        );
+    }
+    e.reconnect(&fx, &pki).await;
+    let unused_key = format!("{ns}/configmap/unused");
+    e.until("the unused configmap dropped", |e| {
+        !e.held.contains_key(&unused_key)
+    })
+    .await;
+    e.pump(QUIET).await;
+    assert!(e.held.contains_key(&format!("{ns}/configmap/used")));
+    assert_eq!(e.count(Operation::Delete, &unused_key), 1, "{:?}", e.log);
+    fx.stop();
+    delete_node(&cluster, &node).await;
+    cluster.delete_namespace(&ns).await;
+}
+
+fn uid_of(v: &Value) -> String {
+    v["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
