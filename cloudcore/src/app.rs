@@ -141,7 +141,8 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
 
 /// `modules.iptablesManager` with `enable` and mode `internal` (KubeEdge's default): the DNAT
 /// rules for every replica's tunnel port, installed from this process (hostNetwork and
-/// NET_ADMIN needed). Mode `external` leaves them to a separate iptables-manager.
+/// NET_ADMIN needed). Mode `external` leaves them to `cloudcore iptables-manager`
+/// ([`run_iptables_manager`]) or KubeEdge's iptables-manager.
 fn start_iptables_manager(
     cfg: &CloudCoreConfig,
     client: &kube::Client,
@@ -156,9 +157,36 @@ fn start_iptables_manager(
         client.clone(),
         crate::cloudstream::iptables::Iptables::default(),
         cfg.modules.cloud_stream.stream_port,
-        std::time::Duration::from_secs(10),
+        IPTABLES_SYNC_PERIOD,
         shutdown.clone(),
     ));
+}
+
+const IPTABLES_SYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `cloudcore iptables-manager`: only the iptables manager, as KubeEdge's iptables-manager
+/// DaemonSet for mode `external` (one per cloud node, hostNetwork, NET_ADMIN), with the
+/// stream port and API access of the same cloudcore.yaml. Runs until `shutdown`.
+pub async fn run_iptables_manager(
+    cfg: CloudCoreConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let client = kube_client(&cfg).await?;
+    let m = &cfg.modules.iptables_manager;
+    if !(m.enable && m.mode == "external") {
+        tracing::warn!(enable = m.enable, mode = %m.mode, "running the iptables manager standalone although the config does not ask for mode external");
+    }
+    let stream_port = cfg.modules.cloud_stream.stream_port;
+    tracing::info!(stream_port, "iptables manager running");
+    crate::cloudstream::iptables::run(
+        client,
+        crate::cloudstream::iptables::Iptables::default(),
+        stream_port,
+        IPTABLES_SYNC_PERIOD,
+        shutdown,
+    )
+    .await;
+    Ok(())
 }
 
 /// cloudstream on `streamPort`/`tunnelPort` of all addresses, with the tunnel certificate

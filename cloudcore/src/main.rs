@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 #[command(name = "cloudcore", version)]
 struct Args {
     /// Config file in KubeEdge's CloudCore layout.
-    #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+    #[arg(long, default_value = DEFAULT_CONFIG_PATH, global = true)]
     config: PathBuf,
     /// Print the full default configuration and exit.
     #[arg(long)]
@@ -19,6 +19,18 @@ struct Args {
     /// Print a minimal configuration and exit.
     #[arg(long)]
     minconfig: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Run only the iptables manager (KubeEdge's iptables-manager, for
+    /// `modules.iptablesManager.mode: external`): keeps nat chain TUNNEL-PORT on this host,
+    /// one DNAT per entry of ConfigMap kubeedge/tunnelport to `<replica IP>:<streamPort>`
+    /// (`modules.cloudStream.streamPort` of --config). Needs hostNetwork, NET_ADMIN and the
+    /// `iptables` binary.
+    IptablesManager,
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,7 +81,12 @@ fn main() -> std::process::ExitCode {
             tracing::info!("shutting down");
             s.cancel();
         });
-        cloudcore::app::run(cfg, shutdown).await
+        match args.command {
+            Some(Command::IptablesManager) => {
+                cloudcore::app::run_iptables_manager(cfg, shutdown).await
+            }
+            None => cloudcore::app::run(cfg, shutdown).await,
+        }
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -112,5 +129,30 @@ async fn wait_for_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iptables_manager_is_a_subcommand_taking_the_same_config() {
+        let a = Args::try_parse_from(["cloudcore", "iptables-manager", "--config", "/c.yaml"])
+            .expect("parses");
+        assert!(matches!(a.command, Some(Command::IptablesManager)));
+        assert_eq!(a.config, PathBuf::from("/c.yaml"));
+        let a = Args::try_parse_from(["cloudcore"]).expect("parses");
+        assert!(a.command.is_none());
+        assert_eq!(a.config, PathBuf::from(DEFAULT_CONFIG_PATH));
+        let help = Args::try_parse_from(["cloudcore", "iptables-manager", "--help"])
+            .err()
+            .expect("--help exits");
+        assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
+        let text = help.to_string();
+        assert!(
+            text.contains("TUNNEL-PORT") && text.contains("--config"),
+            "{text}"
+        );
     }
 }

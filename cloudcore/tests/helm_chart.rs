@@ -101,6 +101,61 @@ impl Scope {
     }
 }
 
+/// An `if` condition: `<expr>`, `eq <expr> "<literal>"`, `and`/`or` of operands that are
+/// `<expr>`s or parenthesized conditions.
+fn condition(cond: &str, scope: &Scope) -> bool {
+    let cond = cond.trim();
+    if let Some(inner) = cond.strip_prefix('(').and_then(|c| c.strip_suffix(')')) {
+        return condition(inner, scope);
+    }
+    if let Some(rest) = cond.strip_prefix("eq ") {
+        let (expr, lit) = rest.trim().split_once(' ').expect("eq takes two operands");
+        return scope.value(expr) == json!(lit.trim().trim_matches('"'));
+    }
+    let (is_and, rest) = match (cond.strip_prefix("and "), cond.strip_prefix("or ")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => return truthy(&scope.value(cond)),
+    };
+    // Operands: bare words, or groups up to the matching parenthesis.
+    let mut operands = Vec::new();
+    let (mut depth, mut start) = (0usize, None);
+    for (i, c) in rest.char_indices() {
+        match c {
+            '(' => {
+                if depth == 0 {
+                    start = Some(i);
+                }
+                depth += 1;
+            }
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    operands.push(&rest[start.take().expect("open")..=i]);
+                }
+            }
+            c if c.is_whitespace() && depth == 0 => {
+                if let Some(s) = start.take() {
+                    operands.push(&rest[s..i]);
+                }
+            }
+            _ if start.is_none() => start = Some(i),
+            _ => {}
+        }
+    }
+    assert_eq!(depth, 0, "unbalanced parentheses in {cond:?}");
+    if let Some(s) = start {
+        operands.push(&rest[s..]);
+    }
+    assert!(operands.len() >= 2, "{cond:?} needs two operands");
+    let mut values = operands.iter().map(|o| condition(o, scope));
+    if is_and {
+        values.all(|b| b)
+    } else {
+        values.any(|b| b)
+    }
+}
+
 /// Renders one template: `{{-`/`-}}` trim whitespace as in Go templates; `if` nests.
 fn render(template: &str, scope: &Scope) -> String {
     let mut out = String::new();
@@ -126,16 +181,7 @@ fn render(template: &str, scope: &Scope) -> String {
             out.push_str(text);
         }
         if let Some(cond) = action.strip_prefix("if ") {
-            let cond = cond.trim();
-            let holds = match cond.strip_prefix("eq ") {
-                // `eq <expr> "<literal>"`
-                Some(rest) => {
-                    let (expr, lit) = rest.trim().split_once(' ').expect("eq takes two operands");
-                    scope.value(expr) == json!(lit.trim().trim_matches('"'))
-                }
-                None => truthy(&scope.value(cond)),
-            };
-            emitting.push(holds);
+            emitting.push(condition(cond, scope));
         } else if action == "else" {
             let b = emitting.pop().expect("else without if");
             emitting.push(!b);
@@ -498,40 +544,163 @@ fn renderer_trims_and_nests_like_go_templates() {
         render(t, &scope),
         "k:\n  - x\n  - z\nn: 3\non: yes\nv: 9-kubeedge\n"
     );
+    for (cond, want) in [
+        ("and .Values.a.on (eq .Values.a.n \"3\")", false), // 3 is a number, not "3"
+        ("and .Values.a.on .Values.a.l", true),
+        ("and .Values.a.on .Values.a.off", false),
+        ("or .Values.a.off (and .Values.a.on (.Values.a.l))", true),
+        ("or .Values.a.off (and .Values.a.on .Values.a.off)", false),
+    ] {
+        assert_eq!(condition(cond, &scope), want, "{cond}");
+    }
 }
 
-#[test]
-fn iptables_manager_internal_gets_net_admin_and_reaches_cloudcore_yaml() {
-    let mut v = installed_values();
-    set(&mut v, "iptablesManager.enable", json!(true));
-    let docs = render_chart(v.clone());
-    let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment");
-    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+/// The pod spec's volume named by the mount at `path` of container `c`, if any.
+fn volume_at<'a>(pod: &'a Value, c: &Value, path: &str) -> Option<&'a Value> {
+    let mount = c["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| m["mountPath"] == path)?;
+    pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+}
+
+/// Root with only NET_ADMIN/NET_RAW, in the host's network namespace, sharing its iptables lock.
+fn assert_can_run_iptables(pod: &Value, c: &Value) {
+    assert_eq!(pod["hostNetwork"], true, "{pod}");
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    let sc = &c["securityContext"];
+    assert_eq!(sc["capabilities"]["add"], json!(["NET_ADMIN", "NET_RAW"]));
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(
-        c["securityContext"]["capabilities"]["add"],
-        json!(["NET_ADMIN", "NET_RAW"])
+        sc["runAsUser"], 0,
+        "added capabilities are effective only for root"
     );
-    assert_eq!(deploy["spec"]["template"]["spec"]["hostNetwork"], true);
-    let env = c["env"].as_array().expect("env");
-    let ip = env.iter().find(|e| e["name"] == "POD_IP").expect("POD_IP");
-    assert_eq!(ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
-    let cm = find(&docs, "ConfigMap", "cloudcore").expect("ConfigMap");
+    assert_ne!(sc["runAsNonRoot"], true);
+    assert_ne!(sc["privileged"], true);
+    let lock = volume_at(pod, c, "/run/xtables.lock").expect("xtables lock mounted");
+    assert_eq!(
+        lock["hostPath"],
+        json!({"path": "/run/xtables.lock", "type": "FileOrCreate"})
+    );
+}
+
+fn cloudcore_pod(docs: &[Value]) -> &Value {
+    &find(docs, "Deployment", "cloudcore").expect("Deployment")["spec"]["template"]["spec"]
+}
+
+fn iptables_config(docs: &[Value]) -> cloudcore::config::IptablesManagerConfig {
+    let cm = find(docs, "ConfigMap", "cloudcore").expect("ConfigMap");
     let text = cm["data"]["cloudcore.yaml"]
         .as_str()
         .expect("cloudcore.yaml");
-    let cfg = cloudcore::config::CloudCoreConfig::from_yaml(text).expect("loads");
-    assert!(cfg.modules.iptables_manager.enable);
-    assert_eq!(cfg.modules.iptables_manager.mode, "internal");
+    CloudCoreConfig::from_yaml(text)
+        .expect("loads")
+        .modules
+        .iptables_manager
+}
 
-    // External (KubeEdge's DaemonSet) or disabled: cloudcore keeps its unprivileged context.
-    set(&mut v, "iptablesManager.mode", json!("external"));
-    for values in [v.clone(), installed_values()] {
-        let docs = render_chart(values);
-        let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment");
-        let c = &deploy["spec"]["template"]["spec"]["containers"][0];
-        assert_eq!(c["securityContext"]["runAsNonRoot"], true);
-        assert!(c["securityContext"]["capabilities"]["add"].is_null());
-    }
+#[test]
+fn iptables_manager_defaults_to_an_external_daemonset_running_cloudcore_iptables_manager() {
+    use cloudcore::cloudstream::tunnel_port;
+    // KubeEdge's default: enabled, mode external; cloudcore itself stays unprivileged.
+    let docs = render_chart(installed_values());
+    let m = iptables_config(&docs);
+    assert!(m.enable);
+    assert_eq!(m.mode, "external");
+    let pod = cloudcore_pod(&docs);
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+    assert!(c["securityContext"]["capabilities"]["add"].is_null());
+    assert!(volume_at(pod, c, "/run/xtables.lock").is_none());
+
+    let ds = find(&docs, "DaemonSet", "cloud-iptables-manager").expect("DaemonSet");
+    assert_eq!(ds["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"],
+        ds["spec"]["template"]["metadata"]["labels"]
+    );
+    let ds_pod = &ds["spec"]["template"]["spec"];
+    let dc = &ds_pod["containers"][0];
+    assert_can_run_iptables(ds_pod, dc);
+    assert_eq!(dc["image"], c["image"], "the same cloudcore image");
+    let args: Vec<&str> = dc["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("arg"))
+        .collect();
+    assert_eq!(args[0], "iptables-manager");
+    // It reads the same cloudcore.yaml (ConfigMap cloudcore) as the Deployment.
+    let config = args[args
+        .iter()
+        .position(|a| *a == "--config")
+        .expect("--config")
+        + 1];
+    let dir = config.rsplit_once('/').expect("config path").0;
+    let conf = volume_at(ds_pod, dc, dir).expect("config mounted");
+    assert_eq!(conf["configMap"]["name"], "cloudcore");
+    assert_eq!(config, cloudcore::config::DEFAULT_CONFIG_PATH);
+    assert_eq!(
+        ds_pod["affinity"], pod["affinity"],
+        "on cloud nodes, not edges"
+    );
+
+    // Its service account may watch the tunnel port ConfigMap, and nothing else.
+    let sa = ds_pod["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName");
+    assert_ne!(sa, "cloudcore");
+    let binding = find(&docs, "RoleBinding", "iptables-manager").expect("RoleBinding");
+    assert_eq!(
+        binding["subjects"][0],
+        json!({"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE})
+    );
+    assert!(find(&docs, "ServiceAccount", sa).is_some());
+    let role_name = binding["roleRef"]["name"].as_str().expect("role");
+    let role = find(&docs, "Role", role_name).expect("Role");
+    assert_eq!(role["metadata"]["namespace"], tunnel_port::NAMESPACE);
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}])
+    );
+}
+
+#[test]
+fn iptables_manager_internal_runs_in_cloudcore_with_net_admin_and_the_host_lock() {
+    let mut v = installed_values();
+    set(&mut v, "iptablesManager.mode", json!("internal"));
+    // hostNetwork even when cloudCore.hostNetWork is off: the rules belong to the host.
+    set(&mut v, "cloudCore.hostNetWork", json!(false));
+    let docs = render_chart(v);
+    let m = iptables_config(&docs);
+    assert!(m.enable);
+    assert_eq!(m.mode, "internal");
+    let pod = cloudcore_pod(&docs);
+    let c = &pod["containers"][0];
+    assert_can_run_iptables(pod, c);
+    let env = c["env"].as_array().expect("env");
+    let ip = env.iter().find(|e| e["name"] == "POD_IP").expect("POD_IP");
+    assert_eq!(ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+    assert!(find(&docs, "DaemonSet", "cloud-iptables-manager").is_none());
+    assert!(find(&docs, "Role", "iptables-manager").is_none());
+
+    // Disabled: no rules anywhere, cloudcore unprivileged, no lock mount.
+    let mut v = installed_values();
+    set(&mut v, "iptablesManager.enable", json!(false));
+    let docs = render_chart(v);
+    assert!(!iptables_config(&docs).enable);
+    let pod = cloudcore_pod(&docs);
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+    assert!(c["securityContext"]["capabilities"]["add"].is_null());
+    assert!(volume_at(pod, c, "/run/xtables.lock").is_none());
+    assert_eq!(pod["hostNetwork"], true, "cloudCore.hostNetWork's default");
+    assert!(find(&docs, "DaemonSet", "cloud-iptables-manager").is_none());
 }
 
 #[test]

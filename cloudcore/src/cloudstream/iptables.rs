@@ -152,7 +152,7 @@ pub fn diff(
 #[derive(Debug, thiserror::Error)]
 pub enum IptablesError {
     #[error(
-        "iptables manager: the {0:?} binary was not found (install iptables in the cloudcore image, or set modules.iptablesManager.enable: false / mode: external)"
+        "iptables manager: the {0:?} binary was not found (install iptables in the image, as cloudcore/Dockerfile does, or set modules.iptablesManager.enable: false)"
     )]
     Missing(String),
     #[error(
