@@ -8,7 +8,7 @@
 //! connection and from then on bytes are relayed both ways; any other status is answered
 //! with its headers and body. Either side ending ends both (as the apiserver's proxy does).
 
-use super::server::{Body, ConnGuard, connector, open, session_for_pod, text};
+use super::server::{Body, ConnGuard, connect, session_for_pod, text};
 use super::session::Sessions;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
@@ -42,22 +42,12 @@ pub async fn serve(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let (guard, mut rx) = match open(sessions, &session) {
+    let method = Some(req.method().to_string());
+    let (guard, mut rx) = match connect(sessions, &session, kind, &req, method).await {
         Ok(c) => c,
-        Err(r) => return *r,
+        Err(r) => return r,
     };
     let id = guard.id;
-    let c = connector(id, &req, Some(req.method().to_string()));
-    let payload = match serde_json::to_vec(&c) {
-        Ok(p) => p,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    };
-    if !session.send(TunnelMessage::new(id, kind, payload)).await {
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the stream tunnel of {} has closed", session.node),
-        );
-    }
     tracing::debug!(node = %session.node, id, ?kind, path = %req.uri().path(), "exec/attach connection opened");
     let (head, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut rx)).await {
         Ok(Ok(x)) => x,

@@ -9,13 +9,13 @@
 //! within [`FIRST_DATA_TIMEOUT`] gets a 504, and the body is cut at [`MAX_BODY`] bytes or
 //! after [`IDLE_TIMEOUT`] of silence.
 
-use super::server::{Body, ConnGuard, connector, open, text};
+use super::server::{Body, ConnGuard, connect, text};
 use super::session::{Session, Sessions};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use kubeedge_shared::stream::{MessageType, TunnelMessage};
+use kubeedge_shared::stream::MessageType;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,24 +101,12 @@ pub async fn serve(req: Request<Incoming>, sessions: &Sessions) -> Response<Body
         Ok(s) => s,
         Err(msg) => return text(StatusCode::INTERNAL_SERVER_ERROR, msg),
     };
-    let (guard, mut rx) = match open(sessions, &session) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+    let (guard, mut rx) =
+        match connect(sessions, &session, MessageType::MetricConnect, &req, None).await {
+            Ok(c) => c,
+            Err(r) => return r,
+        };
     let id = guard.id;
-    let payload = match serde_json::to_vec(&connector(id, &req, None)) {
-        Ok(p) => p,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    };
-    if !session
-        .send(TunnelMessage::new(id, MessageType::MetricConnect, payload))
-        .await
-    {
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the stream tunnel of {} has closed", session.node),
-        );
-    }
     let path = req.uri().path().to_string();
     tracing::debug!(node = %session.node, id, %path, "metrics connection opened");
     let first = match tokio::time::timeout(FIRST_DATA_TIMEOUT, rx.recv()).await {

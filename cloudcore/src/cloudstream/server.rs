@@ -243,31 +243,45 @@ impl Drop for ConnGuard {
 /// What the edge sends on one connection.
 pub(super) type ConnData = tokio::sync::mpsc::Receiver<Vec<u8>>;
 
-/// A new connection on the pod's tunnel, ended (and the edge told) when the guard drops.
-pub(super) fn open(
+/// A new connection on the session's tunnel, announced to the edge as `kind` with the
+/// connect payload for `req`; ended (and the edge told) when the guard drops.
+pub(super) async fn connect(
     sessions: &Sessions,
     session: &Arc<Session>,
-) -> Result<(ConnGuard, ConnData), Box<Response<Body>>> {
-    match sessions.open(session) {
-        Ok((id, rx)) => Ok((
-            ConnGuard {
-                session: session.clone(),
-                id,
-            },
-            rx,
-        )),
-        Err(OpenError::Closed) => Err(Box::new(text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the stream tunnel of {} has closed", session.node),
-        ))),
-        Err(OpenError::Full) => Err(Box::new(text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "edge node {} already has {MAX_CONNS} open streams (logs -f, exec, attach); end some and retry",
-                session.node
-            ),
-        ))),
+    kind: MessageType,
+    req: &Request<Incoming>,
+    method: Option<String>,
+) -> Result<(ConnGuard, ConnData), Response<Body>> {
+    let (id, rx) = match sessions.open(session) {
+        Ok(c) => c,
+        Err(OpenError::Closed) => return Err(tunnel_closed(session)),
+        Err(OpenError::Full) => {
+            return Err(text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "edge node {} already has {MAX_CONNS} open streams (logs -f, exec, attach); end some and retry",
+                    session.node
+                ),
+            ));
+        }
+    };
+    let guard = ConnGuard {
+        session: session.clone(),
+        id,
+    };
+    let payload = serde_json::to_vec(&connector(id, req, method))
+        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    if !session.send(TunnelMessage::new(id, kind, payload)).await {
+        return Err(tunnel_closed(session));
     }
+    Ok((guard, rx))
+}
+
+fn tunnel_closed(session: &Session) -> Response<Body> {
+    text(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("the stream tunnel of {} has closed", session.node),
+    )
 }
 
 async fn logs(
@@ -281,24 +295,12 @@ async fn logs(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let (guard, rx) = match open(sessions, &session) {
+    let (guard, rx) = match connect(sessions, &session, MessageType::LogsConnect, &req, None).await
+    {
         Ok(c) => c,
-        Err(r) => return *r,
+        Err(r) => return r,
     };
     let id = guard.id;
-    let payload = match serde_json::to_vec(&connector(id, &req, None)) {
-        Ok(p) => p,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    };
-    if !session
-        .send(TunnelMessage::new(id, MessageType::LogsConnect, payload))
-        .await
-    {
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the stream tunnel of {} has closed", session.node),
-        );
-    }
     tracing::debug!(node = %session.node, id, path = %req.uri(), "logs connection opened");
     let frames = tokio_stream_from(rx).map(move |chunk| {
         let _keep = &guard;
