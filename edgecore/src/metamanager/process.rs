@@ -125,7 +125,15 @@ impl<L: CloudLink> Context<L> {
                     .submit(move |c| delete_pod_job(c, &key, uid.as_deref()))
                     .await
             } else {
-                store.submit(move |c| delete_job(c, &key)).await
+                // A delete naming a UID leaves a newer incarnation (another UID) alone; one
+                // without (KubeEdge's older cloud) removes the key.
+                let uid = object
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                store
+                    .submit(move |c| delete_job(c, &key, uid.as_deref()))
+                    .await
             }
         } else {
             let record = MetaRecord::new(key, ty, object.to_string());
@@ -178,7 +186,7 @@ impl<L: CloudLink> Context<L> {
             }
             Written::Deleted(DeleteOutcome::UidMismatch { stored_uid }) => {
                 tracing::info!(resource = %msg.route.resource, %stored_uid,
-                    "delete for another incarnation of the pod; stored pod kept");
+                    "delete for another incarnation of the object; stored one kept");
                 None
             }
         };
@@ -368,14 +376,12 @@ fn upsert_job(c: &rusqlite::Connection, r: &MetaRecord) -> Result<Written, Store
     super::store::upsert_object_in(c, r).map(Written::Upserted)
 }
 
-fn delete_job(c: &rusqlite::Connection, key: &str) -> Result<Written, StoreError> {
-    super::store::delete_key_in(c, key).map(|found| {
-        Written::Deleted(if found {
-            DeleteOutcome::Deleted
-        } else {
-            DeleteOutcome::Absent
-        })
-    })
+fn delete_job(
+    c: &rusqlite::Connection,
+    key: &str,
+    uid: Option<&str>,
+) -> Result<Written, StoreError> {
+    super::store::delete_object_in(c, key, uid).map(Written::Deleted)
 }
 
 fn delete_pod_job(

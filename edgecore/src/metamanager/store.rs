@@ -564,6 +564,28 @@ pub(crate) fn upsert_object_in(
     Ok(UpsertOutcome::Written)
 }
 
+/// Removes `key` unless `uid` is given and the stored object has another one (a delete of an
+/// older incarnation arriving after the newer one was stored).
+pub(crate) fn delete_object_in(
+    conn: &Connection,
+    key: &str,
+    uid: Option<&str>,
+) -> Result<DeleteOutcome, StoreError> {
+    let Some(stored) = stored_value(conn, key)? else {
+        return Ok(DeleteOutcome::Absent);
+    };
+    if let (Some(uid), Ok(v)) = (uid, serde_json::from_str::<Value>(&stored))
+        && let Some(stored_uid) = uid_of(&v)
+        && stored_uid != uid
+    {
+        return Ok(DeleteOutcome::UidMismatch {
+            stored_uid: stored_uid.to_string(),
+        });
+    }
+    delete_key_in(conn, key)?;
+    Ok(DeleteOutcome::Deleted)
+}
+
 pub(crate) fn delete_pod_in(
     conn: &Connection,
     key: &str,
@@ -817,6 +839,42 @@ mod tests {
         let v: Value =
             serde_json::from_str(&s.get("default/pod/a").await.unwrap().unwrap()).unwrap();
         assert_eq!(v["metadata"]["uid"], "u2");
+    }
+
+    #[test]
+    fn a_delete_naming_another_uid_keeps_the_newer_object() {
+        let d = tempfile::tempdir().unwrap();
+        let conn = open_connection(&d.path().join("edgecore.db")).unwrap();
+        let cm = |uid: &str| {
+            MetaRecord::new(
+                "ns/configmap/cfg".to_string(),
+                "configmap".to_string(),
+                json!({"metadata": {"name": "cfg", "namespace": "ns", "uid": uid, "resourceVersion": "5"}})
+                    .to_string(),
+            )
+        };
+        upsert_object_in(&conn, &cm("new")).unwrap();
+        assert_eq!(
+            delete_object_in(&conn, "ns/configmap/cfg", Some("old")).unwrap(),
+            DeleteOutcome::UidMismatch {
+                stored_uid: "new".into()
+            }
+        );
+        assert!(stored_value(&conn, "ns/configmap/cfg").unwrap().is_some());
+        assert_eq!(
+            delete_object_in(&conn, "ns/configmap/cfg", Some("new")).unwrap(),
+            DeleteOutcome::Deleted
+        );
+        upsert_object_in(&conn, &cm("x")).unwrap();
+        assert_eq!(
+            delete_object_in(&conn, "ns/configmap/cfg", None).unwrap(),
+            DeleteOutcome::Deleted,
+            "without a UID the key goes"
+        );
+        assert_eq!(
+            delete_object_in(&conn, "ns/configmap/cfg", None).unwrap(),
+            DeleteOutcome::Absent
+        );
     }
 
     #[tokio::test]
