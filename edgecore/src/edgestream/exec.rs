@@ -12,7 +12,7 @@ use crate::edged::runtime::{
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime,
 };
 use kubeedge_shared::stream::http::request_head;
-use kubeedge_shared::stream::{Connector, MessageType, TunnelMessage, parse_query};
+use kubeedge_shared::stream::{Connector, parse_query};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -234,16 +234,6 @@ pub async fn serve(
     mut data: mpsc::Receiver<Vec<u8>>,
     cancel: CancellationToken,
 ) {
-    let send = |bytes: Vec<u8>| {
-        let tunnel = tunnel.clone();
-        let cancel = cancel.clone();
-        async move {
-            tokio::select! {
-                _ = cancel.cancelled() => false,
-                ok = tunnel.send(TunnelMessage::new(id, MessageType::Data, bytes)) => ok,
-            }
-        }
-    };
     let started = async {
         let req = StreamRequest::parse(&connector.url.path, &connector.url.raw_query)?;
         let url = streaming_url(&runtime, &req).await?;
@@ -255,7 +245,7 @@ pub async fn serve(
             Ok(tcp) => Some(tcp),
             Err(refusal) => {
                 tracing::info!(id, path = %connector.url.path, status = refusal.0, error = %refusal.1, "exec/attach request refused");
-                send(error_response(&refusal)).await;
+                tunnel.data(id, error_response(&refusal), &cancel).await;
                 None
             }
         },
@@ -275,7 +265,7 @@ pub async fn serve(
                 n = rd.read(&mut buf) => match n {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        if !send(buf[..n].to_vec()).await {
+                        if !tunnel.data(id, buf[..n].to_vec(), &cancel).await {
                             break;
                         }
                     }
@@ -292,16 +282,7 @@ pub async fn serve(
         }
         tracing::debug!(id, "exec/attach stream ended");
     }
-    if !cancel.is_cancelled() {
-        tunnel
-            .send(TunnelMessage::new(
-                id,
-                MessageType::RemoveConnect,
-                Vec::new(),
-            ))
-            .await;
-    }
-    cancel.cancel();
+    tunnel.finish(id, &cancel).await;
 }
 
 #[cfg(test)]

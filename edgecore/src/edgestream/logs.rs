@@ -8,7 +8,7 @@ use super::crilog::{Decoder, LogOptions, tail_start};
 use super::tunnel::TunnelSender;
 use crate::cri::api;
 use crate::edged::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, Runtime};
-use kubeedge_shared::stream::{Connector, MessageType, TunnelMessage};
+use kubeedge_shared::stream::Connector;
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
@@ -39,16 +39,7 @@ pub async fn serve(
         tracing::info!(id, path = %connector.url.path, error = %msg, "container logs request failed");
         out.data(format!("{msg}\n").into_bytes()).await;
     }
-    if !cancel.is_cancelled() {
-        tunnel
-            .send(TunnelMessage::new(
-                id,
-                MessageType::RemoveConnect,
-                Vec::new(),
-            ))
-            .await;
-    }
-    cancel.cancel();
+    tunnel.finish(id, &cancel).await;
 }
 
 struct Out<'a> {
@@ -61,12 +52,7 @@ impl Out<'_> {
     /// Sends `data` as DATA frames; false once the connection is gone.
     async fn data(&self, data: Vec<u8>) -> bool {
         for chunk in data.chunks(CHUNK) {
-            let m = TunnelMessage::new(self.id, MessageType::Data, chunk.to_vec());
-            let sent = tokio::select! {
-                _ = self.cancel.cancelled() => false,
-                ok = self.tunnel.send(m) => ok,
-            };
-            if !sent {
+            if !self.tunnel.data(self.id, chunk.to_vec(), self.cancel).await {
                 return false;
             }
         }

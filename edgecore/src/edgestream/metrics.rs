@@ -8,7 +8,7 @@
 use super::tunnel::TunnelSender;
 use crate::edged::stats::StatsProvider;
 use crate::edged::stats::resource;
-use kubeedge_shared::stream::{self, Connector, MessageType, TunnelMessage};
+use kubeedge_shared::stream::{self, Connector};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -75,25 +75,11 @@ pub async fn serve(
     });
     tracing::debug!(id, %path, bytes = body.len(), "metrics answered");
     for chunk in frames(&body) {
-        let m = TunnelMessage::new(id, MessageType::Data, chunk);
-        let sent = tokio::select! {
-            _ = cancel.cancelled() => false,
-            ok = tunnel.send(m) => ok,
-        };
-        if !sent {
+        if !tunnel.data(id, chunk, &cancel).await {
             return;
         }
     }
-    if !cancel.is_cancelled() {
-        tunnel
-            .send(TunnelMessage::new(
-                id,
-                MessageType::RemoveConnect,
-                Vec::new(),
-            ))
-            .await;
-    }
-    cancel.cancel();
+    tunnel.finish(id, &cancel).await;
 }
 
 #[cfg(test)]

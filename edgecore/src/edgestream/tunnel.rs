@@ -145,6 +145,35 @@ impl TunnelSender {
     pub async fn send(&self, m: TunnelMessage) -> bool {
         self.0.send(m).await.is_ok()
     }
+
+    /// One DATA frame on connection `id`, unless the connection ends first; false once it
+    /// is gone.
+    pub async fn data(&self, id: u64, chunk: Vec<u8>, cancel: &CancellationToken) -> bool {
+        let m = TunnelMessage::new(id, MessageType::Data, chunk);
+        tokio::select! {
+            _ = cancel.cancelled() => false,
+            ok = self.send(m) => ok,
+        }
+    }
+
+    /// Tells the cloud connection `id` has ended.
+    pub async fn remove(&self, id: u64) -> bool {
+        self.send(TunnelMessage::new(
+            id,
+            MessageType::RemoveConnect,
+            Vec::new(),
+        ))
+        .await
+    }
+
+    /// The local side of connection `id` is done: the cloud is told unless it ended the
+    /// connection itself (no REMOVE_CONNECT echo).
+    pub async fn finish(&self, id: u64, cancel: &CancellationToken) {
+        if !cancel.is_cancelled() {
+            self.remove(id).await;
+        }
+        cancel.cancel();
+    }
 }
 
 /// A local connection: its cancellation and, for exec/attach, where its input goes.
@@ -153,19 +182,31 @@ struct Conn {
     data: Option<mpsc::Sender<Vec<u8>>>,
 }
 
+/// Registers local connection `id`, ended with the tunnel `session`.
+fn open(
+    conns: &mut HashMap<u64, Conn>,
+    session: &CancellationToken,
+    id: u64,
+    data: Option<mpsc::Sender<Vec<u8>>>,
+) -> CancellationToken {
+    let cancel = session.child_token();
+    conns.insert(
+        id,
+        Conn {
+            cancel: cancel.clone(),
+            data,
+        },
+    );
+    cancel
+}
+
 /// The connect payload of `m`; a bad one is answered with REMOVE_CONNECT.
 async fn connector_of(m: &TunnelMessage, sender: &TunnelSender) -> Option<Connector> {
     match serde_json::from_slice(&m.data) {
         Ok(c) => Some(c),
         Err(e) => {
             tracing::warn!(id = m.connect_id, kind = ?m.kind, error = %e, "bad connect payload");
-            let _ = sender
-                .send(TunnelMessage::new(
-                    m.connect_id,
-                    MessageType::RemoveConnect,
-                    Vec::new(),
-                ))
-                .await;
+            let _ = sender.remove(m.connect_id).await;
             None
         }
     }
@@ -248,14 +289,7 @@ pub async fn serve(
                 let Some(connector) = connector_of(&m, &sender).await else {
                     continue;
                 };
-                let token = session.child_token();
-                conns.insert(
-                    m.connect_id,
-                    Conn {
-                        cancel: token.clone(),
-                        data: None,
-                    },
-                );
+                let token = open(&mut conns, &session, m.connect_id, None);
                 tokio::spawn(super::logs::serve(
                     m.connect_id,
                     connector,
@@ -268,14 +302,7 @@ pub async fn serve(
                 let Some(connector) = connector_of(&m, &sender).await else {
                     continue;
                 };
-                let token = session.child_token();
-                conns.insert(
-                    m.connect_id,
-                    Conn {
-                        cancel: token.clone(),
-                        data: None,
-                    },
-                );
+                let token = open(&mut conns, &session, m.connect_id, None);
                 tokio::spawn(super::metrics::serve(
                     m.connect_id,
                     connector,
@@ -288,15 +315,8 @@ pub async fn serve(
                 let Some(connector) = connector_of(&m, &sender).await else {
                     continue;
                 };
-                let token = session.child_token();
                 let (data_tx, data_rx) = mpsc::channel(CONN_BUFFER);
-                conns.insert(
-                    m.connect_id,
-                    Conn {
-                        cancel: token.clone(),
-                        data: Some(data_tx),
-                    },
-                );
+                let token = open(&mut conns, &session, m.connect_id, Some(data_tx));
                 tokio::spawn(super::exec::serve(
                     m.connect_id,
                     connector,
@@ -331,24 +351,12 @@ pub async fn serve(
                     if let Some(c) = conns.remove(&m.connect_id) {
                         c.cancel.cancel();
                     }
-                    let _ = sender
-                        .send(TunnelMessage::new(
-                            m.connect_id,
-                            MessageType::RemoveConnect,
-                            Vec::new(),
-                        ))
-                        .await;
+                    let _ = sender.remove(m.connect_id).await;
                 }
             }
             other => {
                 tracing::warn!(kind = ?other, id = m.connect_id, "unsupported tunnel message type ignored");
-                let _ = sender
-                    .send(TunnelMessage::new(
-                        m.connect_id,
-                        MessageType::RemoveConnect,
-                        Vec::new(),
-                    ))
-                    .await;
+                let _ = sender.remove(m.connect_id).await;
             }
         }
     }
