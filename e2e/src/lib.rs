@@ -12,3 +12,4 @@ pub mod procfs;
 pub mod registry;
 pub mod reliablesyncs;
 pub mod sim_edge;
+pub mod stream_client;

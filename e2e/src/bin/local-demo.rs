@@ -12,13 +12,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use cloudcore::cloudstream::CloudStream;
 use cloudcore::cloudstream::client_auth::ClientAuth;
-use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use e2e::apiserver::{ApiServer, Config as ApiConfig};
 use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;
 use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE, PAUSE_IMAGE};
+use e2e::stream_client::loopback_settings;
 use edgecore::app::EdgeCore;
 use edgecore::config::EdgeCoreConfig;
 use edgecore::edged::EdgedConfig;
@@ -116,31 +117,18 @@ async fn main() -> anyhow::Result<()> {
     );
     // The stream tunnel for `kubectl logs`: the node reports the stream server's port as its
     // kubelet port, so the API server reaches cloudcore, which asks the edge over the tunnel.
-    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let stream = CloudStream::start(
-        StreamSettings {
-            stream_listen: local,
-            tunnel_listen: local,
-            chain: vec![pki.server.cert_der.clone()],
-            key: pki.server.key_der(),
-            ca: vec![pki.ca.cert.cert_der.clone()],
-            allow_legacy_cn: false,
-            node_port: Some(0),
-            // Only the API server (its kubelet client certificate, from the cluster CA).
-            client_auth: ClientAuth::Verify(
-                api.kube_config()?
-                    .root_cert
-                    .into_iter()
-                    .flatten()
-                    .map(rustls_pki_types::CertificateDer::from)
-                    .collect(),
-            ),
-            metrics: Default::default(),
-        },
-        api.client()?,
-    )
-    .await
-    .context("starting cloudstream")?;
+    // Only the API server (its kubelet client certificate, from the cluster CA).
+    let client_auth = ClientAuth::Verify(
+        api.kube_config()?
+            .root_cert
+            .into_iter()
+            .flatten()
+            .map(rustls_pki_types::CertificateDer::from)
+            .collect(),
+    );
+    let stream = CloudStream::start(loopback_settings(&pki, client_auth), api.client()?)
+        .await
+        .context("starting cloudstream")?;
     println!(
         "    cloudstream    https://{} (kubelet API), tunnel wss://{}",
         stream.stream_addr(),

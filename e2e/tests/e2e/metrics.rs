@@ -6,8 +6,9 @@
 use super::stream::stream_env;
 use e2e::edge::{WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
+use e2e::stream_client::{self, dial_tunnel, next_message};
 use http_body_util::BodyExt;
-use kubeedge_shared::stream::ws::{self, WsEvent, WsReader};
+use kubeedge_shared::stream::ws::{self, WsReader};
 use kubeedge_shared::stream::{MessageType, TunnelMessage};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -198,12 +199,7 @@ fn stream_request(
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .expect("request");
     tokio::spawn(async move {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-        let io = tokio_rustls::TlsConnector::from(tls)
-            .connect(name, tcp)
-            .await
-            .expect("stream server TLS");
+        let io = stream_client::dial(addr, tls).await;
         let (mut send, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
                 .await
@@ -224,18 +220,6 @@ fn stream_request(
     })
 }
 
-async fn next_message(reader: &mut WsReader<impl tokio::io::AsyncRead + Unpin>) -> TunnelMessage {
-    loop {
-        match tokio::time::timeout(WAIT, reader.next()).await {
-            Ok(Ok(Some(WsEvent::Data { payload, .. }))) => {
-                return TunnelMessage::decode(&payload).expect("a tunnel message");
-            }
-            Ok(Ok(Some(WsEvent::Pong(_)))) => continue,
-            other => panic!("expected a tunnel message, got {other:?}"),
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     let (env, stream) = stream_env("stream-metrics-go").await;
@@ -243,32 +227,7 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     let node = e2e::edge::node_name("go-metrics");
     let ip = "10.77.0.9";
     // A KubeEdge edge: its tunnel with the node's certificate and KubeEdge's headers.
-    let cert = env.pki.node_cert(&node).expect("edge cert");
-    let tls = edgecore::edgestream::tunnel::tunnel_tls(
-        std::slice::from_ref(&env.pki.ca.cert.cert_der),
-        vec![cert.cert_der.clone()],
-        cert.key_der(),
-    )
-    .expect("edge tls");
-    let tcp = tokio::net::TcpStream::connect(stream.tunnel_addr())
-        .await
-        .expect("tunnel tcp");
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let mut io = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .expect("tunnel TLS");
-    ws::client_handshake(
-        &mut io,
-        &stream.tunnel_addr().to_string(),
-        "/v1/kubeedge/connect",
-        &[
-            ("SessionHostNameOverride", &node),
-            ("SessionInternalIP", ip),
-        ],
-    )
-    .await
-    .expect("tunnel handshake");
+    let io = dial_tunnel(&stream, &env.pki, &node, ip).await;
     let (r, mut w) = tokio::io::split(io);
     let mut reader = WsReader::new(r, 2 << 20);
     wait_for("the tunnel session", WAIT, || async {

@@ -4,10 +4,13 @@
 //! the real containerd. The node reports the stream server's port as its kubelet port (on a
 //! real multi-host cluster an iptables DNAT makes `<node IP>:<port>` reach cloudcore).
 
+use cloudcore::cloudstream::CloudStream;
 use cloudcore::cloudstream::client_auth::ClientAuth;
-use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
+use e2e::stream_client::{
+    self, dial_tunnel, loopback_settings, next_message, read_response_head, send_raw,
+};
 use edgecore::app::EdgeCore;
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader};
 use kubeedge_shared::stream::{MessageType, TunnelMessage};
@@ -20,20 +23,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 pub(crate) async fn stream_env(prefix: &str) -> (EdgeEnv, CloudStream) {
     let mut env = EdgeEnv::start_with(EdgeOptions::new(prefix)).await;
     env.stop_edge().await;
-    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    // The apiserver's kubelet client certificate is signed by the cluster CA.
+    let client_auth = ClientAuth::Verify(env.cluster.cluster_ca());
     let stream = CloudStream::start(
-        StreamSettings {
-            stream_listen: local,
-            tunnel_listen: local,
-            chain: vec![env.pki.server.cert_der.clone()],
-            key: env.pki.server.key_der(),
-            ca: vec![env.pki.ca.cert.cert_der.clone()],
-            allow_legacy_cn: false,
-            node_port: Some(0),
-            // The apiserver's kubelet client certificate is signed by the cluster CA.
-            client_auth: ClientAuth::Verify(env.cluster.cluster_ca()),
-            metrics: Default::default(),
-        },
+        loopback_settings(&env.pki, client_auth),
         env.cluster.client(),
     )
     .await
@@ -242,33 +235,12 @@ fn gorilla_text_fragments(m: &TunnelMessage) -> Vec<u8> {
     first
 }
 
-async fn next_message(reader: &mut WsReader<impl tokio::io::AsyncRead + Unpin>) -> TunnelMessage {
-    loop {
-        match tokio::time::timeout(WAIT, reader.next()).await {
-            Ok(Ok(Some(WsEvent::Data { opcode, payload }))) => {
-                assert_eq!(opcode, ws::OP_TEXT, "tunnel messages travel in TEXT frames");
-                return TunnelMessage::decode(&payload).expect("a tunnel message");
-            }
-            Ok(Ok(Some(WsEvent::Pong(_)))) => continue,
-            other => panic!("expected a tunnel message, got {other:?}"),
-        }
-    }
-}
-
 async fn stream_get(
     stream: &CloudStream,
     tls: &std::sync::Arc<rustls::ClientConfig>,
     path: &str,
 ) -> (http::StatusCode, hyper::body::Incoming) {
-    let tls = tls.clone();
-    let tcp = tokio::net::TcpStream::connect(stream.stream_addr())
-        .await
-        .expect("connect");
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let io = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .expect("stream server TLS (certificate for 127.0.0.1)");
+    let io = stream_client::connect(stream, tls).await;
     let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
         .await
         .expect("http");
@@ -287,19 +259,8 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     e2e::edge::init_logs();
     let cluster = e2e::cluster::connect().await.expect("cluster");
     let pki = e2e::channel::Pki::new().expect("pki");
-    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let stream = CloudStream::start(
-        StreamSettings {
-            stream_listen: local,
-            tunnel_listen: local,
-            chain: vec![pki.server.cert_der.clone()],
-            key: pki.server.key_der(),
-            ca: vec![pki.ca.cert.cert_der.clone()],
-            allow_legacy_cn: false,
-            node_port: Some(0),
-            client_auth: ClientAuth::Verify(cluster.cluster_ca()),
-            metrics: Default::default(),
-        },
+        loopback_settings(&pki, ClientAuth::Verify(cluster.cluster_ca())),
         cluster.client(),
     )
     .await
@@ -320,32 +281,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     // The apiserver calls the stream server with its kubelet client certificate.
     let apiserver = cluster.apiserver_stream_tls(&pki.ca.cert.cert_der);
     // The edge dials with its certificate and KubeEdge's headers.
-    let cert = pki.node_cert(&node).expect("edge cert");
-    let tls = edgecore::edgestream::tunnel::tunnel_tls(
-        std::slice::from_ref(&pki.ca.cert.cert_der),
-        vec![cert.cert_der.clone()],
-        cert.key_der(),
-    )
-    .expect("edge tls");
-    let tcp = tokio::net::TcpStream::connect(stream.tunnel_addr())
-        .await
-        .expect("tunnel tcp");
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let mut io = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .expect("tunnel TLS");
-    ws::client_handshake(
-        &mut io,
-        &stream.tunnel_addr().to_string(),
-        "/v1/kubeedge/connect",
-        &[
-            ("SessionHostNameOverride", &node),
-            ("SessionInternalIP", "10.9.8.7"),
-        ],
-    )
-    .await
-    .expect("tunnel handshake");
+    let io = dial_tunnel(&stream, &pki, &node, "10.9.8.7").await;
     let (r, mut w) = tokio::io::split(io);
     let mut reader = WsReader::new(r, 2 << 20);
     wait_for("the tunnel session", WAIT, || async {
@@ -455,7 +391,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     );
     let (connect, mut client) = tokio::join!(
         next_message(&mut reader),
-        stream_raw(&stream, &apiserver, &request)
+        send_raw(&stream, &apiserver, &request)
     );
     assert_eq!(connect.kind, MessageType::ExecConnect);
     let v: serde_json::Value = serde_json::from_slice(&connect.data).expect("JSON");
@@ -522,7 +458,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     );
     let (connect, mut client) = tokio::join!(
         next_message(&mut reader),
-        stream_raw(&stream, &apiserver, &request)
+        send_raw(&stream, &apiserver, &request)
     );
     assert_eq!(connect.kind, MessageType::AttachConnect);
     let v: serde_json::Value = serde_json::from_slice(&connect.data).expect("JSON");
@@ -571,7 +507,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         String::from_utf8_lossy(&text).contains("no stream tunnel from edge node no-tunnel-node"),
         "{text:?}"
     );
-    let mut client = stream_raw(
+    let mut client = send_raw(
         &stream,
         &apiserver,
         &format!(
@@ -596,50 +532,6 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         String::from_utf8_lossy(&body).contains("no stream tunnel from edge node no-tunnel-node"),
         "{body:?}"
     );
-}
-
-type RawClient = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
-
-/// A TLS connection to the stream server with `request` (raw HTTP/1.1) written on it.
-async fn stream_raw(
-    stream: &CloudStream,
-    tls: &std::sync::Arc<rustls::ClientConfig>,
-    request: &str,
-) -> RawClient {
-    use tokio::io::AsyncWriteExt;
-    let tls = tls.clone();
-    let tcp = tokio::net::TcpStream::connect(stream.stream_addr())
-        .await
-        .expect("connect");
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let mut io = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .expect("stream server TLS");
-    io.write_all(request.as_bytes()).await.expect("request");
-    io
-}
-
-/// Reads a response head off `io`: the head and the bytes read after it.
-async fn read_response_head(
-    io: &mut RawClient,
-) -> (kubeedge_shared::stream::http::ResponseHead, Vec<u8>) {
-    use tokio::io::AsyncReadExt;
-    let mut buf = Vec::new();
-    loop {
-        if let Some((head, used)) =
-            kubeedge_shared::stream::http::parse_response_head(&buf).expect("a response head")
-        {
-            return (head, buf.split_off(used));
-        }
-        let mut b = [0u8; 1024];
-        let n = tokio::time::timeout(WAIT, io.read(&mut b))
-            .await
-            .expect("an answer in time")
-            .expect("read");
-        assert!(n > 0, "connection ended before a response head: {buf:?}");
-        buf.extend_from_slice(&b[..n]);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

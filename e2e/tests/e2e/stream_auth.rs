@@ -9,12 +9,15 @@ use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use cloudcore::metrics::{ReasonLabel, StreamMetrics};
 use e2e::edge::{WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
+use e2e::stream_client::{
+    dial_tunnel, loopback_settings, next_message, read_response_head, send_raw,
+};
 use kubeedge_shared::pki::CertificateAuthority;
 use kubeedge_shared::stream::MessageType;
-use kubeedge_shared::stream::ws::{self, WsEvent, WsReader};
+use kubeedge_shared::stream::ws::WsReader;
 use serde_json::json;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 /// Sends `request` (raw HTTP/1.1) over a fresh TLS connection made with `tls`; the status and
 /// body of the answer.
@@ -23,30 +26,9 @@ async fn call(
     tls: &Arc<rustls::ClientConfig>,
     request: &str,
 ) -> (u16, String) {
-    let tcp = tokio::net::TcpStream::connect(stream.stream_addr())
-        .await
-        .expect("connect");
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let mut io = tokio_rustls::TlsConnector::from(tls.clone())
-        .connect(name, tcp)
-        .await
-        .expect("the handshake succeeds (the kubelet answers 401, it does not refuse TLS)");
-    io.write_all(request.as_bytes()).await.expect("request");
-    let mut buf = Vec::new();
-    let (head, mut body) = loop {
-        if let Some((head, used)) =
-            kubeedge_shared::stream::http::parse_response_head(&buf).expect("a response head")
-        {
-            break (head, buf.split_off(used));
-        }
-        let mut b = [0u8; 1024];
-        let n = tokio::time::timeout(WAIT, io.read(&mut b))
-            .await
-            .expect("an answer in time")
-            .expect("read");
-        assert!(n > 0, "connection ended before a response head: {buf:?}");
-        buf.extend_from_slice(&b[..n]);
-    };
+    // The handshake succeeds: the kubelet answers 401, it does not refuse TLS.
+    let mut io = send_raw(stream, tls, request).await;
+    let (head, mut body) = read_response_head(&mut io).await;
     let len: usize = head
         .header("content-length")
         .and_then(|l| l.parse().ok())
@@ -69,18 +51,10 @@ async fn the_stream_server_serves_only_clients_with_a_certificate_from_the_strea
     let cluster = e2e::cluster::connect().await.expect("cluster");
     let pki = e2e::channel::Pki::new().expect("pki");
     let metrics = StreamMetrics::default();
-    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let stream = CloudStream::start(
         StreamSettings {
-            stream_listen: local,
-            tunnel_listen: local,
-            chain: vec![pki.server.cert_der.clone()],
-            key: pki.server.key_der(),
-            ca: vec![pki.ca.cert.cert_der.clone()],
-            allow_legacy_cn: false,
-            node_port: Some(0),
-            client_auth: ClientAuth::Verify(cluster.cluster_ca()),
             metrics: metrics.clone(),
+            ..loopback_settings(&pki, ClientAuth::Verify(cluster.cluster_ca()))
         },
         cluster.client(),
     )
@@ -99,31 +73,7 @@ async fn the_stream_server_serves_only_clients_with_a_certificate_from_the_strea
 
     // The node's tunnel is up (a KubeEdge-style edge), so every route would reach it.
     let cert = pki.node_cert(&node).expect("edge cert");
-    let tunnel_tls = edgecore::edgestream::tunnel::tunnel_tls(
-        std::slice::from_ref(&pki.ca.cert.cert_der),
-        vec![cert.cert_der.clone()],
-        cert.key_der(),
-    )
-    .expect("edge tls");
-    let tcp = tokio::net::TcpStream::connect(stream.tunnel_addr())
-        .await
-        .expect("tunnel tcp");
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let mut io = tokio_rustls::TlsConnector::from(tunnel_tls)
-        .connect(name, tcp)
-        .await
-        .expect("tunnel TLS");
-    ws::client_handshake(
-        &mut io,
-        &stream.tunnel_addr().to_string(),
-        "/v1/kubeedge/connect",
-        &[
-            ("SessionHostNameOverride", &node),
-            ("SessionInternalIP", "10.9.8.7"),
-        ],
-    )
-    .await
-    .expect("tunnel handshake");
+    let io = dial_tunnel(&stream, &pki, &node, "10.9.8.7").await;
     let mut reader = WsReader::new(io, 2 << 20);
     wait_for("the tunnel session", WAIT, || async {
         stream.is_connected(&node).then_some(())
@@ -188,24 +138,8 @@ async fn the_stream_server_serves_only_clients_with_a_certificate_from_the_strea
     // hears is its request, none of the refused ones.
     let apiserver = cluster.apiserver_stream_tls(&pki.ca.cert.cert_der);
     let stats = "GET /stats/summary HTTP/1.1\r\nHost: 10.9.8.7:10350\r\n\r\n";
-    let tcp = tokio::net::TcpStream::connect(stream.stream_addr())
-        .await
-        .expect("connect");
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let mut client = tokio_rustls::TlsConnector::from(apiserver)
-        .connect(name, tcp)
-        .await
-        .expect("apiserver TLS");
-    client.write_all(stats.as_bytes()).await.expect("request");
-    let first = loop {
-        match tokio::time::timeout(WAIT, reader.next()).await {
-            Ok(Ok(Some(WsEvent::Data { payload, .. }))) => {
-                break kubeedge_shared::stream::TunnelMessage::decode(&payload).expect("message");
-            }
-            Ok(Ok(Some(WsEvent::Pong(_)))) => continue,
-            other => panic!("expected the apiserver's request on the tunnel, got {other:?}"),
-        }
-    };
+    let _client = send_raw(&stream, &apiserver, stats).await;
+    let first = next_message(&mut reader).await;
     assert_eq!(first.kind, MessageType::MetricConnect);
     let v: serde_json::Value = serde_json::from_slice(&first.data).expect("JSON");
     assert_eq!(v["url"]["Path"], "/stats/summary");
