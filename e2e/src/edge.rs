@@ -95,6 +95,23 @@ impl EdgeEnv {
         env
     }
 
+    /// Starts everything on a containerd of its own (for tests that kill all its containers
+    /// or change its images) and waits for the node to be Ready. Bound in the order returned,
+    /// the containerd outlives the edge.
+    pub async fn start_on_own_containerd(prefix: &str) -> (Containerd, EdgeEnv) {
+        let containerd = tokio::task::spawn_blocking(Containerd::start)
+            .await
+            .expect("starting a containerd")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let env = Self::start_with(EdgeOptions {
+            endpoint: Some(containerd.endpoint()),
+            ..EdgeOptions::new(prefix)
+        })
+        .await;
+        env.wait_node_ready().await;
+        (containerd, env)
+    }
+
     /// Starts everything; does not wait for the node to be Ready.
     pub async fn start_with(options: EdgeOptions) -> EdgeEnv {
         init_logs();

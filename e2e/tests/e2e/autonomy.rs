@@ -11,7 +11,6 @@
 //! link (nothing forwarded, nothing closed), `thaw` restores it. `E2E_LOG=edgecore=debug`
 //! shows edgecore's log.
 
-use e2e::containerd::Containerd;
 use e2e::edge::{
     EdgeEnv, EdgeOptions, WAIT, condition, container_id, exec, is_running_and_ready, poll_until,
     runtime_objects, wait_for,
@@ -171,16 +170,7 @@ async fn event_count(env: &EdgeEnv, uid: &str, reason: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_reboot_without_the_cloud_pods_come_back_from_the_database_and_converge() {
     // The reboot kills every container of the runtime: this test has a containerd of its own.
-    let containerd = tokio::task::spawn_blocking(Containerd::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut env = EdgeEnv::start_with(EdgeOptions {
-        endpoint: Some(containerd.endpoint()),
-        ..EdgeOptions::new("autonomy-reboot")
-    })
-    .await;
-    env.wait_node_ready().await;
+    let (containerd, mut env) = EdgeEnv::start_on_own_containerd("autonomy-reboot").await;
     let cms: Api<ConfigMap> = Api::namespaced(env.cluster.client(), &env.ns);
     let cm: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "settings"}, "data": {"greeting": "before"},

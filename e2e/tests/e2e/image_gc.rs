@@ -13,7 +13,7 @@
 //! keeps running.
 
 use e2e::containerd::Containerd;
-use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, container_id, wait_for};
+use e2e::edge::{EdgeEnv, WAIT, container_id, wait_for};
 use e2e::images::{BUSYBOX_IMAGE, LayerBuilder, OciImage, PAUSE_IMAGE, repository_and_tag};
 use edgecore::app::EdgeCore;
 use edgecore::config::TailoredKubeletConfig;
@@ -110,16 +110,7 @@ async fn node_events(env: &EdgeEnv, reason: &str) -> Vec<Event> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unused_images_are_collected_on_disk_pressure_and_over_the_high_threshold() {
-    let containerd = tokio::task::spawn_blocking(Containerd::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut env = EdgeEnv::start_with(EdgeOptions {
-        endpoint: Some(containerd.endpoint()),
-        ..EdgeOptions::new("image-gc")
-    })
-    .await;
-    env.wait_node_ready().await;
+    let (containerd, mut env) = EdgeEnv::start_on_own_containerd("image-gc").await;
     let cri = env.cri().await;
     env.create_pod(json!({
         "metadata": {"name": "user"},
