@@ -234,14 +234,21 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
         stream.is_connected(&node).then_some(())
     })
     .await;
-    let mut send = async |m: TunnelMessage| {
-        w.write_all(&ws::encode_frame(
-            ws::OP_TEXT,
-            &m.encode(),
-            Some([3, 1, 4, 1]),
-        ))
-        .await
-        .expect("write");
+    // The edge's answer to connection `id`: each line in a DATA frame, then REMOVE_CONNECT.
+    let mut answer = async |id: u64, lines: &[&str]| {
+        let data = lines
+            .iter()
+            .map(|l| TunnelMessage::new(id, MessageType::Data, l.as_bytes().to_vec()));
+        let remove = TunnelMessage::new(id, MessageType::RemoveConnect, Vec::new());
+        for m in data.chain([remove]) {
+            w.write_all(&ws::encode_frame(
+                ws::OP_TEXT,
+                &m.encode(),
+                Some([3, 1, 4, 1]),
+            ))
+            .await
+            .expect("write");
+        }
     };
 
     // A client calling the node's "kubelet" by its IP: METRIC_CONNECT with Go's url.URL; the
@@ -265,20 +272,8 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     assert_eq!(v["header"]["Accept-Encoding"], json!(["gzip"]));
     let id = connect.connect_id;
     let body = "{\"node\":{\"nodeName\":\"go\"},\n\"pods\":[]}\n";
-    for line in body.split_inclusive('\n') {
-        send(TunnelMessage::new(
-            id,
-            MessageType::Data,
-            line.as_bytes().to_vec(),
-        ))
-        .await;
-    }
-    send(TunnelMessage::new(
-        id,
-        MessageType::RemoveConnect,
-        Vec::new(),
-    ))
-    .await;
+    let lines: Vec<&str> = body.split_inclusive('\n').collect();
+    answer(id, &lines).await;
     let (status, headers, got) = response.await.expect("client task");
     assert_eq!(status, http::StatusCode::OK);
     assert_eq!(headers["content-type"], "application/json");
@@ -302,18 +297,7 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     assert_eq!(v["url"]["Path"], "/metrics/resource");
     assert_eq!(v["header"]["X-Forwarded-Uri"], json!([forwarded]));
     let id = connect.connect_id;
-    send(TunnelMessage::new(
-        id,
-        MessageType::Data,
-        b"scrape_error 0\n".to_vec(),
-    ))
-    .await;
-    send(TunnelMessage::new(
-        id,
-        MessageType::RemoveConnect,
-        Vec::new(),
-    ))
-    .await;
+    answer(id, &["scrape_error 0\n"]).await;
     let (status, headers, got) = response.await.expect("client task");
     assert_eq!(status, http::StatusCode::OK);
     assert!(
@@ -327,12 +311,7 @@ async fn cloudstream_relays_metric_connect_to_a_kubeedge_edge() {
     // An edge that ends the request without a word: 502, not an empty 200.
     let response = stream_request(&stream, &apiserver, "/metrics", &[("host", host.as_str())]);
     let connect = next_message(&mut reader).await;
-    send(TunnelMessage::new(
-        connect.connect_id,
-        MessageType::RemoveConnect,
-        Vec::new(),
-    ))
-    .await;
+    answer(connect.connect_id, &[]).await;
     let (status, _, got) = response.await.expect("client task");
     assert_eq!(
         status,

@@ -13,6 +13,16 @@ use std::process::Command;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// An in-memory cluster of the test's own (`None` where the tests run against a shared one).
+async fn own_cluster() -> Option<e2e::cluster::TestCluster> {
+    e2e::cluster::connect_in_memory_only(
+        e2e::apiserver::Config::for_tests(),
+        "its own kubeedge/tunnelport ConfigMap",
+    )
+    .await
+    .unwrap()
+}
+
 async fn record(client: &kube::Client) -> TunnelPortRecord {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
     let cm = api.get(CONFIGMAP).await.expect("tunnelport ConfigMap");
@@ -21,12 +31,7 @@ async fn record(client: &kube::Client) -> TunnelPortRecord {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_negotiate_distinct_tunnel_ports_and_a_restart_keeps_its_port() {
-    let Some(cluster) = e2e::cluster::connect_in_memory_only(
-        e2e::apiserver::Config::for_tests(),
-        "its own kubeedge/tunnelport ConfigMap",
-    )
-    .await
-    .unwrap() else {
+    let Some(cluster) = own_cluster().await else {
         return;
     };
     let client = cluster.client();
@@ -157,12 +162,7 @@ fn connect_through(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_iptables_manager_dnats_each_tunnel_port_to_its_replicas_stream_port() {
-    let Some(cluster) = e2e::cluster::connect_in_memory_only(
-        e2e::apiserver::Config::for_tests(),
-        "its own kubeedge/tunnelport ConfigMap",
-    )
-    .await
-    .unwrap() else {
+    let Some(cluster) = own_cluster().await else {
         return;
     };
     let version = Command::new("iptables").arg("-V").output();
