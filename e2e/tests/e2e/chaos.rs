@@ -97,11 +97,11 @@ fn schedule(rng: &mut StdRng, total: Duration) -> Vec<(Duration, Fault)> {
         .collect()
 }
 
-fn configmap(name: &str, v: &str) -> ConfigMap {
+pub(crate) fn configmap(name: &str, v: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": v}})).unwrap()
 }
 
-fn secret(name: &str, v: &str) -> Secret {
+pub(crate) fn secret(name: &str, v: &str) -> Secret {
     Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.to_string()),
@@ -131,7 +131,7 @@ fn chaos_pod(name: &str, cm: usize, sec: usize, env_sec: usize, generation: u64)
 }
 
 /// The configmaps and secrets a pod (JSON) uses: volumes, projected sources, env, envFrom.
-fn uses(pod: &Value, cms: &mut BTreeSet<String>, secrets: &mut BTreeSet<String>) {
+pub(crate) fn uses(pod: &Value, cms: &mut BTreeSet<String>, secrets: &mut BTreeSet<String>) {
     let name = |v: &Value| v.as_str().map(str::to_string);
     let spec = &pod["spec"];
     for v in spec["volumes"].as_array().into_iter().flatten() {

@@ -4,6 +4,7 @@ mod apiserver_conformance;
 mod autonomy;
 mod channel;
 mod chaos;
+mod chaos_kubeedge;
 mod containerd_smoke;
 mod controllers;
 mod edged;

@@ -1,0 +1,760 @@
+//! Randomized fault injection against a simulated KubeEdge v1.15 edge: no update is lost on the
+//! ObjectSync path.
+//!
+//! A real KubeEdge edgecore sends no inventory; cloudcore records every acknowledged delivery
+//! in ObjectSync records and resends from them on connect and every resync interval. Here a
+//! [`RawEdge`] without capabilities is wrapped in a small model of KubeEdge's metamanager
+//! (`edge/pkg/metamanager/process.go`, `handleMessage`): insert/update/response store the object
+//! under its key unconditionally (`InsertOrUpdate`, no resourceVersion check); a pod delete
+//! removes the row only when the stored value contains the delete's UID
+//! (`DeleteMetaByKeyAndPodUID`); any other delete removes the key; each is ACKed `"OK"`. Like
+//! edged, it asks the cloud (remote `query`) for the configmaps and secrets its pods use and
+//! it lacks, and asks the cloud to delete (grace 0, UID precondition) each pod it holds with a
+//! `deletionTimestamp`, again on every connect and every second (kubelet's status manager).
+//!
+//! A seeded RNG drives pods bound to the node (created, relabelled, deleted gracefully,
+//! force-deleted and re-created under the same name) and configmap/secret updates, deletions
+//! and re-creations, interleaved with faults on the edge's link (`FaultProxy`): cuts,
+//! blackholes (the frozen connection is closed when the link thaws, or earlier by the edge's own
+//! send timeout; the edge then redials), added latency, one cloudcore restart. After healing,
+//! the edge must hold exactly the cluster's pods (same UID, labels and spec), the configmaps and
+//! secrets they use, every configmap/secret it holds at the cluster's UID, resourceVersion and
+//! data, and the node's ObjectSync records must name exactly what it holds, at the held
+//! version. `CHAOS_SEED` replays a schedule (printed), `CHAOS_SECS` sets the chaos phase
+//! (default 40).
+
+use crate::chaos::{configmap, secret, uses};
+use e2e::apiserver::Config;
+use e2e::channel::{FaultProxy, Pki, RawEdge};
+use e2e::cloud::{CloudFixture, test_sync_options};
+use e2e::cluster::{self, TestCluster};
+use e2e::reliablesyncs;
+use e2e::sim_edge::{edge_node, unique};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kubeedge_shared::content::content_json;
+use kubeedge_shared::{Group, Message, Operation};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+const CONFIGS: usize = 3;
+const MAX_PODS: usize = 6;
+const CONVERGE: Duration = Duration::from_secs(15);
+/// A send the link does not take within this is a dead connection (the edge's own timeout).
+const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The simulated metamanager's table: key (`<ns>/<type>/<name>`) → stored object.
+#[derive(Default)]
+struct EdgeDb {
+    rows: BTreeMap<String, Value>,
+    connects: u32,
+}
+
+type Db = Arc<Mutex<EdgeDb>>;
+
+fn lock(db: &Db) -> std::sync::MutexGuard<'_, EdgeDb> {
+    db.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn type_of(key: &str) -> &str {
+    key.split('/').nth(1).unwrap_or("")
+}
+
+/// The object a remote query's reply carries (KubeEdge stores `Object` of an `ObjectResp`,
+/// else the content); `None` for errors.
+fn reply_object(content: &Value) -> Option<Value> {
+    let v = content_json(content).ok()?;
+    let v = match v.get("Object") {
+        Some(o) if v.get("Err").is_none_or(Value::is_null) => o.clone(),
+        Some(_) => return None,
+        None => v,
+    };
+    v["metadata"]["uid"].is_string().then_some(v)
+}
+
+/// One connection's worth of metamanager + edged behaviour; returns when the link is dead.
+async fn session(raw: &mut RawEdge, db: &Db, ns: &str, stop: &CancellationToken) {
+    let mut queries: HashMap<String, String> = HashMap::new();
+    let mut last_chores = Instant::now() - Duration::from_secs(10);
+    loop {
+        if last_chores.elapsed() >= Duration::from_secs(1) {
+            last_chores = Instant::now();
+            if chores(raw, db, ns, &mut queries).await.is_err() {
+                return;
+            }
+        }
+        let m = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = raw.recv(Duration::from_millis(200)) => match r {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
+                Err(_) => return,
+            },
+        };
+        let key = m.route.resource.clone();
+        let ty = type_of(&key).to_string();
+        let mut reply = None;
+        match m.route.operation {
+            Operation::Insert | Operation::Update if m.route.group == Group::Resource => {
+                let Ok(obj) = content_json(&m.content) else {
+                    continue;
+                };
+                let terminating = ty == "pod" && !obj["metadata"]["deletionTimestamp"].is_null();
+                lock(db).rows.insert(key.clone(), obj.clone());
+                reply = Some(Message::ack_for(&m));
+                if terminating && send(raw, &pod_delete(&key, &obj)).await.is_err() {
+                    return;
+                }
+            }
+            Operation::Delete => {
+                let obj = content_json(&m.content).unwrap_or(Value::Null);
+                let mut d = lock(db);
+                if ty == "pod" {
+                    let uid = obj["metadata"]["uid"].as_str().unwrap_or("");
+                    if d.rows
+                        .get(&key)
+                        .is_some_and(|v| v.to_string().contains(uid))
+                    {
+                        d.rows.remove(&key);
+                    }
+                } else {
+                    d.rows.remove(&key);
+                }
+                reply = Some(Message::ack_for(&m));
+            }
+            Operation::Response => {
+                if let Some(qkey) = queries.remove(&m.header.parent_id)
+                    && let Some(obj) = reply_object(&m.content)
+                {
+                    lock(db).rows.insert(qkey, obj);
+                    reply = Some(Message::ack_for(&m));
+                }
+            }
+            _ => {
+                if m.requires_ack() {
+                    reply = Some(Message::ack_for(&m));
+                }
+            }
+        }
+        if let Some(r) = reply
+            && send(raw, &r).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+async fn send(raw: &mut RawEdge, m: &Message) -> Result<(), ()> {
+    match tokio::time::timeout(SEND_TIMEOUT, raw.send(m)).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(()),
+    }
+}
+
+/// edged's `Pods(ns).Delete` with grace 0 and a UID precondition, through metamanager.
+fn pod_delete(key: &str, pod: &Value) -> Message {
+    Message::new(
+        "edged",
+        Group::Meta,
+        Operation::Delete,
+        key.to_string(),
+        json!({"gracePeriodSeconds": 0, "preconditions": {"uid": pod["metadata"]["uid"]}}),
+    )
+}
+
+/// edged's periodic work: delete terminating pods, fetch the configmaps/secrets pods need.
+async fn chores(
+    raw: &mut RawEdge,
+    db: &Db,
+    ns: &str,
+    queries: &mut HashMap<String, String>,
+) -> Result<(), ()> {
+    let mut out = Vec::new();
+    {
+        let d = lock(db);
+        let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
+        for (key, pod) in d.rows.iter().filter(|(k, _)| type_of(k) == "pod") {
+            if pod["metadata"]["deletionTimestamp"].is_null() {
+                uses(pod, &mut cms, &mut secrets);
+            } else {
+                out.push(pod_delete(key, pod));
+            }
+        }
+        let wanted = cms
+            .iter()
+            .map(|n| format!("{ns}/configmap/{n}"))
+            .chain(secrets.iter().map(|n| format!("{ns}/secret/{n}")));
+        for key in wanted.filter(|k| !d.rows.contains_key(k)) {
+            let q = Message::new(
+                "edged",
+                Group::Meta,
+                Operation::Query,
+                key.clone(),
+                Value::Null,
+            );
+            queries.insert(q.header.id.clone(), key);
+            out.push(q);
+        }
+    }
+    for m in &out {
+        send(raw, m).await?;
+    }
+    Ok(())
+}
+
+/// The edge: dials through the proxy until stopped, one session per connection.
+async fn run_edge(
+    addr: std::net::SocketAddr,
+    node: String,
+    tls: Arc<rustls::ClientConfig>,
+    db: Db,
+    ns: String,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let dialled = tokio::time::timeout(
+            Duration::from_secs(3),
+            RawEdge::connect(addr, &node, tls.clone()),
+        )
+        .await;
+        if let Ok(Ok(mut raw)) = dialled {
+            lock(&db).connects += 1;
+            session(&mut raw, &db, &ns, &stop).await;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Cut,
+    Blackhole(Duration),
+    Latency(Duration, Duration),
+    CloudRestart(Duration),
+}
+
+impl Fault {
+    fn duration(self) -> Duration {
+        match self {
+            Fault::Cut => Duration::ZERO,
+            Fault::Blackhole(d) | Fault::Latency(_, d) | Fault::CloudRestart(d) => d,
+        }
+    }
+}
+
+fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(rng.random_range(lo..=hi))
+}
+
+fn schedule(rng: &mut StdRng, total: Duration) -> Vec<(Duration, Fault)> {
+    let mut faults = vec![
+        Fault::Cut,
+        Fault::Cut,
+        Fault::Blackhole(ms(rng, 1500, 4000)),
+        Fault::Blackhole(ms(rng, 1500, 4000)),
+        Fault::Latency(ms(rng, 50, 300), ms(rng, 2000, 4000)),
+        Fault::CloudRestart(ms(rng, 300, 2500)),
+    ];
+    for i in (1..faults.len()).rev() {
+        faults.swap(i, rng.random_range(0..=i));
+    }
+    let slot = total / faults.len() as u32;
+    faults
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let room = slot.saturating_sub(f.duration()).as_millis() as u64;
+            let at = slot * i as u32 + Duration::from_millis(rng.random_range(0..=room));
+            (at, f)
+        })
+        .collect()
+}
+
+fn chaos_pod(name: &str, node: &str, rng: &mut StdRng, generation: u64) -> Pod {
+    let mut pick = || rng.random_range(0..CONFIGS);
+    let (cm, sec, env_sec) = (pick(), pick(), pick());
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"gen": generation.to_string()}},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox",
+                "env": [{"name": "SEC", "valueFrom":
+                    {"secretKeyRef": {"name": format!("sec-{env_sec}"), "key": "v"}}}],
+                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"},
+                    {"name": "sec", "mountPath": "/etc/sec"}]}],
+            "volumes": [{"name": "cfg", "configMap": {"name": format!("cm-{cm}")}},
+                {"name": "sec", "secret": {"secretName": format!("sec-{sec}")}}]},
+    }))
+    .expect("a Pod")
+}
+
+struct Driver {
+    rng: StdRng,
+    node: String,
+    pods: Api<Pod>,
+    cms: Api<ConfigMap>,
+    secrets: Api<Secret>,
+    step: u64,
+    ops: BTreeMap<&'static str, usize>,
+}
+
+impl Driver {
+    fn pick(&mut self, n: usize) -> usize {
+        self.rng.random_range(0..n)
+    }
+
+    /// One random change; API errors are fine (the cluster is the truth, whatever it became).
+    async fn change(&mut self) {
+        self.step += 1;
+        let step = self.step.to_string();
+        let pods = self
+            .pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let names: Vec<String> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        let pp = PostParams::default();
+        let op = match self.pick(100) {
+            0..=24 => {
+                let cm = format!("cm-{}", self.pick(CONFIGS));
+                let patch = json!({"data": {"v": step}});
+                let r = self
+                    .cms
+                    .patch(&cm, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+                if r.is_err() {
+                    let _ = self.cms.create(&pp, &configmap(&cm, &step)).await;
+                    "configmap created"
+                } else {
+                    "configmap updated"
+                }
+            }
+            25..=29 => {
+                let cm = format!("cm-{}", self.pick(CONFIGS));
+                let _ = self.cms.delete(&cm, &DeleteParams::default()).await;
+                "configmap deleted"
+            }
+            30..=44 => {
+                let s = format!("sec-{}", self.pick(CONFIGS));
+                if self
+                    .secrets
+                    .replace(&s, &pp, &secret(&s, &step))
+                    .await
+                    .is_err()
+                {
+                    let _ = self.secrets.create(&pp, &secret(&s, &step)).await;
+                    "secret created"
+                } else {
+                    "secret updated"
+                }
+            }
+            45..=48 => {
+                let s = format!("sec-{}", self.pick(CONFIGS));
+                let _ = self.secrets.delete(&s, &DeleteParams::default()).await;
+                "secret deleted"
+            }
+            49..=66 if pods.len() < MAX_PODS => {
+                let pod = chaos_pod(&format!("pod-{step}"), &self.node, &mut self.rng, self.step);
+                let _ = self.pods.create(&pp, &pod).await;
+                "pod created"
+            }
+            67..=79 if !names.is_empty() => {
+                let name = names[self.pick(names.len())].clone();
+                let patch = json!({"metadata": {"labels": {"gen": step}}});
+                let _ = self
+                    .pods
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+                "pod relabelled"
+            }
+            80..=89 if !names.is_empty() => {
+                let name = names[self.pick(names.len())].clone();
+                let _ = self.pods.delete(&name, &DeleteParams::default()).await;
+                "pod deleted"
+            }
+            90..=99 if !names.is_empty() => {
+                let name = names[self.pick(names.len())].clone();
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                };
+                let _ = self.pods.delete(&name, &dp).await;
+                let pod = chaos_pod(&name, &self.node, &mut self.rng, self.step);
+                let _ = self.pods.create(&pp, &pod).await;
+                "pod force-replaced"
+            }
+            _ => "nothing",
+        };
+        *self.ops.entry(op).or_default() += 1;
+    }
+
+    async fn recreate_missing(&mut self) {
+        let pp = PostParams::default();
+        for i in 0..CONFIGS {
+            let (cm, s) = (format!("cm-{i}"), format!("sec-{i}"));
+            if self.cms.get_opt(&cm).await.ok().flatten().is_none() {
+                let _ = self.cms.create(&pp, &configmap(&cm, "healed")).await;
+            }
+            if self.secrets.get_opt(&s).await.ok().flatten().is_none() {
+                let _ = self.secrets.create(&pp, &secret(&s, "healed")).await;
+            }
+        }
+    }
+}
+
+/// cloudcore behind the proxy, restartable.
+struct Cloud {
+    cluster: TestCluster,
+    pki: Pki,
+    ns: String,
+    fx: Option<CloudFixture>,
+    link: FaultProxy,
+}
+
+impl Cloud {
+    async fn start(&mut self) {
+        let fx = CloudFixture::start_with(
+            self.cluster.client(),
+            &self.pki,
+            test_sync_options(&self.ns),
+        )
+        .await
+        .expect("cloudcore");
+        self.link.set_upstream(fx.hub.local_addr());
+        self.fx = Some(fx);
+    }
+
+    async fn stop(&mut self) {
+        if let Some(fx) = self.fx.take() {
+            fx.shutdown().await;
+        }
+        self.link.cut();
+    }
+}
+
+fn str_at(v: &Value, p: &str) -> String {
+    v.pointer(p)
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Everything that differs between the cluster, the edge's table and the node's records.
+async fn differences(c: &TestCluster, ns: &str, node: &str, db: &Db) -> Vec<String> {
+    let mut diff = Vec::new();
+    let client = c.client();
+    let (Ok(pods), Ok(cms), Ok(secrets), Ok(records)) = (
+        Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await,
+        Api::<ConfigMap>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await,
+        Api::<Secret>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await,
+        reliablesyncs::list(&client).await,
+    ) else {
+        diff.push("cannot list the cluster's objects".into());
+        return diff;
+    };
+    let mut cluster: BTreeMap<String, Value> = BTreeMap::new();
+    let (mut used_cms, mut used_secrets) = (BTreeSet::new(), BTreeSet::new());
+    for p in &pods.items {
+        let v = serde_json::to_value(p).expect("pod JSON");
+        if p.metadata.deletion_timestamp.is_some() {
+            diff.push(format!(
+                "pod {} still terminating in the cluster",
+                str_at(&v, "/metadata/name")
+            ));
+        }
+        uses(&v, &mut used_cms, &mut used_secrets);
+        cluster.insert(format!("{ns}/pod/{}", str_at(&v, "/metadata/name")), v);
+    }
+    for o in &cms.items {
+        let v = serde_json::to_value(o).expect("configmap JSON");
+        cluster.insert(
+            format!("{ns}/configmap/{}", str_at(&v, "/metadata/name")),
+            v,
+        );
+    }
+    for o in &secrets.items {
+        let v = serde_json::to_value(o).expect("secret JSON");
+        cluster.insert(format!("{ns}/secret/{}", str_at(&v, "/metadata/name")), v);
+    }
+    let rows = lock(db).rows.clone();
+    for (key, v) in cluster.iter().filter(|(k, _)| type_of(k) == "pod") {
+        match rows.get(key) {
+            None => diff.push(format!("{key} missing on the edge")),
+            Some(r) if str_at(r, "/metadata/uid") != str_at(v, "/metadata/uid") => {
+                diff.push(format!(
+                    "{key}: edge holds uid {}, cluster {}",
+                    str_at(r, "/metadata/uid"),
+                    str_at(v, "/metadata/uid")
+                ))
+            }
+            Some(r) => {
+                if r["metadata"]["labels"] != v["metadata"]["labels"] || r["spec"] != v["spec"] {
+                    diff.push(format!(
+                        "{key}: edge labels {} rv {}, cluster labels {} rv {} (or specs differ)",
+                        r["metadata"]["labels"],
+                        str_at(r, "/metadata/resourceVersion"),
+                        v["metadata"]["labels"],
+                        str_at(v, "/metadata/resourceVersion")
+                    ));
+                }
+            }
+        }
+    }
+    for (key, r) in &rows {
+        let (uid, rv) = (
+            str_at(r, "/metadata/uid"),
+            str_at(r, "/metadata/resourceVersion"),
+        );
+        match cluster.get(key) {
+            None => diff.push(format!("{key} ({uid}) deleted but kept on the edge")),
+            Some(v) if str_at(v, "/metadata/uid") != uid => {
+                if type_of(key) != "pod" {
+                    diff.push(format!(
+                        "{key}: edge holds uid {uid}, cluster {}",
+                        str_at(v, "/metadata/uid")
+                    ));
+                }
+            }
+            Some(v)
+                if type_of(key) != "pod"
+                    && (str_at(v, "/metadata/resourceVersion") != rv || v["data"] != r["data"]) =>
+            {
+                diff.push(format!(
+                    "{key}: edge rv {rv} data {}, cluster rv {} data {}",
+                    r["data"],
+                    str_at(v, "/metadata/resourceVersion"),
+                    v["data"]
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for (ty, used) in [("configmap", &used_cms), ("secret", &used_secrets)] {
+        for name in used {
+            let key = format!("{ns}/{ty}/{name}");
+            if !rows.contains_key(&key) {
+                diff.push(format!("{key} used by a pod but missing on the edge"));
+            }
+        }
+    }
+    // Records: exactly one per held object, at the held version.
+    let prefix = format!("{node}.");
+    let mut recorded: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for (name, r) in records.iter().filter(|(n, _)| n.starts_with(&prefix)) {
+        let key = format!(
+            "{}/{}/{}",
+            r.namespace.clone().unwrap_or_default(),
+            r.kind.to_lowercase(),
+            r.object_name
+        );
+        let uid = name[prefix.len()..].to_string();
+        if let Some((other, _)) = recorded.insert(key.clone(), (uid.clone(), r.object_rv.clone())) {
+            diff.push(format!("{key}: two records, uids {other} and {uid}"));
+        }
+    }
+    for (key, r) in &rows {
+        let held = (
+            str_at(r, "/metadata/uid"),
+            str_at(r, "/metadata/resourceVersion"),
+        );
+        match recorded.get(key) {
+            None => diff.push(format!("{key} held (uid {}) but no record", held.0)),
+            Some(rec) if *rec != held => diff.push(format!(
+                "{key}: record uid {} rv {}, edge holds uid {} rv {}",
+                rec.0, rec.1, held.0, held.1
+            )),
+            Some(_) => {}
+        }
+    }
+    for (key, (uid, rv)) in &recorded {
+        if !rows.contains_key(key) {
+            diff.push(format!(
+                "record for {key} (uid {uid} rv {rv}) but the edge holds none"
+            ));
+        }
+    }
+    diff
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeedge_edge_loses_no_update_under_link_faults() {
+    let Some(c) = cluster::connect_in_memory_only(
+        Config::for_tests(),
+        "KubeEdge chaos (installs KubeEdge's CRDs cluster-wide)",
+    )
+    .await
+    .expect("cluster") else {
+        return;
+    };
+    let seed = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    let secs = std::env::var("CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40u64);
+    println!("chaos-kubeedge: CHAOS_SEED={seed} CHAOS_SECS={secs}");
+    let ns = c.temp_namespace("kechaos").await.expect("namespace");
+    reliablesyncs::install(&c.client()).await.expect("CRDs");
+    let node = unique("ke-chaos");
+    edge_node(&c, &node).await;
+    let pki = Pki::new().expect("pki");
+    let tls = pki
+        .edge_tls(&pki.node_cert(&node).expect("node certificate"))
+        .expect("edge TLS");
+    let link = FaultProxy::start(([127, 0, 0, 1], 9).into())
+        .await
+        .expect("proxy");
+    let client = c.client();
+    let mut cloud = Cloud {
+        cluster: c,
+        pki,
+        ns: ns.clone(),
+        fx: None,
+        link,
+    };
+    cloud.start().await;
+
+    let mut rng = StdRng::seed_from_u64(seed);
+    let total = Duration::from_secs(secs);
+    let faults = schedule(&mut rng, total);
+    println!("chaos-kubeedge: faults {faults:?}");
+    let mut d = Driver {
+        rng,
+        node: node.clone(),
+        pods: Api::namespaced(client.clone(), &ns),
+        cms: Api::namespaced(client.clone(), &ns),
+        secrets: Api::namespaced(client.clone(), &ns),
+        step: 0,
+        ops: BTreeMap::new(),
+    };
+    let pp = PostParams::default();
+    for i in 0..CONFIGS {
+        d.cms
+            .create(&pp, &configmap(&format!("cm-{i}"), "initial"))
+            .await
+            .expect("configmap");
+        d.secrets
+            .create(&pp, &secret(&format!("sec-{i}"), "initial"))
+            .await
+            .expect("secret");
+    }
+
+    let db: Db = Arc::default();
+    let stop = CancellationToken::new();
+    let edge = tokio::spawn(run_edge(
+        cloud.link.addr,
+        node.clone(),
+        tls,
+        db.clone(),
+        ns.clone(),
+        stop.clone(),
+    ));
+
+    let start = Instant::now();
+    let mut pending = faults.into_iter().peekable();
+    let mut active: Option<(Instant, Fault)> = None;
+    while start.elapsed() < total || active.is_some() {
+        if let Some((until, f)) = active
+            && Instant::now() >= until
+        {
+            println!("chaos-kubeedge: {:?} end {f:?}", start.elapsed());
+            match f {
+                Fault::Cut => {}
+                Fault::Blackhole(_) => cloud.link.thaw(),
+                Fault::Latency(..) => cloud.link.set_latency(Duration::ZERO),
+                Fault::CloudRestart(_) => cloud.start().await,
+            }
+            active = None;
+        }
+        if active.is_none()
+            && let Some((at, f)) = pending.peek().copied()
+            && start.elapsed() >= at
+        {
+            pending.next();
+            println!("chaos-kubeedge: {:?} {f:?}", start.elapsed());
+            match f {
+                Fault::Cut => cloud.link.cut(),
+                Fault::Blackhole(_) => cloud.link.freeze(),
+                Fault::Latency(l, _) => cloud.link.set_latency(l),
+                Fault::CloudRestart(_) => cloud.stop().await,
+            }
+            active = Some((Instant::now() + f.duration(), f));
+        }
+        if start.elapsed() < total {
+            d.change().await;
+            let pause = ms(&mut d.rng, 50, 300);
+            tokio::time::sleep(pause).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    cloud.link.thaw();
+    cloud.link.set_latency(Duration::ZERO);
+    if cloud.fx.is_none() {
+        cloud.start().await;
+    }
+    d.recreate_missing().await;
+    println!(
+        "chaos-kubeedge: {} changes {:?}, {} connections",
+        d.step,
+        d.ops,
+        lock(&db).connects
+    );
+    let healed = Instant::now();
+    let mut first = true;
+    let diff = loop {
+        let diff = differences(&cloud.cluster, &ns, &node, &db).await;
+        if first {
+            println!(
+                "chaos-kubeedge: at healing {} differences, e.g. {:?}",
+                diff.len(),
+                diff.iter().take(3).collect::<Vec<_>>()
+            );
+            first = false;
+        }
+        if diff.is_empty() || healed.elapsed() > CONVERGE {
+            break diff;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    stop.cancel();
+    let _ = edge.await;
+    if !diff.is_empty() {
+        let mut text = String::new();
+        for line in &diff {
+            let _ = writeln!(text, "  {line}");
+        }
+        panic!(
+            "CHAOS_SEED={seed}: the KubeEdge edge did not converge within {CONVERGE:?} after healing:\n{text}"
+        );
+    }
+    let held = lock(&db).rows.len();
+    println!(
+        "chaos-kubeedge: converged {:?} after healing (seed {seed}), edge holds {held} objects",
+        healed.elapsed()
+    );
+    cloud.stop().await;
+}
