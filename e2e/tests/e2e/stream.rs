@@ -742,6 +742,32 @@ async fn kubectl_exec_and_attach_reach_edge_containers_through_the_tunnel() {
     .await;
     assert_eq!(out.trim(), "300000", "{err}");
 
+    // A terminal (-t): kubectl wants one of its own, so it runs under script(1)'s pty. The
+    // container's shell sees a tty, and the exit code still comes back.
+    let kubectl = env.cluster.kubectl();
+    let mut line = vec!["kubectl".to_string()];
+    line.extend(
+        kubectl
+            .as_std()
+            .get_args()
+            .map(|a| format!("'{}'", a.to_string_lossy())),
+    );
+    line.push(format!("exec -it -n {ns} shell -- sh -c 'tty; exit 4'"));
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new("script")
+            .args(["-qec", &line.join(" "), "/dev/null"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("kubectl -t finishes")
+    .expect("script runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("/dev/pts/"), "a terminal inside: {text:?}");
+    assert_eq!(out.status.code(), Some(4), "{text:?}");
+
     // attach: the container's output as it comes.
     let mut child = env
         .cluster
