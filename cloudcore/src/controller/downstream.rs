@@ -84,6 +84,10 @@ pub struct Downstream {
     /// Keys seen since the last `Init` of each watcher (to find deletions missed meanwhile).
     relisting: HashMap<Watched, HashSet<ObjectKey>>,
     synced: HashSet<Watched>,
+    /// Nodes of pods the pod watcher's first list passed while the node was not (yet) known
+    /// as an edge node: the node list may arrive after the pod list. Their pods are listed
+    /// again once that first pod list is complete.
+    skipped_before_sync: HashSet<String>,
     ready: Readiness,
     /// Pods of nodes that just became edge nodes are listed and fed back here.
     feedback: mpsc::Sender<Input>,
@@ -136,6 +140,7 @@ impl Downstream {
             secrets: HashMap::new(),
             relisting: HashMap::new(),
             synced: HashSet::new(),
+            skipped_before_sync: HashSet::new(),
             ready,
             feedback,
             records: None,
@@ -322,7 +327,9 @@ impl Downstream {
     /// A node just became an edge node: its existing pods were ignored until now.
     fn list_pods_of(&self, node: String) {
         if !self.synced.contains(&Watched::Pods) {
-            return; // the pod watcher's initial list will include them
+            // The rest of the pod watcher's first list includes them; what it passed over
+            // is listed when it completes (`skipped_before_sync`).
+            return;
         }
         let api: Api<Pod> = Api::all(self.client.clone());
         let tx = self.feedback.clone();
@@ -363,6 +370,12 @@ impl Downstream {
                     }
                 }
                 self.mark_synced(Watched::Pods);
+                // Pods listed before their node was known as an edge node were passed over.
+                for node in std::mem::take(&mut self.skipped_before_sync) {
+                    if self.edge_nodes.contains(&node) {
+                        self.list_pods_of(node);
+                    }
+                }
             }
         }
     }
@@ -376,6 +389,9 @@ impl Downstream {
             return;
         };
         if !self.edge_nodes.contains(&node) {
+            if !self.synced.contains(&Watched::Pods) {
+                self.skipped_before_sync.insert(node);
+            }
             return;
         }
         let refs = pod_refs(&pod);
@@ -392,6 +408,9 @@ impl Downstream {
         let rv = parse_rv(pod.metadata.resource_version.as_deref());
         let terminating = pod.metadata.deletion_timestamp.is_some();
         let previous = self.pods.get(&key);
+        if previous.is_some_and(|p| p.uid == uid && rv != 0 && p.rv > rv) {
+            return; // an older copy (a node's pod list answered after a newer watch event)
+        }
         let op = match previous {
             Some(prev) if prev.uid == uid && prev.fingerprint == fingerprint => {
                 // Status-only change: the edge owns pod status.

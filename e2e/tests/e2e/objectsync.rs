@@ -550,3 +550,93 @@ async fn lease_election_one_leader_at_a_time_takeover_on_release_and_on_expiry()
     stop_a.cancel();
     stop_b.cancel();
 }
+
+/// A restarting cloudcore whose pod list arrives before its node list passes the node's pods
+/// over (the node is not known as an edge node yet). They must be listed again once the pod
+/// list is complete: otherwise a pod deleted gracefully meanwhile is never sent to its edge,
+/// which (holding no copy, or told by its records to drop the old one) never asks for its
+/// deletion — the pod stays `Terminating` for ever.
+#[tokio::test]
+async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
+    use cloudcore::cloudhub::CloudHub;
+    use cloudcore::controller::downstream::{Downstream, Input};
+    use cloudcore::http::Readiness;
+    use cloudcore::metrics::HubMetrics;
+    use e2e::channel::{RawEdge, test_hub_config};
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::runtime::watcher::Event;
+
+    let Some((c, ns)) = cluster("downstream start-up order").await else {
+        return;
+    };
+    let node = unique("ke-order");
+    edge_node(&c, &node).await;
+    create_pod(&c, &ns, "late", &node).await;
+    // Deleted gracefully while no cloudcore serves the edge: it stays terminating.
+    let pods = Api::<Pod>::namespaced(c.client(), &ns);
+    pods.delete("late", &DeleteParams::default())
+        .await
+        .expect("graceful delete");
+    let pod = pods.get("late").await.expect("terminating pod");
+    assert!(pod.metadata.deletion_timestamp.is_some());
+    let node_obj = Api::<Node>::all(c.client()).get(&node).await.expect("node");
+
+    let pki = Pki::new().unwrap();
+    let (hub, _upstream) = CloudHub::bind(
+        test_hub_config(),
+        pki.server_tls().unwrap(),
+        HubMetrics::default(),
+    )
+    .await
+    .expect("hub");
+    let (tx, mut feedback) = tokio::sync::mpsc::channel(16);
+    let ready = Readiness::default();
+    let mut ds = Downstream::new(c.client(), hub.clone(), ready.clone(), tx);
+    // The watchers' first lists, pods before nodes.
+    ds.apply(Input::Pod(Event::Init)).await;
+    ds.apply(Input::Pod(Event::InitApply(pod.clone()))).await;
+    ds.apply(Input::Node(Event::Init)).await;
+    ds.apply(Input::Node(Event::InitApply(node_obj))).await;
+    ds.apply(Input::Pod(Event::InitDone)).await;
+    ds.apply(Input::Node(Event::InitDone)).await;
+    ds.apply(Input::ConfigMap(Event::<ConfigMap>::Init)).await;
+    ds.apply(Input::ConfigMap(Event::<ConfigMap>::InitDone))
+        .await;
+    ds.apply(Input::Secret(Event::<Secret>::Init)).await;
+    ds.apply(Input::Secret(Event::<Secret>::InitDone)).await;
+    assert!(ready.is_ready());
+    // What the run loop does with fed-back inputs.
+    while let Ok(Some(input)) = tokio::time::timeout(Duration::from_secs(2), feedback.recv()).await
+    {
+        ds.apply(input).await;
+    }
+
+    // The KubeEdge edge connects (no records: it is sent everything it should hold).
+    let tls = pki.edge_tls(&pki.node_cert(&node).unwrap()).unwrap();
+    let mut edge = RawEdge::connect(hub.local_addr(), &node, tls)
+        .await
+        .expect("edge connects");
+    poll(|| async { hub.is_connected(&node) }, "edge session").await;
+    ds.resync(&node, &[]).await;
+    let resource = format!("{ns}/pod/late");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let m = edge
+            .recv(left.max(Duration::from_millis(1)))
+            .await
+            .expect("edge link")
+            .unwrap_or_else(|| panic!("{resource} never sent to the edge"));
+        if m.route.resource == resource {
+            assert_eq!(m.route.operation, Operation::Update);
+            assert!(
+                !m.content["metadata"]["deletionTimestamp"].is_null(),
+                "sent without its deletionTimestamp: {}",
+                m.content
+            );
+            assert_eq!(m.content["metadata"]["uid"], json!(uid(&pod)));
+            break;
+        }
+    }
+    hub.shutdown();
+}
