@@ -159,6 +159,7 @@ async fn read_loop(
             Operation::Keepalive => deadline = Instant::now() + interval,
             Operation::Response => match queue.ack(&msg.header.parent_id) {
                 Some(acked) => {
+                    tracing::trace!(node, msg_id = %acked.msg_id, resource = %msg.route.resource, uid = ?acked.uid, rv = acked.resource_version, "edge acknowledged");
                     inner
                         .metrics
                         .messages_acked

@@ -520,8 +520,19 @@ impl Downstream {
             object,
         )
         .with_resource_version(rv);
-        if let Err(e) = self.hub.send(node, msg) {
-            tracing::debug!(node, error = %e, "downstream message not queued");
+        // What was queued, for tracing a delivery (off unless `cloudcore=trace`).
+        let traced = tracing::enabled!(tracing::Level::TRACE).then(|| {
+            let uid = msg.object_uid().unwrap_or_default().to_string();
+            let op = msg.route.operation.clone();
+            (op, uid, msg.header.resource_version.clone())
+        });
+        match self.hub.send(node, msg) {
+            Ok(queued) => {
+                if let Some((op, uid, rv)) = traced {
+                    tracing::trace!(node, %op, ty, ns, name, uid, rv, ?queued, "downstream message");
+                }
+            }
+            Err(e) => tracing::debug!(node, error = %e, "downstream message not queued"),
         }
     }
 

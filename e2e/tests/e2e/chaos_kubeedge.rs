@@ -22,6 +22,11 @@
 //! data, and the node's ObjectSync records must name exactly what it holds, at the held
 //! version. `CHAOS_SEED` replays a schedule (printed), `CHAOS_SECS` sets the chaos phase
 //! (default 40).
+//!
+//! Logs of cloudcore and of the edge model (`E2E_LOG`, default `cloudcore=trace,e2e=debug`:
+//! every downstream message and ACK) are kept in memory for this test alone (its runtime's
+//! threads, whatever subscriber other tests installed) and, on failure, the lines naming a
+//! differing object are printed with connects, disconnects and resyncs.
 
 use crate::chaos::{configmap, secret, uses};
 use e2e::apiserver::Config;
@@ -100,6 +105,7 @@ async fn session(raw: &mut RawEdge, db: &Db, ns: &str, stop: &CancellationToken)
         };
         let key = m.route.resource.clone();
         let ty = type_of(&key).to_string();
+        tracing::debug!(op = %m.route.operation, resource = %key, rv = %m.header.resource_version, id = %m.header.id, "edge model received");
         let mut reply = None;
         match m.route.operation {
             Operation::Insert | Operation::Update if m.route.group == Group::Resource => {
@@ -596,8 +602,100 @@ async fn differences(c: &TestCluster, ns: &str, node: &str, db: &Db) -> Vec<Stri
     diff
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubeedge_edge_loses_no_update_under_link_faults() {
+/// Log lines of this test's runtime, kept in memory.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<Mutex<Vec<String>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(b);
+        let mut lines = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        lines.extend(text.lines().map(str::to_string));
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuf {
+    fn dispatch(&self) -> tracing::Dispatch {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("E2E_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("cloudcore=trace,e2e=debug"));
+        let buf = self.clone();
+        tracing::Dispatch::new(
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .with_writer(move || buf.clone())
+                .finish(),
+        )
+    }
+
+    /// Lines naming one of `words`, and every connect, disconnect and resync.
+    fn relevant(&self, words: &[String]) -> Vec<String> {
+        let lines = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        lines
+            .iter()
+            .filter(|l| {
+                words.iter().any(|w| names(l, w))
+                    || [
+                        "edge connected",
+                        "disconnected",
+                        "replaced",
+                        "resynchronised",
+                    ]
+                    .iter()
+                    .any(|m| l.contains(m))
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// Whether `line` names `name` (`pod-1` is not named by `pod-11`).
+fn names(line: &str, name: &str) -> bool {
+    line.match_indices(name).any(|(i, _)| {
+        !line[i + name.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
+/// Object names (`pod-11`, `cm-2`) in difference lines.
+fn names_in(diff: &[String]) -> Vec<String> {
+    let mut found: BTreeSet<String> = BTreeSet::new();
+    for line in diff {
+        for word in line.split(['/', ' ', ':']) {
+            if ["pod-", "cm-", "sec-"].iter().any(|p| word.starts_with(p)) {
+                found.insert(word.to_string());
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
+#[test]
+fn kubeedge_edge_loses_no_update_under_link_faults() {
+    let logs = LogBuf::default();
+    let dispatch = logs.dispatch();
+    let for_workers = dispatch.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || {
+            // For the thread's life: the runtime's threads end with the test.
+            std::mem::forget(tracing::dispatcher::set_default(&for_workers));
+        })
+        .build()
+        .expect("runtime");
+    let _main = tracing::dispatcher::set_default(&dispatch);
+    rt.block_on(chaos(logs));
+}
+
+async fn chaos(logs: LogBuf) {
     let Some(c) = cluster::connect_in_memory_only(
         Config::for_tests(),
         "KubeEdge chaos (installs KubeEdge's CRDs cluster-wide)",
@@ -746,6 +844,10 @@ async fn kubeedge_edge_loses_no_update_under_link_faults() {
         let mut text = String::new();
         for line in &diff {
             let _ = writeln!(text, "  {line}");
+        }
+        println!("chaos-kubeedge: logs naming the differing objects (and connects/resyncs):");
+        for line in logs.relevant(&names_in(&diff)) {
+            println!("  {line}");
         }
         panic!(
             "CHAOS_SEED={seed}: the KubeEdge edge did not converge within {CONVERGE:?} after healing:\n{text}"
