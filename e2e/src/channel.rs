@@ -228,7 +228,8 @@ impl RawEdge {
 }
 
 /// A loopback TCP proxy that can freeze every connection (forward nothing, close nothing:
-/// a half-open link as a frozen peer or a dead NAT produces it), thaw again, cut every open
+/// a half-open link as a frozen peer or a dead NAT produces it) in both directions or in one
+/// ([`FaultProxy::freeze_one_way`]), thaw again, cut every open
 /// connection (both ends see it closed), delay what it forwards (added latency), and move to
 /// another upstream (a restarted cloudcore) while edges keep dialling the same address.
 pub struct FaultProxy {
@@ -237,8 +238,18 @@ pub struct FaultProxy {
     stop: tokio_util::sync::CancellationToken,
 }
 
+/// One direction through a [`FaultProxy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// From the dialling client (the edge) to the upstream (the cloud).
+    ToUpstream,
+    /// From the upstream back to the client.
+    ToClient,
+}
+
 struct ProxyState {
-    frozen: std::sync::atomic::AtomicBool,
+    /// Frozen flows: `[ToUpstream, ToClient]`.
+    frozen: [std::sync::atomic::AtomicBool; 2],
     upstream: std::sync::Mutex<SocketAddr>,
     /// Cancelled by `thaw`: ends the connections the freeze held. Taken under this lock
     /// together with a look at `frozen`, so a thaw never leaves a connection stuck.
@@ -250,10 +261,11 @@ struct ProxyState {
 }
 
 impl ProxyState {
-    /// The token that releases this connection when it is frozen now; `None` when not.
-    fn frozen_until(&self) -> Option<tokio_util::sync::CancellationToken> {
+    /// The token that releases this flow of a connection when it is frozen now; `None` when
+    /// not.
+    fn frozen_until(&self, flow: Flow) -> Option<tokio_util::sync::CancellationToken> {
         let released = self.released.lock().unwrap_or_else(|e| e.into_inner());
-        self.frozen
+        self.frozen[flow as usize]
             .load(std::sync::atomic::Ordering::SeqCst)
             .then(|| released.clone())
     }
@@ -264,7 +276,7 @@ impl FaultProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(ProxyState {
-            frozen: std::sync::atomic::AtomicBool::new(false),
+            frozen: Default::default(),
             upstream: std::sync::Mutex::new(upstream),
             released: std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()),
             cut: std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()),
@@ -285,8 +297,9 @@ impl FaultProxy {
                 let cut = st.cut.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, st.clone(), s.clone(), cut.clone()));
-                tokio::spawn(pump(sr, cw, st.clone(), s.clone(), cut));
+                let up = pump(cr, sw, Flow::ToUpstream, st.clone(), s.clone(), cut.clone());
+                tokio::spawn(up);
+                tokio::spawn(pump(sr, cw, Flow::ToClient, st.clone(), s.clone(), cut));
             }
         });
         Ok(FaultProxy { addr, state, stop })
@@ -294,9 +307,14 @@ impl FaultProxy {
 
     /// Every connection, open or new, stops forwarding; nothing is closed.
     pub fn freeze(&self) {
-        self.state
-            .frozen
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.freeze_one_way(Flow::ToUpstream);
+        self.freeze_one_way(Flow::ToClient);
+    }
+
+    /// Every connection stops forwarding in one direction (the other keeps flowing); nothing
+    /// is closed. `thaw` undoes it.
+    pub fn freeze_one_way(&self, flow: Flow) {
+        self.state.frozen[flow as usize].store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Forwards again. Connections the freeze held are closed (their peers gave up on them or
@@ -307,9 +325,9 @@ impl FaultProxy {
             .released
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        self.state
-            .frozen
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        for f in &self.state.frozen {
+            f.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
         std::mem::take(&mut *released).cancel();
     }
 
@@ -348,6 +366,7 @@ impl Drop for FaultProxy {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
+    flow: Flow,
     state: Arc<ProxyState>,
     stop: tokio_util::sync::CancellationToken,
     cut: tokio_util::sync::CancellationToken,
@@ -361,7 +380,7 @@ async fn pump(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if let Some(released) = state.frozen_until() {
+            if let Some(released) = state.frozen_until(flow) {
                 // Swallow everything and keep both sockets open until thawed or dropped.
                 released.cancelled().await;
                 return;
@@ -389,5 +408,48 @@ async fn pump(
         _ = cut.cancelled() => {}
         // A frozen reader ends only when released; the writer then ends with the line.
         _ = async { tokio::join!(read, write) } => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A one-way freeze holds one direction and lets the other flow; the thaw closes the held
+    /// direction without delivering what it swallowed.
+    #[tokio::test]
+    async fn one_way_freeze_holds_one_direction_only() {
+        for flow in [Flow::ToUpstream, Flow::ToClient] {
+            let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let proxy = FaultProxy::start(upstream.local_addr().unwrap())
+                .await
+                .unwrap();
+            let client = TcpStream::connect(proxy.addr).await.unwrap();
+            let (server, _) = upstream.accept().await.unwrap();
+            let (mut from, mut to) = match flow {
+                Flow::ToUpstream => (client, server),
+                Flow::ToClient => (server, client),
+            };
+            proxy.freeze_one_way(flow);
+            from.write_all(b"held").await.unwrap();
+            to.write_all(b"flows").await.unwrap();
+            let mut got = [0u8; 5];
+            tokio::time::timeout(Duration::from_secs(5), from.read_exact(&mut got))
+                .await
+                .expect("the other direction keeps flowing")
+                .unwrap();
+            assert_eq!(&got, b"flows", "{flow:?}");
+            let mut one = [0u8; 1];
+            let held = tokio::time::timeout(Duration::from_millis(300), to.read(&mut one)).await;
+            assert!(held.is_err(), "{flow:?}: frozen bytes were forwarded");
+            proxy.thaw();
+            let mut rest = Vec::new();
+            tokio::time::timeout(Duration::from_secs(5), to.read_to_end(&mut rest))
+                .await
+                .expect("the thaw closes the held direction")
+                .unwrap();
+            assert!(rest.is_empty(), "{flow:?}: {rest:?}");
+        }
     }
 }
