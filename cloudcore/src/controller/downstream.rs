@@ -88,6 +88,9 @@ pub struct Downstream {
     /// as an edge node: the node list may arrive after the pod list. Their pods are listed
     /// again once that first pod list is complete.
     skipped_before_sync: HashSet<String>,
+    /// UIDs of pods deleted lately (at most [`DELETED_KEPT`] for [`DELETED_FOR`]): a node's pod
+    /// list that answers after a pod's delete event must not bring the pod back.
+    deleted_pods: DeletedPods,
     ready: Readiness,
     /// Pods of nodes that just became edge nodes are listed and fed back here.
     feedback: mpsc::Sender<Input>,
@@ -98,6 +101,37 @@ pub struct Downstream {
 }
 
 type InputStream = Pin<Box<dyn Stream<Item = Input> + Send>>;
+
+/// How many deleted pod UIDs are remembered, and for how long.
+const DELETED_KEPT: usize = 20_000;
+const DELETED_FOR: Duration = Duration::from_secs(300);
+
+/// Recently deleted pod UIDs (a UID never comes back once deleted).
+#[derive(Default)]
+struct DeletedPods {
+    order: std::collections::VecDeque<(std::time::Instant, String)>,
+    uids: HashSet<String>,
+}
+
+impl DeletedPods {
+    fn insert(&mut self, uid: &str) {
+        let now = std::time::Instant::now();
+        while self.order.front().is_some_and(|(t, _)| {
+            now.duration_since(*t) > DELETED_FOR || self.uids.len() >= DELETED_KEPT
+        }) {
+            if let Some((_, old)) = self.order.pop_front() {
+                self.uids.remove(&old);
+            }
+        }
+        if self.uids.insert(uid.to_string()) {
+            self.order.push_back((now, uid.to_string()));
+        }
+    }
+
+    fn contains(&self, uid: &str) -> bool {
+        self.uids.contains(uid)
+    }
+}
 
 fn watch<K>(
     api: Api<K>,
@@ -141,6 +175,7 @@ impl Downstream {
             relisting: HashMap::new(),
             synced: HashSet::new(),
             skipped_before_sync: HashSet::new(),
+            deleted_pods: DeletedPods::default(),
             ready,
             feedback,
             records: None,
@@ -354,7 +389,12 @@ impl Downstream {
                 self.relisting.insert(Watched::Pods, HashSet::new());
             }
             Event::InitApply(p) | Event::Apply(p) => self.pod_applied(p),
-            Event::Delete(p) => self.pod_deleted(&p),
+            Event::Delete(p) => {
+                if let Some(uid) = &p.metadata.uid {
+                    self.deleted_pods.insert(uid);
+                }
+                self.pod_deleted(&p)
+            }
             Event::InitDone => {
                 let seen = self.relisting.remove(&Watched::Pods).unwrap_or_default();
                 let gone: Vec<ObjectKey> = self
@@ -365,6 +405,7 @@ impl Downstream {
                     .collect();
                 for k in gone {
                     if let Some((p, released)) = self.remove_pod_entry(&k) {
+                        self.deleted_pods.insert(&p.uid);
                         self.send_pod(&p.node, Operation::Delete, &expand(&p.object));
                         self.send_released(released);
                     }
@@ -388,6 +429,14 @@ impl Downstream {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             return;
         };
+        if pod
+            .metadata
+            .uid
+            .as_deref()
+            .is_some_and(|u| self.deleted_pods.contains(u))
+        {
+            return; // a stale copy of a deleted pod (a list that answered late)
+        }
         if !self.edge_nodes.contains(&node) {
             if !self.synced.contains(&Watched::Pods) {
                 self.skipped_before_sync.insert(node);

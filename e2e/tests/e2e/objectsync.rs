@@ -638,5 +638,31 @@ async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
             break;
         }
     }
+
+    // The pod goes; a node's pod list that answers after the delete event (a stale copy)
+    // must not bring it back: the next resync sends the edge nothing about it but the delete.
+    ds.apply(Input::Pod(Event::Delete(pod.clone()))).await;
+    ds.apply(Input::Pod(Event::Apply(pod.clone()))).await;
+    ds.resync(&node, &[]).await;
+    let mut about = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match edge.recv(left).await.expect("edge link") {
+            Some(m) if m.route.resource == resource => about.push(m.route.operation.clone()),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert!(
+        about.contains(&Operation::Delete)
+            && !about
+                .iter()
+                .any(|o| matches!(o, Operation::Insert | Operation::Update)),
+        "after the delete: {about:?}"
+    );
     hub.shutdown();
 }
