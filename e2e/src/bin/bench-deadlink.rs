@@ -181,7 +181,7 @@ struct Rig {
     edge_log: LogTail,
     edge: EdgeLink,
     cloud_log: LogTail,
-    _cloudcore: LoggedProcess,
+    cloudcore: LoggedProcess,
     edgecore: LoggedProcess,
 }
 
@@ -195,8 +195,15 @@ impl Rig {
                 return Ok(t.elapsed());
             }
             anyhow::ensure!(
+                self.cloudcore.is_running() && self.edgecore.is_running(),
+                "a process exited\n{}\n{}",
+                self.cloudcore.failure_report(10),
+                self.edgecore.failure_report(10)
+            );
+            anyhow::ensure!(
                 t.elapsed() < within,
-                "not linked within {within:?}\n{}",
+                "not linked within {within:?}\n{}\n{}",
+                self.cloudcore.failure_report(10),
                 self.edgecore.failure_report(20)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -314,6 +321,7 @@ fn start_cloudcore(
     std::fs::write(dir.join("rootCA.key"), &pki.ca.cert.key_pem)?;
     let hub_port = free_port()?;
     let monitor = format!("127.0.0.1:{}", free_port()?);
+    let https_port = free_port()?;
     // keepaliveInterval, the edge's heartbeat and deadLinkTimeout are left at their defaults.
     let config = format!(
         "apiVersion: cloudcore.config.kubeedge.io/v1alpha2\nkind: CloudCore\n\
@@ -322,7 +330,8 @@ fn start_cloudcore(
          modules:\n  cloudHub:\n    advertiseAddress: [\"127.0.0.1\"]\n\
          \x20   tlsCAFile: \"{d}/rootCA.crt\"\n    tlsCAKeyFile: \"{d}/rootCA.key\"\n\
          \x20   tlsCertFile: \"{d}/none.crt\"\n    tlsPrivateKeyFile: \"{d}/none.key\"\n\
-         \x20   websocket:\n      enable: true\n      address: 127.0.0.1\n      port: {hub_port}\n",
+         \x20   websocket:\n      enable: true\n      address: 127.0.0.1\n      port: {hub_port}\n\
+         \x20   https:\n      enable: true\n      address: 127.0.0.1\n      port: {https_port}\n",
         kc = kubeconfig.display(),
         d = dir.display(),
     );
@@ -389,7 +398,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         edge_log: LogTail::new(edgecore.log_path()),
         edge: EdgeLink::default(),
         cloud_log: LogTail::new(cloudcore.log_path()),
-        _cloudcore: cloudcore,
+        cloudcore,
         edgecore,
     };
     let first = rig.wait_linked(Duration::from_secs(60)).await?;
