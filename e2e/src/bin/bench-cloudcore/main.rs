@@ -6,20 +6,28 @@
 //!     target/bench-fast/bench-cloudcore --nodes 1000 --pods-per-node 10
 //!
 //! Measures cloudcore's RSS (idle per node, and with pods delivered), CPU while idle, the time
-//! for all nodes to connect, and p50/p99 from pod creation (API call) to the edge receiving it.
+//! for all nodes to connect, and p50/p99 from pod creation (API call) to the edge receiving it;
+//! then a reconnect storm (`storm.rs`): every edge drops and redials at once after the cluster
+//! changed, until every edge holds exactly what the cluster says. Exits non-zero when an edge
+//! ends up with a missing, stale or extra object.
+
+mod edge;
+mod expected;
+mod storm;
 
 use anyhow::Context;
 use clap::Parser;
 use e2e::apiserver::{ApiServer, Config};
-use e2e::channel::{Pki, RawEdge};
+use e2e::channel::Pki;
 use e2e::procfs::{cpu_ticks, rss_kb};
+use edge::{Counters, EdgeState, Receipts};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -37,9 +45,10 @@ struct Args {
     /// The cloudcore binary (default: next to this one).
     #[arg(long)]
     cloudcore: Option<PathBuf>,
+    /// Run the reconnect storm after the other phases (`--storm false` to skip it).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    storm: bool,
 }
-
-type Receipts = Arc<Mutex<HashMap<String, Instant>>>;
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -128,35 +137,6 @@ async fn wait_ready(monitor: &str) -> anyhow::Result<()> {
     }
 }
 
-/// One simulated edge: ACKs what needs an ACK, records pod arrivals, sends keepalives.
-async fn run_edge(mut edge: RawEdge, receipts: Receipts, received: Arc<AtomicUsize>) {
-    let mut last_keepalive = Instant::now();
-    loop {
-        match edge.recv(Duration::from_secs(1)).await {
-            Ok(Some(m)) => {
-                if m.requires_ack() && edge.ack(&m).await.is_err() {
-                    return;
-                }
-                if m.route.resource.contains("/pod/") {
-                    received.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut r) = receipts.lock() {
-                        r.entry(m.route.resource.clone())
-                            .or_insert_with(Instant::now);
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(_) => return,
-        }
-        if last_keepalive.elapsed() > Duration::from_secs(10) {
-            if edge.keepalive().await.is_err() {
-                return;
-            }
-            last_keepalive = Instant::now();
-        }
-    }
-}
-
 fn pod(name: &str, node: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default", "labels": {"app": "bench"}},
@@ -231,20 +211,31 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     // Connect every edge.
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", cc.hub_port).parse()?;
     let receipts: Receipts = Arc::new(Mutex::new(HashMap::new()));
-    let received = Arc::new(AtomicUsize::new(0));
+    let counters = Arc::new(Counters::default());
+    let epoch = Instant::now();
+    let edges: Vec<Arc<EdgeState>> = (0..n)
+        .map(|i| EdgeState::new(format!("edge-{i}"), epoch))
+        .collect();
+    let mut tls = Vec::with_capacity(n);
+    let stop = tokio_util::sync::CancellationToken::new();
     let t = Instant::now();
     let sem = Arc::new(Semaphore::new(128));
     let mut tasks = Vec::with_capacity(n);
-    for i in 0..n {
-        let node = format!("edge-{i}");
-        let tls = pki.edge_tls(&pki.node_cert(&node)?)?;
+    for e in &edges {
+        let config = pki.edge_tls(&pki.node_cert(&e.node)?)?;
+        tls.push(config.clone());
         let permit = sem.clone().acquire_owned().await?;
-        let (r, c) = (receipts.clone(), received.clone());
+        let (e, tls, r, c, stop) = (
+            e.clone(),
+            config,
+            receipts.clone(),
+            counters.clone(),
+            stop.clone(),
+        );
         tasks.push(tokio::spawn(async move {
-            let edge = RawEdge::connect(addr, &node, tls).await;
+            let raw = edge::dial(addr, &e, tls, &c, 1).await;
             drop(permit);
-            let edge = edge.map_err(anyhow::Error::msg)?;
-            tokio::spawn(run_edge(edge, r, c));
+            tokio::spawn(edge::run(raw?, e, c, r, stop));
             anyhow::Ok(())
         }));
     }
@@ -289,7 +280,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     let created = t.elapsed();
     let deadline = Instant::now() + Duration::from_secs(300);
-    while received.load(Ordering::Relaxed) < total && Instant::now() < deadline {
+    while counters.pods_received.load(Ordering::Relaxed) < total && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let delivered = t.elapsed();
@@ -297,7 +288,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         "  {total} pods created in {:.1} s; all delivered to their edges (and ACKed) after {:.1} s ({} received)",
         created.as_secs_f64(),
         delivered.as_secs_f64(),
-        received.load(Ordering::Relaxed)
+        counters.pods_received.load(Ordering::Relaxed)
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_pods = rss_kb(pid);
@@ -355,9 +346,27 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99)
     );
+    let result = if args.storm {
+        storm::Storm {
+            client: client.clone(),
+            pods_total: total,
+            pid,
+            monitor: &cc.monitor,
+            addr,
+            edges: &edges,
+            tls: &tls,
+            counters: counters.clone(),
+            receipts: receipts.clone(),
+            stop,
+        }
+        .run()
+        .await
+    } else {
+        Ok(())
+    };
     drop(cc);
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    result
 }
 
 fn main() -> anyhow::Result<()> {
