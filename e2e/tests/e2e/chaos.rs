@@ -32,7 +32,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Configmaps and secrets the pods pick from: few, so pods share them.
-const CONFIGS: usize = 3;
+pub(crate) const CONFIGS: usize = 3;
 /// Pods alive (terminating ones included) at most.
 const MAX_PODS: usize = 6;
 /// How long the edge has to converge once everything healed.
@@ -115,6 +115,55 @@ pub(crate) fn secret(name: &str, v: &str) -> Secret {
     }
 }
 
+/// The configmap/secret part of one random change (rolls 0–48 of 100): update or create, or
+/// delete, one of `CONFIGS` configmaps or secrets; None for other rolls. Shared by both chaos
+/// tests so that they churn the same way.
+pub(crate) async fn change_config(
+    roll: usize,
+    rng: &mut StdRng,
+    cms: &Api<ConfigMap>,
+    secrets: &Api<Secret>,
+    step: &str,
+) -> Option<&'static str> {
+    let pp = PostParams::default();
+    let mut pick = || rng.random_range(0..CONFIGS);
+    Some(match roll {
+        0..=24 => {
+            let cm = format!("cm-{}", pick());
+            let patch = json!({"data": {"v": step}});
+            let r = cms
+                .patch(&cm, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            if r.is_err() {
+                let _ = cms.create(&pp, &configmap(&cm, step)).await;
+                "configmap created"
+            } else {
+                "configmap updated"
+            }
+        }
+        25..=29 => {
+            let cm = format!("cm-{}", pick());
+            let _ = cms.delete(&cm, &DeleteParams::default()).await;
+            "configmap deleted"
+        }
+        30..=44 => {
+            let s = format!("sec-{}", pick());
+            if secrets.replace(&s, &pp, &secret(&s, step)).await.is_err() {
+                let _ = secrets.create(&pp, &secret(&s, step)).await;
+                "secret created"
+            } else {
+                "secret updated"
+            }
+        }
+        45..=48 => {
+            let s = format!("sec-{}", pick());
+            let _ = secrets.delete(&s, &DeleteParams::default()).await;
+            "secret deleted"
+        }
+        _ => return None,
+    })
+}
+
 fn chaos_pod(name: &str, cm: usize, sec: usize, env_sec: usize, generation: u64) -> Value {
     json!({
         "metadata": {"name": name, "labels": {"chaos": "yes", "gen": generation.to_string()}},
@@ -191,87 +240,57 @@ impl Driver {
             .collect();
         let roll = self.pick(100);
         let pp = PostParams::default();
-        let op = match roll {
-            0..=24 => {
-                let cm = format!("cm-{}", self.pick(CONFIGS));
-                let patch = json!({"data": {"v": step}});
-                let r = self
-                    .cms
-                    .patch(&cm, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-                if r.is_err() {
-                    let _ = self.cms.create(&pp, &configmap(&cm, &step)).await;
-                    "configmap created"
-                } else {
-                    "configmap updated"
+        let config = change_config(roll, &mut self.rng, &self.cms, &self.secrets, &step).await;
+        let op = match config {
+            Some(op) => op,
+            None => match roll {
+                49..=66 if pods.len() < MAX_PODS => {
+                    let (cm, sec, env_sec) =
+                        (self.pick(CONFIGS), self.pick(CONFIGS), self.pick(CONFIGS));
+                    let spec = chaos_pod(&format!("pod-{step}"), cm, sec, env_sec, self.step);
+                    env.create_pod(spec).await;
+                    "pod created"
                 }
-            }
-            25..=29 => {
-                let cm = format!("cm-{}", self.pick(CONFIGS));
-                let _ = self.cms.delete(&cm, &DeleteParams::default()).await;
-                "configmap deleted"
-            }
-            30..=44 => {
-                let s = format!("sec-{}", self.pick(CONFIGS));
-                let r = self.secrets.replace(&s, &pp, &secret(&s, &step)).await;
-                if r.is_err() {
-                    let _ = self.secrets.create(&pp, &secret(&s, &step)).await;
-                    "secret created"
-                } else {
-                    "secret updated"
+                67..=79 if !names.is_empty() => {
+                    let name = names[self.pick(names.len())].clone();
+                    let patch = json!({"metadata": {"labels": {"gen": step}}});
+                    let _ = env
+                        .pods()
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                    "pod relabelled"
                 }
-            }
-            45..=48 => {
-                let s = format!("sec-{}", self.pick(CONFIGS));
-                let _ = self.secrets.delete(&s, &DeleteParams::default()).await;
-                "secret deleted"
-            }
-            49..=66 if pods.len() < MAX_PODS => {
-                let (cm, sec, env_sec) =
-                    (self.pick(CONFIGS), self.pick(CONFIGS), self.pick(CONFIGS));
-                let spec = chaos_pod(&format!("pod-{step}"), cm, sec, env_sec, self.step);
-                env.create_pod(spec).await;
-                "pod created"
-            }
-            67..=79 if !names.is_empty() => {
-                let name = names[self.pick(names.len())].clone();
-                let patch = json!({"metadata": {"labels": {"gen": step}}});
-                let _ = env
-                    .pods()
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-                "pod relabelled"
-            }
-            80..=89 if !names.is_empty() => {
-                let name = names[self.pick(names.len())].clone();
-                let _ = env.pods().delete(&name, &DeleteParams::default()).await;
-                "pod deleted"
-            }
-            90..=99 if !names.is_empty() => {
-                // Gone from the API at once, back under the same name with a new UID and
-                // other references: the edge must not confuse the two.
-                let name = names[self.pick(names.len())].clone();
-                let _ = env
-                    .pods()
-                    .delete(
-                        &name,
-                        &DeleteParams {
-                            grace_period_seconds: Some(0),
-                            ..Default::default()
-                        },
-                    )
-                    .await;
-                let (cm, sec, env_sec) =
-                    (self.pick(CONFIGS), self.pick(CONFIGS), self.pick(CONFIGS));
-                let mut spec = chaos_pod(&name, cm, sec, env_sec, self.step);
-                spec["apiVersion"] = json!("v1");
-                spec["kind"] = json!("Pod");
-                spec["spec"]["nodeName"] = json!(env.node);
-                let pod: Pod = serde_json::from_value(spec).expect("a Pod");
-                let _ = env.pods().create(&pp, &pod).await;
-                "pod force-replaced"
-            }
-            _ => "nothing",
+                80..=89 if !names.is_empty() => {
+                    let name = names[self.pick(names.len())].clone();
+                    let _ = env.pods().delete(&name, &DeleteParams::default()).await;
+                    "pod deleted"
+                }
+                90..=99 if !names.is_empty() => {
+                    // Gone from the API at once, back under the same name with a new UID and
+                    // other references: the edge must not confuse the two.
+                    let name = names[self.pick(names.len())].clone();
+                    let _ = env
+                        .pods()
+                        .delete(
+                            &name,
+                            &DeleteParams {
+                                grace_period_seconds: Some(0),
+                                ..Default::default()
+                            },
+                        )
+                        .await;
+                    let (cm, sec, env_sec) =
+                        (self.pick(CONFIGS), self.pick(CONFIGS), self.pick(CONFIGS));
+                    let mut spec = chaos_pod(&name, cm, sec, env_sec, self.step);
+                    spec["apiVersion"] = json!("v1");
+                    spec["kind"] = json!("Pod");
+                    spec["spec"]["nodeName"] = json!(env.node);
+                    let pod: Pod = serde_json::from_value(spec).expect("a Pod");
+                    let _ = env.pods().create(&pp, &pod).await;
+                    "pod force-replaced"
+                }
+                _ => "nothing",
+            },
         };
         *self.ops.entry(op).or_default() += 1;
     }

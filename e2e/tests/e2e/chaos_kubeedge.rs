@@ -28,7 +28,7 @@
 //! threads, whatever subscriber other tests installed) and, on failure, the lines naming a
 //! differing object are printed with connects, disconnects and resyncs.
 
-use crate::chaos::{configmap, secret, uses};
+use crate::chaos::{CONFIGS, change_config, configmap, secret, uses};
 use e2e::apiserver::Config;
 use e2e::channel::{FaultProxy, Pki, RawEdge};
 use e2e::cloud::{CloudFixture, test_sync_options};
@@ -49,7 +49,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-const CONFIGS: usize = 3;
 const MAX_PODS: usize = 6;
 const CONVERGE: Duration = Duration::from_secs(15);
 /// A send the link does not take within this is a dead connection (the edge's own timeout).
@@ -334,76 +333,44 @@ impl Driver {
             .filter_map(|p| p.metadata.name.clone())
             .collect();
         let pp = PostParams::default();
-        let op = match self.pick(100) {
-            0..=24 => {
-                let cm = format!("cm-{}", self.pick(CONFIGS));
-                let patch = json!({"data": {"v": step}});
-                let r = self
-                    .cms
-                    .patch(&cm, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-                if r.is_err() {
-                    let _ = self.cms.create(&pp, &configmap(&cm, &step)).await;
-                    "configmap created"
-                } else {
-                    "configmap updated"
+        let roll = self.pick(100);
+        let config = change_config(roll, &mut self.rng, &self.cms, &self.secrets, &step).await;
+        let op = match config {
+            Some(op) => op,
+            None => match roll {
+                49..=66 if pods.len() < MAX_PODS => {
+                    let pod =
+                        chaos_pod(&format!("pod-{step}"), &self.node, &mut self.rng, self.step);
+                    let _ = self.pods.create(&pp, &pod).await;
+                    "pod created"
                 }
-            }
-            25..=29 => {
-                let cm = format!("cm-{}", self.pick(CONFIGS));
-                let _ = self.cms.delete(&cm, &DeleteParams::default()).await;
-                "configmap deleted"
-            }
-            30..=44 => {
-                let s = format!("sec-{}", self.pick(CONFIGS));
-                if self
-                    .secrets
-                    .replace(&s, &pp, &secret(&s, &step))
-                    .await
-                    .is_err()
-                {
-                    let _ = self.secrets.create(&pp, &secret(&s, &step)).await;
-                    "secret created"
-                } else {
-                    "secret updated"
+                67..=79 if !names.is_empty() => {
+                    let name = names[self.pick(names.len())].clone();
+                    let patch = json!({"metadata": {"labels": {"gen": step}}});
+                    let _ = self
+                        .pods
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                    "pod relabelled"
                 }
-            }
-            45..=48 => {
-                let s = format!("sec-{}", self.pick(CONFIGS));
-                let _ = self.secrets.delete(&s, &DeleteParams::default()).await;
-                "secret deleted"
-            }
-            49..=66 if pods.len() < MAX_PODS => {
-                let pod = chaos_pod(&format!("pod-{step}"), &self.node, &mut self.rng, self.step);
-                let _ = self.pods.create(&pp, &pod).await;
-                "pod created"
-            }
-            67..=79 if !names.is_empty() => {
-                let name = names[self.pick(names.len())].clone();
-                let patch = json!({"metadata": {"labels": {"gen": step}}});
-                let _ = self
-                    .pods
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-                "pod relabelled"
-            }
-            80..=89 if !names.is_empty() => {
-                let name = names[self.pick(names.len())].clone();
-                let _ = self.pods.delete(&name, &DeleteParams::default()).await;
-                "pod deleted"
-            }
-            90..=99 if !names.is_empty() => {
-                let name = names[self.pick(names.len())].clone();
-                let dp = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                };
-                let _ = self.pods.delete(&name, &dp).await;
-                let pod = chaos_pod(&name, &self.node, &mut self.rng, self.step);
-                let _ = self.pods.create(&pp, &pod).await;
-                "pod force-replaced"
-            }
-            _ => "nothing",
+                80..=89 if !names.is_empty() => {
+                    let name = names[self.pick(names.len())].clone();
+                    let _ = self.pods.delete(&name, &DeleteParams::default()).await;
+                    "pod deleted"
+                }
+                90..=99 if !names.is_empty() => {
+                    let name = names[self.pick(names.len())].clone();
+                    let dp = DeleteParams {
+                        grace_period_seconds: Some(0),
+                        ..Default::default()
+                    };
+                    let _ = self.pods.delete(&name, &dp).await;
+                    let pod = chaos_pod(&name, &self.node, &mut self.rng, self.step);
+                    let _ = self.pods.create(&pp, &pod).await;
+                    "pod force-replaced"
+                }
+                _ => "nothing",
+            },
         };
         *self.ops.entry(op).or_default() += 1;
     }

@@ -139,28 +139,12 @@ async fn kubectl_logs_reach_edge_containers_through_the_tunnel() {
     );
 
     // -f: new lines arrive while the request stays open.
-    let mut child = env
-        .cluster
-        .kubectl()
-        .args(["logs", "-f", "--tail=1", "-n", &env.ns, "talker"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kubectl logs -f");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut seen = Vec::new();
-    let followed = tokio::time::timeout(WAIT, async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            seen.push(line);
-            if seen.len() >= 3 {
-                return true;
-            }
-        }
-        false
-    })
+    let (mut child, seen) = kubectl_lines(
+        &env,
+        &["logs", "-f", "--tail=1", "-n", &env.ns, "talker"],
+        3,
+    )
     .await;
-    assert_eq!(followed, Ok(true), "kubectl logs -f streamed {seen:?}");
     let n: Vec<u64> = seen
         .iter()
         .filter_map(|l| l.strip_prefix("tick-")?.parse().ok())
@@ -655,6 +639,38 @@ async fn follow_continues_across_log_rotation() {
     env.finish().await;
 }
 
+/// Starts kubectl with `args` and reads `n` lines of its output as they come (within
+/// [`WAIT`]); returns the still running kubectl and the lines.
+async fn kubectl_lines(
+    env: &EdgeEnv,
+    args: &[&str],
+    n: usize,
+) -> (tokio::process::Child, Vec<String>) {
+    let mut child = env
+        .cluster
+        .kubectl()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    let streamed = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line);
+            if seen.len() >= n {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(streamed, Ok(true), "kubectl {args:?} streamed {seen:?}");
+    (child, seen)
+}
+
 /// Runs kubectl with `stdin`; stdout, stderr and the exit code.
 async fn kubectl_exit(env: &EdgeEnv, args: &[&str], stdin: Option<&[u8]>) -> (String, String, i32) {
     use tokio::io::AsyncWriteExt;
@@ -769,28 +785,7 @@ async fn kubectl_exec_and_attach_reach_edge_containers_through_the_tunnel() {
     assert_eq!(out.status.code(), Some(4), "{text:?}");
 
     // attach: the container's output as it comes.
-    let mut child = env
-        .cluster
-        .kubectl()
-        .args(["attach", "-n", ns, "shell"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kubectl attach");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut seen = Vec::new();
-    let attached = tokio::time::timeout(WAIT, async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            seen.push(line);
-            if seen.len() >= 2 {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(attached, Ok(true), "kubectl attach streamed {seen:?}");
+    let (mut child, seen) = kubectl_lines(&env, &["attach", "-n", ns, "shell"], 2).await;
     let n: Vec<u64> = seen
         .iter()
         .filter_map(|l| l.strip_prefix("attach-tick-")?.parse().ok())
