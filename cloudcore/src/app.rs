@@ -72,6 +72,7 @@ async fn start_join(
     let join = Arc::new(JoinServer {
         ca,
         signing_days: hub.edge_cert_signing_duration.max(1) as i64,
+        allow_legacy_certificates: hub.allow_legacy_certificates,
         metrics,
     });
     server::serve((ip, hub.https.port).into(), tls, join, shutdown.clone()).await?;

@@ -15,6 +15,7 @@ use crate::edgehub::EdgeHubConfig;
 use crate::metamanager::MetaManagerConfig;
 use kubeedge_shared::config::ConfigError as FileError;
 use kubeedge_shared::constants;
+use kubeedge_shared::names::validate_node_name;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -1091,30 +1092,6 @@ fn non_negative(bad: &mut impl FnMut(&str, String), path: &str, v: i32) {
     if v < 0 {
         bad(path, format!("must not be negative, got {v}"));
     }
-}
-
-/// A node name must be a DNS-1123 subdomain (what the API server accepts for Node names).
-fn validate_node_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("must not be empty (it is the node name)".into());
-    }
-    if name.len() > 253 {
-        return Err(format!(
-            "must be at most 253 characters, got {}",
-            name.len()
-        ));
-    }
-    let ok_chars = name
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
-    let ok_ends = name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !ok_chars || !ok_ends {
-        return Err(format!(
-            "{name:?} is not a valid node name (lower-case letters, digits, '-' and '.', starting and ending with a letter or digit)"
-        ));
-    }
-    Ok(())
 }
 
 /// Removes `null` map entries everywhere, so that they take their defaults (Go leaves the

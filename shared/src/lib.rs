@@ -10,6 +10,7 @@ pub mod constants;
 pub mod content;
 pub mod inventory;
 pub mod message;
+pub mod names;
 pub mod operation;
 pub mod pki;
 pub mod resource;

@@ -199,13 +199,47 @@ impl CertificateAuthority {
         days: i64,
         ekus: &[ExtendedKeyUsagePurpose],
     ) -> Result<CertificateDer<'static>, PkiError> {
-        let mut csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())?;
+        let csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())?;
         let mut dn = DistinguishedName::new();
         for (ty, value) in csr.params.distinguished_name.iter() {
             if matches!(ty, DnType::CommonName | DnType::OrganizationName) {
                 dn.push(ty.clone(), value.clone());
             }
         }
+        self.sign_csr_params(csr, dn, days, ekus)
+    }
+
+    /// Signs a DER PKCS#10 CSR (signature verified) for edge node `node`: whatever subject
+    /// the CSR carries (KubeEdge ≤ v1.15 edges put `O=kubeEdge, CN=kubeedge.io` in every
+    /// CSR), the certificate names the node, `CN=system:node:<node>, O=system:nodes`, as the
+    /// kubelet's client certificates do. Otherwise as [`Self::sign_csr_with`].
+    pub fn sign_node_csr(
+        &self,
+        csr_der: &[u8],
+        node: &str,
+        days: i64,
+        ekus: &[ExtendedKeyUsagePurpose],
+    ) -> Result<CertificateDer<'static>, PkiError> {
+        let csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(
+            DnType::OrganizationName,
+            crate::constants::NODE_ORGANIZATION,
+        );
+        dn.push(
+            DnType::CommonName,
+            format!("{}{node}", crate::constants::NODE_CN_PREFIX),
+        );
+        self.sign_csr_params(csr, dn, days, ekus)
+    }
+
+    fn sign_csr_params(
+        &self,
+        mut csr: CertificateSigningRequestParams,
+        dn: DistinguishedName,
+        days: i64,
+        ekus: &[ExtendedKeyUsagePurpose],
+    ) -> Result<CertificateDer<'static>, PkiError> {
         csr.params.distinguished_name = dn;
         csr.params.subject_alt_names.clear();
         csr.params.is_ca = IsCa::NoCa;
@@ -222,20 +256,27 @@ impl CertificateAuthority {
 
 /// Creates an edge key and a DER CSR with `CN=system:node:<node>, O=system:nodes`.
 pub fn node_csr(node: &str) -> Result<(Vec<u8>, KeyPair), PkiError> {
+    csr_with_subject(
+        crate::constants::NODE_ORGANIZATION,
+        &format!("{}{node}", crate::constants::NODE_CN_PREFIX),
+    )
+}
+
+/// The key and DER CSR a KubeEdge ≤ v1.15 edge sends for every node: ECDSA P-256,
+/// `C=CN, ST=Zhejiang, L=Hangzhou, O=kubeEdge, CN=kubeedge.io`.
+pub fn legacy_kubeedge_csr() -> Result<(Vec<u8>, KeyPair), PkiError> {
+    csr_with_subject("kubeEdge", crate::constants::LEGACY_EDGE_CN)
+}
+
+fn csr_with_subject(org: &str, cn: &str) -> Result<(Vec<u8>, KeyPair), PkiError> {
     let key = new_key()?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CountryName, "CN");
     dn.push(DnType::StateOrProvinceName, "Zhejiang");
     dn.push(DnType::LocalityName, "Hangzhou");
-    dn.push(
-        DnType::OrganizationName,
-        crate::constants::NODE_ORGANIZATION,
-    );
-    dn.push(
-        DnType::CommonName,
-        format!("{}{node}", crate::constants::NODE_CN_PREFIX),
-    );
+    dn.push(DnType::OrganizationName, org);
+    dn.push(DnType::CommonName, cn);
     params.distinguished_name = dn;
     let csr = params.serialize_request(&key)?;
     Ok((csr.der().to_vec(), key))
@@ -483,6 +524,32 @@ mod tests {
         assert!(eku.server_auth && eku.client_auth);
         assert!(go_ext_key_usage(42).is_none());
         assert!(csr_subject(b"junk").is_err());
+    }
+
+    #[test]
+    fn node_csr_signing_names_the_node_whatever_the_csr_subject() {
+        let ca = CertificateAuthority::generate().unwrap();
+        let (csr, _key) = legacy_kubeedge_csr().unwrap();
+        let subject = csr_subject(&csr).unwrap();
+        assert_eq!(subject.common_name.as_deref(), Some("kubeedge.io"));
+        assert_eq!(subject.organizations, vec!["kubeEdge".to_string()]);
+        let ekus = [ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = ca.sign_node_csr(&csr, "edge-3", 1, &ekus).unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&cert).unwrap();
+        let cns: Vec<_> = parsed
+            .subject()
+            .iter_common_name()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        let orgs: Vec<_> = parsed
+            .subject()
+            .iter_organization()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        assert_eq!(cns, ["system:node:edge-3"]);
+        assert_eq!(orgs, ["system:nodes"]);
+        assert!(parsed.subject().iter_country().next().is_none());
+        assert!(ca.sign_node_csr(b"junk", "edge-3", 1, &ekus).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use kubeedge_shared::constants::{
     CAPABILITY_INVENTORY, CONNECTION_USE_MSG, HEADER_CAPABILITIES, HEADER_CONNECTION_USE,
     HEADER_NODE_ID, HEADER_PROJECT_ID, LEGACY_EDGE_CN, NODE_CN_PREFIX,
 };
+use kubeedge_shared::names::valid_node_name;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request};
 
 #[derive(Debug, Clone)]
@@ -47,19 +48,6 @@ fn header<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
-}
-
-/// Kubernetes node names are DNS-1123 subdomains; anything else could not be a Node and
-/// would corrupt resource paths.
-pub(crate) fn valid_node_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name
-            .split('.')
-            .all(|label| !label.is_empty() && !label.starts_with('-') && !label.ends_with('-'))
 }
 
 pub(super) fn check_request(

@@ -4,12 +4,13 @@
 //! payloads (read with [`kubeedge_shared::stream::ws`], never UTF-8 checked).
 
 use super::session::{OUT_BUFFER, Outgoing, Session, Sessions};
-use crate::cloudhub::handshake::{certificate_identity, valid_node_name};
+use crate::cloudhub::handshake::certificate_identity;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use kubeedge_shared::names::valid_node_name;
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader, WsWriter};
 use kubeedge_shared::stream::{self, MessageType, TunnelMessage};
 use std::net::SocketAddr;

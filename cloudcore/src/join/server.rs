@@ -3,16 +3,18 @@
 //! * `GET /ca.crt` → the CA certificate, DER.
 //! * `GET /edge.crt` (a GET with a body: the DER PKCS#10 CSR) → the signed certificate, DER.
 //!   Authorised by `Authorization: Bearer <jwt>` (first join) or by a client certificate of
-//!   this CA (rotation) whose subject is `CN=system:node:<NodeName>, O=system:nodes` or the
-//!   legacy `CN=kubeedge.io`. Header `NodeName` names the node; optional `ExtKeyUsages` is a
-//!   JSON array of Go `x509.ExtKeyUsage` numbers (default `[2]`, clientAuth). The certificate
-//!   carries the CSR's CN and O, for `edgeCertSigningDuration` days.
+//!   this CA (rotation) whose subject is `CN=system:node:<NodeName>, O=system:nodes` (or the
+//!   legacy `CN=kubeedge.io` when `allowLegacyCertificates` is on). Header `NodeName` names the
+//!   node; optional `ExtKeyUsages` is a JSON array of Go `x509.ExtKeyUsage` numbers (default
+//!   `[2]`, clientAuth). The certificate is the node's own identity,
+//!   `CN=system:node:<NodeName>, O=system:nodes`, whatever subject the CSR carries (KubeEdge
+//!   ≤ v1.15 edges put `CN=kubeedge.io` in every CSR), for `edgeCertSigningDuration` days.
 //!
 //! Status codes follow KubeEdge: 401 for a missing or unsplittable `Authorization` and for a
 //! client certificate of the wrong node; 400 for JWT failures. Deviations (hardening): a CSR
-//! that cannot be parsed is a 400 with a message (KubeEdge answers an empty 200); a CSR whose
-//! CN is not `system:node:<NodeName>` (or legacy `kubeedge.io`) is a 403; bodies are capped
-//! at 64 KiB (413); a client certificate that does not chain to the CA fails the TLS handshake.
+//! that cannot be parsed is a 400 with a message (KubeEdge answers an empty 200); a `NodeName`
+//! that is not a valid node name is a 400; bodies are capped at 64 KiB (413); a client
+//! certificate that does not chain to the CA fails the TLS handshake.
 
 use super::{JoinMetrics, RefusalLabel};
 use bytes::Bytes;
@@ -21,6 +23,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kubeedge_shared::constants::{LEGACY_EDGE_CN, NODE_CN_PREFIX, NODE_ORGANIZATION};
+use kubeedge_shared::names::validate_node_name;
 use kubeedge_shared::pki::{self, CertificateAuthority};
 use kubeedge_shared::{tls, token};
 use rustls_pki_types::CertificateDer;
@@ -41,6 +44,9 @@ pub struct JoinServer {
     pub ca: Arc<CertificateAuthority>,
     /// `edgeCertSigningDuration`, days.
     pub signing_days: i64,
+    /// `allowLegacyCertificates`: a client certificate with the shared legacy CN may renew
+    /// (for any node: that CN names none).
+    pub allow_legacy_certificates: bool,
     pub metrics: JoinMetrics,
 }
 
@@ -187,9 +193,9 @@ fn refusal(status: StatusCode, reason: &'static str, message: impl Into<String>)
     }
 }
 
-fn node_subject_ok(cn: Option<&str>, orgs: &[String], node: &str) -> bool {
+fn node_subject_ok(cn: Option<&str>, orgs: &[String], node: &str, allow_legacy: bool) -> bool {
     match cn {
-        Some(cn) if cn == LEGACY_EDGE_CN => true,
+        Some(cn) if cn == LEGACY_EDGE_CN => allow_legacy,
         Some(cn) => {
             cn.strip_prefix(NODE_CN_PREFIX) == Some(node)
                 && orgs.iter().any(|o| o == NODE_ORGANIZATION)
@@ -217,10 +223,22 @@ async fn edge_cert(
             "header NodeName is required\n",
         ));
     }
+    if let Err(e) = validate_node_name(&node) {
+        return Err(refusal(
+            StatusCode::BAD_REQUEST,
+            "bad_node_name",
+            format!("header NodeName: {e}\n"),
+        ));
+    }
     if let Some(cert) = client_cert {
         // The TLS layer verified the chain to the CA and EKU clientAuth.
         let (cn, orgs) = cert_subject(cert);
-        if !node_subject_ok(cn.as_deref(), &orgs, &node) {
+        if !node_subject_ok(
+            cn.as_deref(),
+            &orgs,
+            &node,
+            server.allow_legacy_certificates,
+        ) {
             return Err(refusal(
                 StatusCode::UNAUTHORIZED,
                 "client_cert_node",
@@ -310,23 +328,9 @@ async fn edge_cert(
             format!("the body must be a DER PKCS#10 certificate request: {e}\n"),
         )
     })?;
-    if !node_subject_ok(
-        subject.common_name.as_deref(),
-        &subject.organizations,
-        &node,
-    ) {
-        return Err(refusal(
-            StatusCode::FORBIDDEN,
-            "csr_subject",
-            format!(
-                "the CSR subject (CN {:?}, O {:?}) must be CN=system:node:{node}, O=system:nodes\n",
-                subject.common_name, subject.organizations
-            ),
-        ));
-    }
     let cert = server
         .ca
-        .sign_csr_with(&body, server.signing_days, &ekus)
+        .sign_node_csr(&body, &node, server.signing_days, &ekus)
         .map_err(|e| {
             refusal(
                 StatusCode::BAD_REQUEST,
@@ -334,6 +338,14 @@ async fn edge_cert(
                 format!("cannot sign the CSR: {e}\n"),
             )
         })?;
+    if subject.common_name.as_deref() != Some(&format!("{NODE_CN_PREFIX}{node}")) {
+        tracing::debug!(
+            %node,
+            csr_cn = ?subject.common_name,
+            csr_o = ?subject.organizations,
+            "CSR subject replaced by the node's identity"
+        );
+    }
     Ok((node, cert.to_vec()))
 }
 
@@ -363,10 +375,11 @@ mod tests {
     #[test]
     fn node_subjects() {
         let nodes = vec!["system:nodes".to_string()];
-        assert!(node_subject_ok(Some("system:node:a"), &nodes, "a"));
-        assert!(!node_subject_ok(Some("system:node:a"), &nodes, "b"));
-        assert!(!node_subject_ok(Some("system:node:a"), &[], "a"));
-        assert!(node_subject_ok(Some("kubeedge.io"), &[], "a"));
-        assert!(!node_subject_ok(None, &nodes, "a"));
+        assert!(node_subject_ok(Some("system:node:a"), &nodes, "a", false));
+        assert!(!node_subject_ok(Some("system:node:a"), &nodes, "b", false));
+        assert!(!node_subject_ok(Some("system:node:a"), &[], "a", false));
+        assert!(!node_subject_ok(Some("kubeedge.io"), &[], "a", false));
+        assert!(node_subject_ok(Some("kubeedge.io"), &[], "a", true));
+        assert!(!node_subject_ok(None, &nodes, "a", true));
     }
 }

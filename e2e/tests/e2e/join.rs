@@ -47,6 +47,7 @@ impl Join {
         let join = Arc::new(JoinServer {
             ca: Arc::new(ca),
             signing_days: 365,
+            allow_legacy_certificates: false,
             metrics: metrics.clone(),
         });
         let addr = server::serve(([127, 0, 0, 1], 0).into(), tls, join, shutdown.clone())
@@ -273,20 +274,103 @@ async fn bad_tokens_are_refused_with_clear_errors() {
     .unwrap();
     assert_eq!(status.as_u16(), 400);
     assert!(String::from_utf8_lossy(&body).contains("PKCS#10"));
-    // A CSR for another node than NodeName → 403.
+    // A CSR naming another node: the certificate names the NodeName the token let in.
     let (csr, _) = pki::node_csr("someone-else").unwrap();
-    let (status, _) = client::get(
+    let (status, body) = client::get(
         &j.url,
         "/edge.crt",
         cfg.clone(),
-        &[node, bearer],
+        &[node, bearer.clone()],
+        csr.clone(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.as_u16(), 200);
+    let cert = rustls_pki_types::CertificateDer::from(body.to_vec());
+    assert_eq!(
+        tls::common_name(&cert).as_deref(),
+        Some("system:node:join-bad")
+    );
+    // A NodeName that cannot be a node's name → 400.
+    let (status, body) = client::get(
+        &j.url,
+        "/edge.crt",
+        cfg.clone(),
+        &[("NodeName", "Not/A_Node".to_string()), bearer],
         csr,
         Duration::from_secs(5),
     )
     .await
     .unwrap();
-    assert_eq!(status.as_u16(), 403);
-    assert_eq!(j.metrics.certificates_issued.get(), 0);
+    assert_eq!(status.as_u16(), 400);
+    assert!(String::from_utf8_lossy(&body).contains("not a valid node name"));
+    assert_eq!(j.metrics.certificates_issued.get(), 1);
+}
+
+/// A KubeEdge ≤ v1.15 edge puts `O=kubeEdge, CN=kubeedge.io` in every CSR; with default
+/// settings it must still get a certificate cloudhub accepts (its own node's identity).
+#[tokio::test]
+async fn kubeedge_v1_15_csr_gets_the_node_identity_and_cloudhub_accepts_it() {
+    e2e::edge::init_logs();
+    let j = Join::start().await;
+    let node = "kubeedge-115";
+    let ca = j.pki.ca.cert.cert_der.clone();
+    let cfg = client::verified_config(&ca, None).unwrap();
+    let token = j.token(3600);
+    let (_, jwt) = token::split(&token).unwrap();
+    let (csr, key) = pki::legacy_kubeedge_csr().unwrap();
+    assert_eq!(
+        pki::csr_subject(&csr).unwrap().common_name.as_deref(),
+        Some("kubeedge.io")
+    );
+    // As KubeEdge's certmanager sends it: a GET with the DER CSR as body, the token's JWT
+    // as bearer, NodeName, and no ExtKeyUsages header.
+    let (status, body) = client::get(
+        &j.url,
+        "/edge.crt",
+        cfg,
+        &[
+            ("NodeName", node.to_string()),
+            ("Authorization", format!("Bearer {jwt}")),
+        ],
+        csr,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.as_u16(), 200, "{}", String::from_utf8_lossy(&body));
+    let cert = rustls_pki_types::CertificateDer::from(body.to_vec());
+    assert_eq!(
+        tls::common_name(&cert).as_deref(),
+        Some("system:node:kubeedge-115")
+    );
+
+    // Default cloudhub settings (no allowLegacyCertificates): the session opens.
+    let (hub, _up, hub_metrics) = start_hub(&j.pki, test_hub_config()).await.unwrap();
+    assert!(!test_hub_config().allow_legacy_cn);
+    let key = rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+    let edge_tls = tls::client_config(std::slice::from_ref(&ca), vec![cert], key).unwrap();
+    let mut edge = RawEdge::connect(hub.local_addr(), node, edge_tls.clone())
+        .await
+        .expect("cloudhub accepts the certificate issued for a KubeEdge CSR");
+    edge.keepalive().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while hub_metrics.connected_nodes.get() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the KubeEdge edge's session did not open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(hub.is_connected(node));
+    // The same certificate cannot speak for another node.
+    let refused = RawEdge::connect(hub.local_addr(), "another-node", edge_tls)
+        .await
+        .err()
+        .expect("a certificate of one node does not open another node's session");
+    assert!(refused.contains("403"), "{refused}");
+    hub.shutdown();
 }
 
 #[tokio::test]
