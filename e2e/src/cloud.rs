@@ -48,6 +48,25 @@ impl CloudFixture {
         pki: &Pki,
         sync: SyncOptions,
     ) -> anyhow::Result<CloudFixture> {
+        let fx = Self::launch(client, pki, sync).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !fx.ready.is_ready() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "cloudcore informers did not sync"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(fx)
+    }
+
+    /// Starts cloudhub and the edge controllers and returns at once, while the informers are
+    /// still listing: edges may connect in that window, as they do after a real restart.
+    pub async fn launch(
+        client: kube::Client,
+        pki: &Pki,
+        sync: SyncOptions,
+    ) -> anyhow::Result<CloudFixture> {
         let metrics = HubMetrics::default();
         // Simulated edges in these tests do not send keepalives on a timer.
         let mut config = test_hub_config();
@@ -62,14 +81,6 @@ impl CloudFixture {
         let controllers = tokio::spawn(async move {
             cloudcore::controller::run_with(client, h, upstream, r, cm, &sync, token).await
         });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !ready.is_ready() {
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "cloudcore informers did not sync"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         Ok(CloudFixture {
             hub,
             ready,

@@ -256,6 +256,21 @@ impl EdgeEnv {
         self.cloud = Some(cloud);
     }
 
+    /// Starts a new cloudcore and points the edge's link at it at once, before its informers
+    /// have listed (the edge reconnects in the start-up window).
+    pub async fn start_cloud_at_once(&mut self) {
+        self.stop_cloud();
+        let cloud = CloudFixture::launch(
+            self.cluster.client(),
+            &self.pki,
+            crate::cloud::test_sync_options("default"),
+        )
+        .await
+        .expect("cloudcore starts again");
+        self.link.set_upstream(cloud.hub.local_addr());
+        self.cloud = Some(cloud);
+    }
+
     /// The CRI runtime the edge runs on.
     pub async fn cri(&self) -> CriClient {
         CriClient::connect(&self.endpoint)

@@ -40,6 +40,19 @@ pub struct InventoryEntry {
     pub resource_version: String,
 }
 
+/// One object an edge holds, as the cloud compares it: from an inventory entry, or from the
+/// ObjectSync records of a KubeEdge edge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldObject {
+    /// Type token, e.g. `pod`, `configmap`, `secret`.
+    pub resource_type: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `metadata.resourceVersion` of the held copy (0 when unknown).
+    pub resource_version: u64,
+}
+
 /// Everything the edge database holds that the cloud keeps in sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Inventory {

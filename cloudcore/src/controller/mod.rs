@@ -16,6 +16,7 @@ use crate::http::Readiness;
 use downstream::{Downstream, HeldObject, Input};
 use kubeedge_shared::inventory::Inventory;
 use services::ServiceCache;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use upstream::UpstreamHandler;
@@ -58,11 +59,13 @@ pub async fn run_with(
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     );
-    let downstream = Downstream::new(client.clone(), hub.clone(), ds_ready, tx.clone())
+    let (fetch_tx, fetch_rx) = mpsc::unbounded_channel();
+    let fetcher = downstream::spawn_fetcher(client.clone(), fetch_rx, tx.clone(), shutdown.clone());
+    let downstream = Downstream::new(Arc::new(hub.clone()), ds_ready, fetch_tx)
         .with_sync_records(records, sync.resync_interval);
     let location = downstream.location();
     let events = hub.subscribe();
-    let ds = tokio::spawn(downstream.run(events, rx, shutdown.clone()));
+    let ds = tokio::spawn(downstream.run(client.clone(), events, rx, shutdown.clone()));
     let services = ServiceCache::default();
     let svc = tokio::spawn(
         services
@@ -94,6 +97,7 @@ pub async fn run_with(
     }
     let _ = ds.await;
     let _ = svc.await;
+    let _ = fetcher.await;
 }
 
 /// Reads an edge's inventory (`kubeedge_shared::inventory`, `edgecore/INVENTORY.md`) into the

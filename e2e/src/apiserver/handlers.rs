@@ -433,6 +433,11 @@ async fn resource_request(
             if watch_param || t.watch {
                 return start_watch(ctx, info, t.ns.map(str::to_string), filter).await;
             }
+            let delay = st.list_delay_ms.load(std::sync::atomic::Ordering::Relaxed);
+            if delay > 0 {
+                let ms = rand::Rng::random_range(&mut rand::rng(), 0..=delay);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            }
             list_response(ctx, &info, t.ns, &filter)
         }
         (&Method::GET, Some(name), None) if watch_param || t.watch => {

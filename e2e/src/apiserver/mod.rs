@@ -164,6 +164,17 @@ impl Drop for WatchPause {
     }
 }
 
+/// See [`ApiServer::list_delay`].
+#[derive(Clone)]
+pub struct ListDelay(Arc<std::sync::atomic::AtomicU64>);
+
+impl ListDelay {
+    pub fn set(&self, max: Duration) {
+        self.0
+            .store(max.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut b);
@@ -349,6 +360,12 @@ impl ApiServer {
         WatchPause {
             state: self.state.clone(),
         }
+    }
+
+    /// A handle that makes every list answer after a random delay up to a maximum (zero: at
+    /// once), as a loaded apiserver answers the lists of different kinds in any order.
+    pub fn list_delay(&self) -> ListDelay {
+        ListDelay(self.state.list_delay_ms.clone())
     }
 
     /// Open watches across all resources.

@@ -21,6 +21,9 @@ pub struct State {
     pub kubelet_tls: std::sync::Arc<rustls::ClientConfig>,
     /// `true` while new watches are held back (a test knob to force relists).
     pub watch_gate: watch::Sender<bool>,
+    /// Lists answer after a random delay up to this many milliseconds (a test knob: a loaded
+    /// apiserver answers the lists of different kinds in any order).
+    pub list_delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     next_cluster_ip: AtomicU32,
     next_node_port: AtomicU32,
 }
@@ -46,6 +49,7 @@ impl State {
             kubelet_tls,
             config,
             watch_gate: watch::channel(false).0,
+            list_delay_ms: Default::default(),
             next_cluster_ip: AtomicU32::new(10),
             next_node_port: AtomicU32::new(30000),
         }

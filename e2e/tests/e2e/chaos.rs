@@ -4,8 +4,10 @@
 //! pods bound to the edge node created, relabelled, deleted gracefully or force-replaced
 //! under the same name (busybox `sleep` pods mounting a configmap and a secret, with an env
 //! var from a secret), interleaved with faults on the edge's link (`FaultProxy`): connections
-//! cut, a half-open blackhole (only dead-link detection notices), added latency, one cloudcore
-//! restart and one edgecore restart. Then everything heals and, within a deadline, the edge
+//! cut, a half-open blackhole (only dead-link detection notices), added latency, two cloudcore
+//! restarts (after one, the new cloudcore's first lists answer slowly and in random order, so
+//! the edge reconnects with its inventory while the cloudcore does not yet know the node's
+//! pods) and one edgecore restart. Then everything heals and, within a deadline, the edge
 //! must have converged: its SQLite `meta` table holds exactly the node's pods (same UID,
 //! labels and spec as the cluster) and, at the cluster's current UID, resourceVersion and
 //! data, the configmaps/secrets they use, and no object the cluster deleted; every pod runs
@@ -35,6 +37,8 @@ use std::time::{Duration, Instant};
 pub(crate) const CONFIGS: usize = 3;
 /// Pods alive (terminating ones included) at most.
 const MAX_PODS: usize = 6;
+/// Longest delay of a list after a `CloudRestartSlowLists`.
+const SLOW_LISTS: Duration = Duration::from_millis(1500);
 /// How long the edge has to converge once everything healed.
 const CONVERGE: Duration = Duration::from_secs(60);
 
@@ -48,6 +52,10 @@ enum Fault {
     Latency(Duration, Duration),
     /// cloudcore down for this long, then a new one.
     CloudRestart(Duration),
+    /// The same, and the new cloudcore's first lists answer slowly and in random order (on
+    /// the in-memory apiserver), and edgecore restarts with it: the edge reconnects and sends
+    /// its inventory while the cloudcore does not yet know all of the node's pods.
+    CloudRestartSlowLists(Duration),
     /// edgecore down for this long, then started again on the same database.
     EdgeRestart(Duration),
 }
@@ -59,6 +67,7 @@ impl Fault {
             Fault::Blackhole(d)
             | Fault::Latency(_, d)
             | Fault::CloudRestart(d)
+            | Fault::CloudRestartSlowLists(d)
             | Fault::EdgeRestart(d) => d,
         }
     }
@@ -78,6 +87,7 @@ fn schedule(rng: &mut StdRng, total: Duration) -> Vec<(Duration, Fault)> {
         Fault::Latency(ms(rng, 50, 400), ms(rng, 4000, 8000)),
         Fault::Latency(ms(rng, 50, 400), ms(rng, 4000, 8000)),
         Fault::CloudRestart(ms(rng, 500, 4000)),
+        Fault::CloudRestartSlowLists(ms(rng, 500, 2000)),
         Fault::EdgeRestart(ms(rng, 500, 4000)),
     ];
     for i in (1..faults.len()).rev() {
@@ -315,7 +325,7 @@ async fn apply_fault(env: &mut EdgeEnv, f: Fault) {
         Fault::Cut => env.link.cut(),
         Fault::Blackhole(_) => env.link.freeze(),
         Fault::Latency(l, _) => env.link.set_latency(l),
-        Fault::CloudRestart(_) => env.stop_cloud(),
+        Fault::CloudRestart(_) | Fault::CloudRestartSlowLists(_) => env.stop_cloud(),
         Fault::EdgeRestart(_) => env.stop_edge().await,
     }
 }
@@ -326,6 +336,22 @@ async fn end_fault(env: &mut EdgeEnv, f: Fault) {
         Fault::Blackhole(_) => env.link.thaw(),
         Fault::Latency(..) => env.link.set_latency(Duration::ZERO),
         Fault::CloudRestart(_) => env.start_cloud().await,
+        Fault::CloudRestartSlowLists(_) => {
+            // A real apiserver's lists are slow enough by themselves.
+            if let Some(server) = env.cluster.in_memory() {
+                let delay = server.list_delay();
+                delay.set(SLOW_LISTS);
+                tokio::spawn(async move {
+                    tokio::time::sleep(SLOW_LISTS * 3).await;
+                    delay.set(Duration::ZERO);
+                });
+            }
+            env.start_cloud_at_once().await;
+            // A fresh edgecore dials at once (a long-failing one may be in a 30 s back-off):
+            // its inventory arrives while the lists are still under way.
+            env.stop_edge().await;
+            env.start_edge().await;
+        }
         Fault::EdgeRestart(_) => env.start_edge().await,
     }
 }

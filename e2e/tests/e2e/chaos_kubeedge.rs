@@ -16,9 +16,9 @@
 //! force-deleted and re-created under the same name) and configmap/secret updates, deletions
 //! and re-creations, interleaved with faults on the edge's link (`FaultProxy`): cuts,
 //! blackholes (the frozen connection is closed when the link thaws, or earlier by the edge's own
-//! send timeout; the edge then redials), added latency, one cloudcore restart. After healing,
-//! the edge must hold exactly the cluster's pods (same UID, labels and spec), the configmaps and
-//! secrets they use, every configmap/secret it holds at the cluster's UID, resourceVersion and
+//! send timeout; the edge then redials), added latency, one cloudcore restart (whose first
+//! lists answer slowly and in random order). After healing, the edge must hold exactly the
+//! cluster's pods (same UID, labels and spec), the configmaps and secrets they use, every configmap/secret it holds at the cluster's UID, resourceVersion and
 //! data, and the node's ObjectSync records must name exactly what it holds, at the held
 //! version. `CHAOS_SEED` replays a schedule (printed), `CHAOS_SECS` sets the chaos phase
 //! (default 40).
@@ -59,6 +59,8 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 struct EdgeDb {
     rows: BTreeMap<String, Value>,
     connects: u32,
+    /// UIDs of every pod the cloud told the edge to delete.
+    deleted_pods: BTreeSet<String>,
 }
 
 type Db = Arc<Mutex<EdgeDb>>;
@@ -123,6 +125,7 @@ async fn session(raw: &mut RawEdge, db: &Db, ns: &str, stop: &CancellationToken)
                 let mut d = lock(db);
                 if ty == "pod" {
                     let uid = obj["metadata"]["uid"].as_str().unwrap_or("");
+                    d.deleted_pods.insert(uid.to_string());
                     if d.rows
                         .get(&key)
                         .is_some_and(|v| v.to_string().contains(uid))
@@ -411,6 +414,20 @@ impl Cloud {
         self.fx = Some(fx);
     }
 
+    /// A restart as in the field: the edge's link leads to the new cloudcore before its
+    /// informers have listed.
+    async fn start_at_once(&mut self) {
+        let fx = CloudFixture::launch(
+            self.cluster.client(),
+            &self.pki,
+            test_sync_options(&self.ns),
+        )
+        .await
+        .expect("cloudcore");
+        self.link.set_upstream(fx.hub.local_addr());
+        self.fx = Some(fx);
+    }
+
     async fn stop(&mut self) {
         if let Some(fx) = self.fx.take() {
             fx.shutdown().await;
@@ -449,6 +466,15 @@ async fn differences(c: &TestCluster, ns: &str, node: &str, db: &Db) -> Vec<Stri
     let (mut used_cms, mut used_secrets) = (BTreeSet::new(), BTreeSet::new());
     for p in &pods.items {
         let v = serde_json::to_value(p).expect("pod JSON");
+        // A pod is deleted at the edge only once it is gone from the cluster (or the edge
+        // asked, for a terminating one): anything else would stop a pod that should run.
+        let uid = p.metadata.uid.clone().unwrap_or_default();
+        if p.metadata.deletion_timestamp.is_none() && lock(db).deleted_pods.contains(&uid) {
+            diff.push(format!(
+                "pod {} (uid {uid}) was deleted at the edge while it exists in the cluster",
+                str_at(&v, "/metadata/name")
+            ));
+        }
         if p.metadata.deletion_timestamp.is_some() {
             diff.push(format!(
                 "pod {} still terminating in the cluster",
@@ -749,7 +775,19 @@ async fn chaos(logs: LogBuf) {
                 Fault::Cut => {}
                 Fault::Blackhole(_) => cloud.link.thaw(),
                 Fault::Latency(..) => cloud.link.set_latency(Duration::ZERO),
-                Fault::CloudRestart(_) => cloud.start().await,
+                Fault::CloudRestart(_) => {
+                    // The new cloudcore's first lists answer slowly and in random order: the
+                    // edge reconnects while it does not yet know all of the node's pods.
+                    if let Some(server) = cloud.cluster.in_memory() {
+                        let delay = server.list_delay();
+                        delay.set(Duration::from_millis(1500));
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(4500)).await;
+                            delay.set(Duration::ZERO);
+                        });
+                    }
+                    cloud.start_at_once().await
+                }
             }
             active = None;
         }

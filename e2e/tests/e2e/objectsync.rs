@@ -558,8 +558,9 @@ async fn lease_election_one_leader_at_a_time_takeover_on_release_and_on_expiry()
 /// deletion — the pod stays `Terminating` for ever.
 #[tokio::test]
 async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
+    use cloudcore::cloudhub::Capabilities;
     use cloudcore::cloudhub::CloudHub;
-    use cloudcore::controller::downstream::{Downstream, Input};
+    use cloudcore::controller::downstream::{Downstream, Input, spawn_fetcher};
     use cloudcore::http::Readiness;
     use cloudcore::metrics::HubMetrics;
     use e2e::channel::{RawEdge, test_hub_config};
@@ -590,25 +591,27 @@ async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
     .await
     .expect("hub");
     let (tx, mut feedback) = tokio::sync::mpsc::channel(16);
+    let (fetch_tx, fetch_rx) = tokio::sync::mpsc::unbounded_channel();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _fetcher = spawn_fetcher(c.client(), fetch_rx, tx, stop.clone());
     let ready = Readiness::default();
-    let mut ds = Downstream::new(c.client(), hub.clone(), ready.clone(), tx);
+    let mut ds = Downstream::new(std::sync::Arc::new(hub.clone()), ready.clone(), fetch_tx);
     // The watchers' first lists, pods before nodes.
-    ds.apply(Input::Pod(Event::Init)).await;
-    ds.apply(Input::Pod(Event::InitApply(pod.clone()))).await;
-    ds.apply(Input::Node(Event::Init)).await;
-    ds.apply(Input::Node(Event::InitApply(node_obj))).await;
-    ds.apply(Input::Pod(Event::InitDone)).await;
-    ds.apply(Input::Node(Event::InitDone)).await;
-    ds.apply(Input::ConfigMap(Event::<ConfigMap>::Init)).await;
-    ds.apply(Input::ConfigMap(Event::<ConfigMap>::InitDone))
-        .await;
-    ds.apply(Input::Secret(Event::<Secret>::Init)).await;
-    ds.apply(Input::Secret(Event::<Secret>::InitDone)).await;
+    ds.apply(Input::Pod(Event::Init));
+    ds.apply(Input::Pod(Event::InitApply(pod.clone())));
+    ds.apply(Input::Node(Event::Init));
+    ds.apply(Input::Node(Event::InitApply(node_obj)));
+    ds.apply(Input::Pod(Event::InitDone));
+    ds.apply(Input::Node(Event::InitDone));
+    ds.apply(Input::ConfigMap(Event::<ConfigMap>::Init));
+    ds.apply(Input::ConfigMap(Event::<ConfigMap>::InitDone));
+    ds.apply(Input::Secret(Event::<Secret>::Init));
+    ds.apply(Input::Secret(Event::<Secret>::InitDone));
     assert!(ready.is_ready());
     // What the run loop does with fed-back inputs.
     while let Ok(Some(input)) = tokio::time::timeout(Duration::from_secs(2), feedback.recv()).await
     {
-        ds.apply(input).await;
+        ds.apply(input);
     }
 
     // The KubeEdge edge connects (no records: it is sent everything it should hold).
@@ -617,7 +620,10 @@ async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
         .await
         .expect("edge connects");
     poll(|| async { hub.is_connected(&node) }, "edge session").await;
-    ds.resync(&node, &[]).await;
+    ds.apply(Input::Connected {
+        node: node.clone(),
+        capabilities: Capabilities::default(),
+    });
     let resource = format!("{ns}/pod/late");
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
@@ -641,9 +647,12 @@ async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
 
     // The pod goes; a node's pod list that answers after the delete event (a stale copy)
     // must not bring it back: the next resync sends the edge nothing about it but the delete.
-    ds.apply(Input::Pod(Event::Delete(pod.clone()))).await;
-    ds.apply(Input::Pod(Event::Apply(pod.clone()))).await;
-    ds.resync(&node, &[]).await;
+    ds.apply(Input::Pod(Event::Delete(pod.clone())));
+    ds.apply(Input::Pod(Event::Apply(pod.clone())));
+    ds.apply(Input::Connected {
+        node: node.clone(),
+        capabilities: Capabilities::default(),
+    });
     let mut about = Vec::new();
     let until = tokio::time::Instant::now() + Duration::from_secs(1);
     loop {
@@ -664,5 +673,6 @@ async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
                 .any(|o| matches!(o, Operation::Insert | Operation::Update)),
         "after the delete: {about:?}"
     );
+    stop.cancel();
     hub.shutdown();
 }

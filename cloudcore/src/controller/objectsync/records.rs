@@ -3,12 +3,12 @@
 //! never resends what an edge already confirmed.
 
 use super::{RecordKey, RecordSpec, api_resource};
-use crate::controller::downstream::HeldObject;
 use crate::metrics::SyncMetrics;
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use kubeedge_shared::inventory::HeldObject;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;

@@ -1,0 +1,382 @@
+//! Edge nodes and the pods bound to them.
+//!
+//! A node's pods are *known* once a pod list that ran while the node was known as an edge node
+//! has been applied: the pod watcher's first list (unless it passed pods of the node over
+//! before the node list named it), or a list of that node's pods asked for when it became an
+//! edge node. Only a known node's inventory is answered (`resync.rs`): before that, the
+//! actor cannot tell a pod the node should drop from one it has not heard of yet.
+
+use super::{Downstream, Fetch, Watched, object_key, parse_rv};
+use crate::controller::location::{ObjectKey, Released};
+use crate::controller::refs::pod_refs;
+use crate::controller::rest::{Kind, with_type_meta};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::watcher::Event;
+use kubeedge_shared::Operation;
+use serde_json::Value;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How many deleted pod UIDs are remembered, and for how long.
+const DELETED_KEPT: usize = 20_000;
+const DELETED_FOR: Duration = Duration::from_secs(300);
+
+pub(super) struct EdgePod {
+    pub node: String,
+    pub uid: String,
+    pub rv: u64,
+    /// Hash of metadata (minus volatile fields) and spec: status-only changes are not sent.
+    fingerprint: u64,
+    /// Compact JSON (a `serde_json::Value` costs several times its text in memory).
+    pub object: Arc<str>,
+}
+
+/// What the actor knows about edge nodes and their pods.
+#[derive(Default)]
+pub(super) struct EdgePods {
+    pub edge_nodes: HashSet<String>,
+    pub pods: HashMap<ObjectKey, EdgePod>,
+    pub by_node: HashMap<String, HashSet<ObjectKey>>,
+    /// Edge nodes whose pods are all known (see the module doc).
+    pub known: HashSet<String>,
+    /// Edge nodes whose pod list was asked for: the generation of the list that will make
+    /// them known (a node deleted and added again asks anew).
+    listing: HashMap<String, u64>,
+    next_generation: u64,
+    /// Nodes of pods the pod watcher's first list passed while the node was not (yet) known
+    /// as an edge node: the node list may arrive after the pod list.
+    skipped_before_sync: HashSet<String>,
+    /// UIDs of pods deleted lately: a node's pod list that answers after a pod's delete event
+    /// must not bring the pod back.
+    deleted: DeletedPods,
+    /// The newest resourceVersion the pod watcher delivered: the cluster-wide pod view is
+    /// complete up to it (watch events come in resourceVersion order, a list is a snapshot).
+    pub max_rv: u64,
+}
+
+/// Recently deleted pod UIDs (a UID never comes back once deleted); at most [`DELETED_KEPT`]
+/// for [`DELETED_FOR`].
+#[derive(Default)]
+struct DeletedPods {
+    order: VecDeque<(Instant, String)>,
+    uids: HashSet<String>,
+}
+
+impl DeletedPods {
+    fn insert(&mut self, uid: &str) {
+        let now = Instant::now();
+        while self.order.front().is_some_and(|(t, _)| {
+            now.duration_since(*t) > DELETED_FOR || self.uids.len() >= DELETED_KEPT
+        }) {
+            if let Some((_, old)) = self.order.pop_front() {
+                self.uids.remove(&old);
+            }
+        }
+        if self.uids.insert(uid.to_string()) {
+            self.order.push_back((now, uid.to_string()));
+        }
+    }
+
+    fn contains(&self, uid: &str) -> bool {
+        self.uids.contains(uid)
+    }
+}
+
+impl Downstream {
+    pub(super) fn on_node(&mut self, ev: Event<Node>) {
+        match ev {
+            Event::Init => {
+                self.relisting.insert(Watched::Nodes, HashSet::new());
+            }
+            Event::InitApply(n) | Event::Apply(n) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                if let Some(seen) = self.relisting.get_mut(&Watched::Nodes) {
+                    seen.insert((String::new(), name.clone()));
+                }
+                if self.pods.edge_nodes.insert(name.clone()) {
+                    self.edge_node_added(name);
+                }
+            }
+            Event::Delete(n) => {
+                self.remove_edge_node(n.metadata.name.as_deref().unwrap_or_default())
+            }
+            Event::InitDone => {
+                let seen = self.relisting.remove(&Watched::Nodes).unwrap_or_default();
+                let gone: Vec<String> = self
+                    .pods
+                    .edge_nodes
+                    .iter()
+                    .filter(|n| !seen.contains(&(String::new(), (*n).clone())))
+                    .cloned()
+                    .collect();
+                for n in gone {
+                    self.remove_edge_node(&n);
+                }
+                self.mark_synced(Watched::Nodes);
+                self.answer_pending();
+            }
+        }
+    }
+
+    /// A node just became an edge node: its existing pods were passed over until now.
+    fn edge_node_added(&mut self, node: String) {
+        if self.synced.contains(&Watched::Pods) {
+            self.list_pods_of(node);
+        }
+        // Otherwise the pod watcher's first list is still running: it includes them, and
+        // what it passed over is listed when it completes.
+    }
+
+    fn remove_edge_node(&mut self, node: &str) {
+        if !self.pods.edge_nodes.remove(node) {
+            return;
+        }
+        tracing::info!(node, "edge node deleted; ending its session");
+        if let Some(records) = &self.records {
+            records.node_deleted(node);
+        }
+        self.location.write().remove_node(node);
+        for key in self.pods.by_node.remove(node).unwrap_or_default() {
+            self.pods.pods.remove(&key);
+        }
+        self.pods.known.remove(node);
+        self.pods.listing.remove(node);
+        self.forget_session(node);
+        self.hub.disconnect(node);
+    }
+
+    /// Asks for every pod bound to `node`; [`Self::pods_listed`] takes the answer.
+    fn list_pods_of(&mut self, node: String) {
+        let generation = self.pods.next_generation;
+        self.pods.next_generation += 1;
+        self.pods.listing.insert(node.clone(), generation);
+        if self.fetch.send(Fetch::PodsOf { node, generation }).is_err() {
+            tracing::debug!("fetcher gone (shutting down)");
+        }
+    }
+
+    pub(super) fn pods_listed(&mut self, node: &str, generation: u64, pods: Vec<Pod>) {
+        for pod in pods {
+            self.pod_applied(pod);
+        }
+        if self.pods.edge_nodes.contains(node) && self.pods.listing.get(node) == Some(&generation) {
+            self.pods.listing.remove(node);
+            self.pods.known.insert(node.to_string());
+            self.answer_pending_of(node);
+        }
+    }
+
+    pub(super) fn on_pod(&mut self, ev: Event<Pod>) {
+        match ev {
+            Event::Init => {
+                self.relisting.insert(Watched::Pods, HashSet::new());
+            }
+            Event::InitApply(p) | Event::Apply(p) => {
+                self.saw_pod_version(&p);
+                self.pod_applied(p)
+            }
+            Event::Delete(p) => {
+                self.saw_pod_version(&p);
+                if let Some(uid) = &p.metadata.uid {
+                    self.pods.deleted.insert(uid);
+                }
+                self.pod_deleted(&p)
+            }
+            Event::InitDone => {
+                let seen = self.relisting.remove(&Watched::Pods).unwrap_or_default();
+                let gone: Vec<ObjectKey> = self
+                    .pods
+                    .pods
+                    .keys()
+                    .filter(|k| !seen.contains(*k))
+                    .cloned()
+                    .collect();
+                for k in gone {
+                    if let Some((p, released)) = self.remove_pod_entry(&k) {
+                        self.pods.deleted.insert(&p.uid);
+                        self.send_pod(&p.node, Operation::Delete, &expand(&p.object));
+                        self.send_released(released);
+                    }
+                }
+                let first = !self.synced.contains(&Watched::Pods);
+                self.mark_synced(Watched::Pods);
+                if first {
+                    // Every edge node known now had its pods in this list, except those whose
+                    // pods were passed over before the node list named the node.
+                    let skipped = std::mem::take(&mut self.pods.skipped_before_sync);
+                    let nodes: Vec<String> = self.pods.edge_nodes.iter().cloned().collect();
+                    for node in nodes {
+                        if skipped.contains(&node) {
+                            self.list_pods_of(node);
+                        } else if !self.pods.listing.contains_key(&node) {
+                            self.pods.known.insert(node);
+                        }
+                    }
+                }
+                self.answer_pending();
+            }
+        }
+    }
+
+    fn saw_pod_version(&mut self, pod: &Pod) {
+        let rv = parse_rv(pod.metadata.resource_version.as_deref());
+        self.pods.max_rv = self.pods.max_rv.max(rv);
+    }
+
+    fn pod_applied(&mut self, pod: Pod) {
+        let key = object_key(&pod.metadata);
+        if let Some(seen) = self.relisting.get_mut(&Watched::Pods) {
+            seen.insert(key.clone());
+        }
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return;
+        };
+        if pod
+            .metadata
+            .uid
+            .as_deref()
+            .is_some_and(|u| self.pods.deleted.contains(u))
+        {
+            return; // a stale copy of a deleted pod (a list that answered late)
+        }
+        if !self.pods.edge_nodes.contains(&node) {
+            if !self.synced.contains(&Watched::Pods) {
+                self.pods.skipped_before_sync.insert(node);
+            }
+            return;
+        }
+        let refs = pod_refs(&pod);
+        let Ok(value) = serde_json::to_value(&pod) else {
+            return;
+        };
+        let mut value = with_type_meta(value, Kind::Pod);
+        // The edge has no use for field-manager bookkeeping; it is often the largest part.
+        if let Some(m) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+        let fingerprint = fingerprint(&value);
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let rv = parse_rv(pod.metadata.resource_version.as_deref());
+        let terminating = pod.metadata.deletion_timestamp.is_some();
+        let previous = self.pods.pods.get(&key);
+        if previous.is_some_and(|p| p.uid == uid && rv != 0 && p.rv > rv) {
+            return; // an older copy (a node's pod list answered after a newer watch event)
+        }
+        let op = match previous {
+            Some(prev) if prev.uid == uid && prev.fingerprint == fingerprint => {
+                // Status-only change: the edge owns pod status.
+                let object = compact(&value);
+                if let Some(p) = self.pods.pods.get_mut(&key) {
+                    p.rv = rv;
+                    p.object = object;
+                }
+                return;
+            }
+            Some(_) => Operation::Update,
+            None if terminating => Operation::Update,
+            None => Operation::Insert,
+        };
+        if previous.is_some_and(|p| p.node != node)
+            && let Some((old, released)) = self.remove_pod_entry(&key)
+        {
+            // nodeName never changes, but a pod recreated under the same name (its delete
+            // missed while the watcher relisted) can land on another node.
+            self.pods.deleted.insert(&old.uid);
+            self.send_pod(&old.node, Operation::Delete, &expand(&old.object));
+            self.send_released(released);
+        }
+        let released = self.location.write().set_pod(key.clone(), &node, refs);
+        self.send_pod(&node, op, &value);
+        self.send_released(released);
+        let object = compact(&value);
+        self.pods
+            .by_node
+            .entry(node.clone())
+            .or_default()
+            .insert(key.clone());
+        self.pods.pods.insert(
+            key,
+            EdgePod {
+                node,
+                uid,
+                rv,
+                fingerprint,
+                object,
+            },
+        );
+    }
+
+    fn pod_deleted(&mut self, pod: &Pod) {
+        let key = object_key(&pod.metadata);
+        let Some((p, released)) = self.remove_pod_entry(&key) else {
+            return;
+        };
+        let object = serde_json::to_value(pod)
+            .map(|v| with_type_meta(v, Kind::Pod))
+            .unwrap_or_else(|_| expand(&p.object));
+        self.send_pod(&p.node, Operation::Delete, &object);
+        self.send_released(released);
+    }
+
+    fn remove_pod_entry(&mut self, key: &ObjectKey) -> Option<(EdgePod, Released)> {
+        let p = self.pods.pods.remove(key)?;
+        let released = self.location.write().remove_pod(key);
+        if let Some(keys) = self.pods.by_node.get_mut(&p.node) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.pods.by_node.remove(&p.node);
+            }
+        }
+        Some((p, released))
+    }
+
+    fn send_pod(&self, node: &str, op: Operation, pod: &Value) {
+        let (ns, name) = (
+            pod["metadata"]["namespace"].as_str().unwrap_or("default"),
+            pod["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        self.send(node, op, "pod", ns, name, pod.clone());
+    }
+}
+
+pub(super) fn compact(v: &Value) -> Arc<str> {
+    Arc::from(v.to_string())
+}
+
+pub(super) fn expand(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or(Value::Null)
+}
+
+/// Hash of what the edge acts on: metadata without volatile fields, and spec.
+fn fingerprint(pod: &Value) -> u64 {
+    let mut meta = pod.get("metadata").cloned().unwrap_or(Value::Null);
+    if let Some(m) = meta.as_object_mut() {
+        for volatile in ["resourceVersion", "managedFields", "generation"] {
+            m.remove(volatile);
+        }
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    meta.to_string().hash(&mut h);
+    pod.get("spec")
+        .map(Value::to_string)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn status_only_changes_keep_the_fingerprint() {
+        let a = json!({"metadata": {"name": "p", "resourceVersion": "1"}, "spec": {"nodeName": "e"}, "status": {"phase": "Pending"}});
+        let b = json!({"metadata": {"name": "p", "resourceVersion": "2"}, "spec": {"nodeName": "e"}, "status": {"phase": "Running"}});
+        let c = json!({"metadata": {"name": "p", "resourceVersion": "3", "labels": {"x": "y"}}, "spec": {"nodeName": "e"}});
+        assert_eq!(fingerprint(&a), fingerprint(&b));
+        assert_ne!(fingerprint(&a), fingerprint(&c));
+    }
+}

@@ -1,0 +1,283 @@
+//! Bringing a (re)connected edge's copy up to date with the least traffic.
+//!
+//! A kubeedge-rs edge sends its inventory; a KubeEdge edge is compared with its ObjectSync
+//! records. Either way the answer — updates for what it lacks or holds stale, deletes for what
+//! it should not hold — is computed only from a view that is complete for that node: every
+//! watcher has listed and none is relisting, and the node's pods are known (`pods.rs`). Until
+//! then the request waits (the newest one per node). Even then an object the edge holds at a
+//! resourceVersion newer than anything this cloudcore's watcher has delivered is left alone:
+//! this cloudcore is behind (another replica served the edge), and its watcher brings the
+//! change, or the delete, later. A delete sent in error would be worse than one sent late: the
+//! node's queue treats a delete as final for that UID.
+
+use super::configs::stub;
+use super::{ConfigKind, Downstream, Fetch, Fetched, HeldObject};
+use crate::controller::location::ObjectKey;
+use crate::controller::rest::Kind;
+use kubeedge_shared::Operation;
+use std::collections::{HashMap, HashSet};
+
+/// What a node is compared with.
+pub(super) enum Held {
+    /// A kubeedge-rs edge's inventory.
+    Inventory(Vec<HeldObject>),
+    /// A KubeEdge edge: its ObjectSync records, read when the answer is computed.
+    Records,
+    /// Not known (hub events were missed): everything is sent, nothing deleted.
+    Unknown,
+}
+
+/// Resyncs waiting for a complete view, and the fetches resyncs have under way.
+#[derive(Default)]
+pub(super) struct Resyncs {
+    pending: HashMap<String, Held>,
+    /// node → objects a [`Fetch::Configs`] is getting for it.
+    fetching: HashMap<String, HashSet<(ConfigKind, ObjectKey)>>,
+}
+
+impl Resyncs {
+    /// A fetch answered: its objects are no longer under way.
+    pub(super) fn fetched(&mut self, node: &str, objects: &[Fetched]) {
+        if let Some(keys) = self.fetching.get_mut(node) {
+            for f in objects {
+                keys.remove(&(f.kind, f.key.clone()));
+            }
+            if keys.is_empty() {
+                self.fetching.remove(node);
+            }
+        }
+    }
+}
+
+/// What one resync did, for the log.
+#[derive(Default)]
+struct Tally {
+    sent: usize,
+    deleted: usize,
+    /// Held objects newer than this cloudcore's view: left alone.
+    unsure: usize,
+    fetching: usize,
+}
+
+impl Downstream {
+    /// Brings `node` up to date as soon as the view is complete for it.
+    pub(super) fn request_resync(&mut self, node: &str, held: Held) {
+        let keep_inventory = matches!(held, Held::Unknown)
+            && matches!(self.resyncs.pending.get(node), Some(Held::Inventory(_)));
+        if !keep_inventory {
+            self.resyncs.pending.insert(node.to_string(), held);
+        }
+        self.answer_pending_of(node);
+    }
+
+    /// A session ended: a resync waiting for it is moot (the next session asks again).
+    pub(super) fn forget_session(&mut self, node: &str) {
+        if !self.hub.is_connected(node) {
+            self.resyncs.pending.remove(node);
+        }
+    }
+
+    /// Whether this actor knows everything `node` should hold.
+    fn view_complete(&self, node: &str) -> bool {
+        self.all_synced() && self.relisting.is_empty() && self.pods.known.contains(node)
+    }
+
+    pub(super) fn answer_pending_of(&mut self, node: &str) {
+        if !self.resyncs.pending.contains_key(node) {
+            return;
+        }
+        if !self.hub.is_connected(node) {
+            self.resyncs.pending.remove(node);
+            return;
+        }
+        if !self.view_complete(node) {
+            tracing::debug!(
+                node,
+                synced = self.all_synced(),
+                relisting = !self.relisting.is_empty(),
+                pods_known = self.pods.known.contains(node),
+                "resync of edge node deferred until its view is complete"
+            );
+            return;
+        }
+        if let Some(held) = self.resyncs.pending.remove(node) {
+            self.resync(node, held);
+        }
+    }
+
+    /// Answers every waiting resync whose view is now complete.
+    pub(super) fn answer_pending(&mut self) {
+        let nodes: Vec<String> = self.resyncs.pending.keys().cloned().collect();
+        for node in nodes {
+            self.answer_pending_of(&node);
+        }
+    }
+
+    /// synccontroller's periodic pass, for the KubeEdge edges connected here.
+    pub(super) fn compare_recorded_edges(&mut self) {
+        if !self.records.as_ref().is_some_and(|r| r.is_available()) {
+            return;
+        }
+        for node in self.hub.connected_nodes() {
+            let kubeedge = self
+                .hub
+                .capabilities(&node)
+                .is_some_and(|c| !c.inventory_resync);
+            if kubeedge && self.view_complete(&node) && !self.resyncs.pending.contains_key(&node) {
+                self.resync(&node, Held::Records);
+            }
+        }
+    }
+
+    /// Sends `node` the difference between what it holds and what it should hold.
+    fn resync(&mut self, node: &str, held: Held) {
+        let held = match held {
+            Held::Inventory(h) => h,
+            Held::Records => self
+                .records
+                .as_ref()
+                .and_then(|r| r.held_by(node))
+                .unwrap_or_default(),
+            Held::Unknown => Vec::new(),
+        };
+        let held_by_key: HashMap<(&str, &str, &str), &HeldObject> = held
+            .iter()
+            .map(|h| {
+                let key = (
+                    h.resource_type.as_str(),
+                    h.namespace.as_str(),
+                    h.name.as_str(),
+                );
+                (key, h)
+            })
+            .collect();
+        let mut tally = Tally::default();
+
+        // Pods the node should run.
+        let mine: Vec<(ObjectKey, u64, String, std::sync::Arc<str>)> = self
+            .pods
+            .by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| {
+                let p = self.pods.pods.get(k)?;
+                Some((k.clone(), p.rv, p.uid.clone(), p.object.clone()))
+            })
+            .collect();
+        let mut wanted: HashSet<(&str, &str)> = HashSet::new();
+        for (key, rv, uid, obj) in &mine {
+            wanted.insert((key.0.as_str(), key.1.as_str()));
+            let object = || super::pods::expand(obj);
+            match held_by_key.get(&("pod", key.0.as_str(), key.1.as_str())) {
+                Some(h) if h.uid == *uid && h.resource_version >= *rv => {}
+                Some(h) if h.uid != *uid => {
+                    let old = stub(Kind::Pod, key, &h.uid);
+                    self.send(node, Operation::Delete, "pod", &key.0, &key.1, old);
+                    self.send(node, Operation::Update, "pod", &key.0, &key.1, object());
+                    tally.sent += 1;
+                    tally.deleted += 1;
+                }
+                _ => {
+                    self.send(node, Operation::Update, "pod", &key.0, &key.1, object());
+                    tally.sent += 1;
+                }
+            }
+        }
+        // Pods the node holds but should not.
+        let mut pods_unsure = false;
+        for h in held.iter().filter(|h| h.resource_type == "pod") {
+            if wanted.contains(&(h.namespace.as_str(), h.name.as_str())) {
+                continue;
+            }
+            if h.resource_version > self.pods.max_rv {
+                pods_unsure = true;
+                tally.unsure += 1;
+                continue;
+            }
+            let key = (h.namespace.clone(), h.name.clone());
+            let old = stub(Kind::Pod, &key, &h.uid);
+            self.send(node, Operation::Delete, "pod", &key.0, &key.1, old);
+            tally.deleted += 1;
+        }
+        // Configmaps and secrets it holds that are gone, were replaced, or that none of its
+        // pods uses any more (nothing would keep them fresh) — before any update, so a
+        // replacement is not deleted after it arrives.
+        let (cms, secrets) = self.location.read().node_objects(node);
+        for h in &held {
+            let Some(kind) = ConfigKind::from_type_token(&h.resource_type) else {
+                continue;
+            };
+            let used = match kind {
+                ConfigKind::ConfigMap => &cms,
+                ConfigKind::Secret => &secrets,
+            };
+            let key = (h.namespace.clone(), h.name.clone());
+            let current = self.configs(kind).versions.get(&key);
+            if used.contains(&key) && current.is_some_and(|(uid, _)| *uid == h.uid) {
+                continue;
+            }
+            // Unused by pods this cloudcore may not have heard of yet, or gone from a view
+            // older than the edge's copy: not for this cloudcore to decide.
+            let unsure = (!used.contains(&key) && pods_unsure)
+                || (current.is_none() && h.resource_version > self.configs(kind).max_rv);
+            if unsure {
+                tally.unsure += 1;
+                continue;
+            }
+            let old = stub(kind.rest_kind(), &key, &h.uid);
+            self.send_config(node, Operation::Delete, kind, &key, old);
+            tally.deleted += 1;
+        }
+        // Configmaps and secrets its pods use that it lacks or holds stale: fetched off the
+        // loop, sent when the answer comes (`configs_fetched`).
+        let mut fetch = Vec::new();
+        for (kind, keys) in [(ConfigKind::ConfigMap, cms), (ConfigKind::Secret, secrets)] {
+            for key in keys {
+                let Some((uid, rv)) = self.configs(kind).versions.get(&key) else {
+                    continue;
+                };
+                let fresh = held_by_key
+                    .get(&(kind.type_token(), key.0.as_str(), key.1.as_str()))
+                    .is_some_and(|h| h.uid == *uid && h.resource_version >= *rv);
+                let under_way = self
+                    .resyncs
+                    .fetching
+                    .get(node)
+                    .is_some_and(|f| f.contains(&(kind, key.clone())));
+                if !fresh && !under_way {
+                    fetch.push((kind, key));
+                }
+            }
+        }
+        if !fetch.is_empty() {
+            tally.fetching = fetch.len();
+            self.resyncs
+                .fetching
+                .entry(node.to_string())
+                .or_default()
+                .extend(fetch.iter().cloned());
+            let node = node.to_string();
+            if self
+                .fetch
+                .send(Fetch::Configs { node, keys: fetch })
+                .is_err()
+            {
+                tracing::debug!("fetcher gone (shutting down)");
+            }
+        }
+        if tally.sent + tally.deleted + tally.fetching + tally.unsure > 0 {
+            tracing::info!(
+                node,
+                held = held.len(),
+                sent = tally.sent,
+                deleted = tally.deleted,
+                fetching = tally.fetching,
+                unsure = tally.unsure,
+                "resynchronised edge node"
+            );
+        } else {
+            tracing::debug!(node, held = held.len(), "edge node up to date");
+        }
+    }
+}
