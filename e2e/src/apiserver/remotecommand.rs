@@ -1,8 +1,8 @@
 //! `pods/<name>/exec` and `pods/<name>/attach` (GET or POST): like an apiserver that proxies
 //! these upgrades to the kubelet (every apiserver before 1.30, and later ones for SPDY), the
 //! request goes to the node's kubelet endpoint as `/exec|attach/<ns>/<pod>/<container>`
-//! with the options re-encoded (`stdin=1`, `command=…`) and the client's headers (its
-//! credentials left out), and the kubelet's answer comes back: a `101` joins the two
+//! with the options re-encoded as the kubelet reads them (`input=1`, `command=…`) and the
+//! client's headers (its credentials left out), and the kubelet's answer comes back: a `101` joins the two
 //! connections until either ends, anything else is relayed as the response. kubectl ≥ 1.30
 //! asks for WebSocket `v5.channel.k8s.io` first; a runtime's streaming server refuses that
 //! (it speaks SPDY and the older WebSocket protocols), kubectl sees the failed upgrade and
@@ -62,25 +62,40 @@ fn parse_bool(name: &str, v: &str) -> ApiResult<bool> {
     }
 }
 
-/// The kubelet query for the options in `raw_query` (`streamParams`).
+/// The kubelet query for the options in `raw_query`, as the real apiserver builds it
+/// (`streamParams` in `pkg/registry/core/pod/strategy.go`, the same in 1.26–1.34): each set
+/// flag under the kubelet's name (`input`, `output`, `error`, `tty`) with value `1`, `command`
+/// once per argument (exec only), encoded by Go's `url.Values.Encode` (keys sorted, each
+/// key's values in order).
 pub fn kubelet_query(sub: &str, raw_query: &str) -> ApiResult<String> {
     let pairs = kubeedge_shared::stream::parse_query(raw_query);
-    let mut out = Vec::new();
-    for flag in ["stdin", "stdout", "stderr", "tty"] {
+    let mut out: Vec<(&str, String)> = Vec::new();
+    for (option, param) in [
+        ("stdin", "input"),
+        ("stdout", "output"),
+        ("stderr", "error"),
+        ("tty", "tty"),
+    ] {
         let mut set = false;
-        for (_, v) in pairs.iter().filter(|(k, _)| k == flag) {
-            set = parse_bool(flag, v)?;
+        for (_, v) in pairs.iter().filter(|(k, _)| k == option) {
+            set = parse_bool(option, v)?;
         }
         if set {
-            out.push(format!("{flag}=1"));
+            out.push((param, "1".into()));
         }
     }
     if sub == "exec" {
         for (_, c) in pairs.iter().filter(|(k, _)| k == "command") {
-            out.push(format!("command={}", encode(c)));
+            out.push(("command", encode(c)));
         }
     }
-    Ok(out.join("&"))
+    // A stable sort by key keeps each key's values in order, as `Encode` does.
+    out.sort_by_key(|(k, _)| *k);
+    Ok(out
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&"))
 }
 
 /// Query-escapes `s` (Go's `url.QueryEscape`).
@@ -235,11 +250,15 @@ mod tests {
                 "command=sh&command=-c&command=echo+%24HOSTNAME%3B+exit+3&container=main&stdin=true&stdout=true&stderr=true&tty=false"
             )
             .unwrap(),
-            "stdin=1&stdout=1&stderr=1&command=sh&command=-c&command=echo+%24HOSTNAME%3B+exit+3"
+            "command=sh&command=-c&command=echo+%24HOSTNAME%3B+exit+3&error=1&input=1&output=1"
+        );
+        assert_eq!(
+            kubelet_query("exec", "stdin=true&stdout=true&tty=true&command=sh").unwrap(),
+            "command=sh&input=1&output=1&tty=1"
         );
         assert_eq!(
             kubelet_query("attach", "stdout=1&command=x").unwrap(),
-            "stdout=1"
+            "output=1"
         );
         assert_eq!(kubelet_query("exec", "stdin=maybe").unwrap_err().code, 400);
     }

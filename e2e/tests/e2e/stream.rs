@@ -368,7 +368,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     // exec: EXEC_CONNECT with the method and the upgrade headers; the edge's raw HTTP answer
     // (a 101 head split across DATA frames, then SPDY bytes) reaches the client as is.
     let request = format!(
-        "POST /exec/{ns}/web/main?command=sh&command=-c&command=echo+hi&stdin=1&stdout=1 HTTP/1.1\r\n\
+        "POST /exec/{ns}/web/main?command=sh&command=-c&command=echo+hi&input=1&output=1 HTTP/1.1\r\n\
          Host: 10.9.8.7:10350\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
          X-Stream-Protocol-Version: v4.channel.k8s.io\r\nX-Stream-Protocol-Version: v3.channel.k8s.io\r\n\
          Content-Length: 0\r\n\r\n"
@@ -385,7 +385,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     assert_eq!(v["url"]["Path"], format!("/exec/{ns}/web/main"));
     assert_eq!(
         v["url"]["RawQuery"],
-        "command=sh&command=-c&command=echo+hi&stdin=1&stdout=1"
+        "command=sh&command=-c&command=echo+hi&input=1&output=1"
     );
     assert_eq!(v["header"]["Upgrade"], json!(["SPDY/3.1"]));
     assert_eq!(
@@ -437,7 +437,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     // attach refused by the edge: its status and body reach the client, and the edge is told
     // the connection is over.
     let request = format!(
-        "GET /attach/{ns}/web/main?stdout=1 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+        "GET /attach/{ns}/web/main?output=1 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
          Upgrade: SPDY/3.1\r\n\r\n"
     );
     let (connect, mut client) = tokio::join!(
@@ -495,7 +495,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         &stream,
         &apiserver,
         &format!(
-            "POST /exec/{ns}/elsewhere/main?command=true&stdout=1 HTTP/1.1\r\nHost: x\r\n\
+            "POST /exec/{ns}/elsewhere/main?command=true&output=1 HTTP/1.1\r\nHost: x\r\n\
              Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n"
         ),
     )
@@ -998,7 +998,7 @@ async fn edgestream_serves_exec_for_a_kubeedge_cloud() {
         .send(TunnelMessage::new(
             7,
             MessageType::ExecConnect,
-            connect(7, "POST", path, "command=sleep&command=30&stdout=1"),
+            connect(7, "POST", path, "command=sleep&command=30&output=1"),
         ))
         .await;
     let (head, _) = cloud.response_head(7).await;
@@ -1023,7 +1023,7 @@ async fn edgestream_serves_exec_for_a_kubeedge_cloud() {
         .send(TunnelMessage::new(
             8,
             MessageType::AttachConnect,
-            connect(8, "GET", path, "stdout=1"),
+            connect(8, "GET", path, "output=1"),
         ))
         .await;
     let (head, mut body) = loop {

@@ -111,7 +111,7 @@ async fn the_stream_server_serves_only_clients_with_a_certificate_from_the_strea
             "GET /containerLogs/{ns}/web/main?follow=true HTTP/1.1\r\nHost: 10.9.8.7:10350\r\n\r\n"
         ),
         format!(
-            "POST /exec/{ns}/web/main?command=sh&stdin=1&stdout=1 HTTP/1.1\r\nHost: 10.9.8.7:10350\r\n\
+            "POST /exec/{ns}/web/main?command=sh&input=1&output=1 HTTP/1.1\r\nHost: 10.9.8.7:10350\r\n\
              Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\
              Content-Length: 0\r\n\r\n"
         ),

@@ -26,6 +26,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The kubelet's default `streamingConnectionIdleTimeout`: a stream silent this long ends.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 60 * 60);
 
+/// The kubelet's query parameter names (`ExecStdinParam`… in Kubernetes' core API).
+pub const PARAM_STDIN: &str = "input";
+pub const PARAM_STDOUT: &str = "output";
+pub const PARAM_STDERR: &str = "error";
+pub const PARAM_TTY: &str = "tty";
+pub const PARAM_COMMAND: &str = "command";
+
 /// Exec or attach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -53,8 +60,12 @@ pub struct StreamRequest {
 pub struct Refusal(pub u16, pub String);
 
 impl StreamRequest {
-    /// Parses the kubelet path and query (flags are `1` from the apiserver; `true` is taken
-    /// too).
+    /// Parses the kubelet path and query as the kubelet's stream server reads them: what every
+    /// apiserver sends (`streamParams` in the apiserver's pod registry, 1.26–1.34 alike) is
+    /// `command=<arg>` once per argument and the flags `input`, `output`, `error`, `tty` set
+    /// to `1` — not kubectl's `stdin=true&stdout=true…`, which the apiserver turns into those.
+    /// A flag counts only when it is `1` (`req.FormValue(…) == "1"`); `error` is dropped with
+    /// `tty`.
     pub fn parse(path: &str, raw_query: &str) -> Result<Self, Refusal> {
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let (kind, rest) = match parts.split_first() {
@@ -71,12 +82,14 @@ impl StreamRequest {
             return Err(Refusal(404, "404 page not found".into()));
         }
         let query = parse_query(raw_query);
+        // Go's `FormValue`: the first value of the key.
         let flag = |name: &str| {
             query
                 .iter()
-                .any(|(k, v)| k == name && (v == "1" || v.eq_ignore_ascii_case("true")))
+                .find(|(k, _)| k == name)
+                .is_some_and(|(_, v)| v == "1")
         };
-        let tty = flag("tty");
+        let tty = flag(PARAM_TTY);
         let req = StreamRequest {
             kind,
             namespace: ns.into(),
@@ -85,13 +98,13 @@ impl StreamRequest {
             container: container.into(),
             command: query
                 .iter()
-                .filter(|(k, _)| k == "command")
+                .filter(|(k, _)| k == PARAM_COMMAND)
                 .map(|(_, v)| v.clone())
                 .collect(),
-            stdin: flag("stdin"),
-            stdout: flag("stdout"),
+            stdin: flag(PARAM_STDIN),
+            stdout: flag(PARAM_STDOUT),
             // With a TTY, stderr is merged into stdout (the kubelet drops the flag).
-            stderr: flag("stderr") && !tty,
+            stderr: flag(PARAM_STDERR) && !tty,
             tty,
         };
         if !req.stdin && !req.stdout && !req.stderr {
@@ -289,33 +302,53 @@ pub async fn serve(
 mod tests {
     use super::*;
 
+    /// What a real kube-apiserver (1.26–1.34) sends to a kubelet for `kubectl exec -i -t pod
+    /// -- sh -c 'echo a&b'`: `url.Values.Encode()` of `streamParams`, keys sorted.
+    const APISERVER_EXEC_QUERY: &str =
+        "command=sh&command=-c&command=echo+a%26b&error=1&input=1&output=1&tty=1";
+
     #[test]
-    fn kubelet_paths_and_queries() {
-        let r = StreamRequest::parse(
-            "/exec/ns/web/main",
-            "command=sh&command=-c&command=echo+a%26b&stdin=1&stdout=1&stderr=1",
-        )
-        .unwrap();
+    fn the_apiserver_s_exec_request_is_understood() {
+        let r = StreamRequest::parse("/exec/ns/web/main", APISERVER_EXEC_QUERY).unwrap();
         assert_eq!(r.kind, Kind::Exec);
         assert_eq!((r.namespace.as_str(), r.pod.as_str()), ("ns", "web"));
         assert_eq!((r.uid.as_deref(), r.container.as_str()), (None, "main"));
         assert_eq!(r.command, ["sh", "-c", "echo a&b"]);
-        assert!(r.stdin && r.stdout && r.stderr && !r.tty);
-        let a =
-            StreamRequest::parse("/attach/ns/web/u-1/main", "stdout=true&tty=1&stderr=1").unwrap();
-        assert_eq!((a.kind, a.uid.as_deref()), (Kind::Attach, Some("u-1")));
-        assert!(a.stdout && a.tty && !a.stderr, "a TTY merges stderr");
-        assert_eq!(
-            StreamRequest::parse("/exec/ns/web/main", "stdout=1")
-                .unwrap_err()
-                .0,
-            400
+        assert!(
+            r.stdin && r.stdout && !r.stderr && r.tty,
+            "a TTY merges stderr"
         );
+        // Without a TTY, as `kubectl exec pod -- ls`.
+        let r = StreamRequest::parse("/exec/ns/web/main", "command=ls&error=1&output=1").unwrap();
+        assert!(!r.stdin && r.stdout && r.stderr && !r.tty);
+        // `kubectl attach -i` (no command) and the uid form of the path.
+        let a =
+            StreamRequest::parse("/attach/ns/web/u-1/main", "error=1&input=1&output=1").unwrap();
+        assert_eq!((a.kind, a.uid.as_deref()), (Kind::Attach, Some("u-1")));
+        assert!(a.stdin && a.stdout && a.stderr && !a.tty);
+    }
+
+    #[test]
+    fn flags_count_only_as_the_kubelet_reads_them() {
+        // kubectl's own names never reach a kubelet; the kubelet ignores them, and so do we.
+        let e = StreamRequest::parse("/exec/ns/web/main", "command=ls&stdout=true&stderr=true")
+            .unwrap_err();
         assert_eq!(
-            StreamRequest::parse("/exec/ns/web/main", "command=ls")
+            e,
+            Refusal(
+                400,
+                "you must specify at least 1 of stdin, stdout, stderr".into()
+            )
+        );
+        // Only `1` is true (`FormValue(…) == "1"`); the first value counts.
+        assert!(StreamRequest::parse("/exec/ns/web/main", "command=ls&output=true").is_err());
+        assert!(StreamRequest::parse("/exec/ns/web/main", "command=ls&output=0&output=1").is_err());
+        assert_eq!(
+            StreamRequest::parse("/exec/ns/web/main", "error=1")
                 .unwrap_err()
                 .0,
-            400
+            400,
+            "exec needs a command"
         );
         for p in [
             "/exec/ns/web",
@@ -324,7 +357,7 @@ mod tests {
             "/exec/a/b/c/d/e",
         ] {
             assert_eq!(
-                StreamRequest::parse(p, "stdout=1&command=x").unwrap_err().0,
+                StreamRequest::parse(p, "output=1&command=x").unwrap_err().0,
                 404,
                 "{p}"
             );

@@ -295,7 +295,7 @@ mod tests {
                 scheme: "http".into(),
                 host: EDGED_SERVER_HOST.into(),
                 path: "/exec/default/web/main".into(),
-                raw_query: "command=sh&stdin=1".into(),
+                raw_query: "command=sh&input=1".into(),
                 ..GoUrl::default()
             },
             header: Some(BTreeMap::from([(
