@@ -142,28 +142,34 @@ impl EdgeCore {
             hub.clone(),
             from_cloud,
         );
+        let status_reports = Arc::new(crate::edged::status_report::StatusReports::default());
         let stream = match (&edged, config.modules.edge_stream.enable) {
-            (Some(e), true) => match crate::edgestream::EdgeStream::from_config(config, e) {
-                Ok(s) => Some(s),
-                Err(err) => {
-                    meta.shutdown().await;
-                    hub.shutdown();
-                    store.close().await;
-                    return Err(err);
+            (Some(e), true) => {
+                match crate::edgestream::EdgeStream::from_config(config, e, status_reports.clone())
+                {
+                    Ok(s) => Some(s),
+                    Err(err) => {
+                        meta.shutdown().await;
+                        hub.shutdown();
+                        store.close().await;
+                        return Err(err);
+                    }
                 }
-            },
+            }
             _ => None,
         };
         let (link, running_edged) = match edged {
-            Some(e) => match Edged::start(e, client, changes, Some(hub.subscribe())) {
-                Ok(running) => (None, Some(running)),
-                Err(err) => {
-                    meta.shutdown().await;
-                    hub.shutdown();
-                    store.close().await;
-                    return Err(err.into());
+            Some(e) => {
+                match Edged::start(e, client, changes, Some(hub.subscribe()), status_reports) {
+                    Ok(running) => (None, Some(running)),
+                    Err(err) => {
+                        meta.shutdown().await;
+                        hub.shutdown();
+                        store.close().await;
+                        return Err(err.into());
+                    }
                 }
-            },
+            }
             None => (Some((client, changes)), None),
         };
         Ok(EdgeCore {

@@ -108,6 +108,7 @@ fn list_strategy(kind: &str, path: &[&str]) -> (ListStrategy, bool) {
         ("Node", ["spec", "podCIDRs"]) => (MergePrimitive, false),
         ("Node", ["status", "conditions"]) => (MergeKey("type"), false),
         ("Node", ["status", "addresses"]) => (MergeKey("type"), false),
+        ("CSINode", ["spec", "drivers"]) => (MergeKey("name"), false),
         ("Service", ["spec", "ports"]) => (MergeKey("port"), false),
         ("ServiceAccount", ["secrets"]) => (MergeKey("name"), false),
         (
@@ -118,37 +119,16 @@ fn list_strategy(kind: &str, path: &[&str]) -> (ListStrategy, bool) {
     }
 }
 
-fn is_directive(k: &str) -> bool {
-    k == "$patch"
-        || k == "$retainKeys"
-        || k.starts_with("$setElementOrder/")
-        || k.starts_with("$deleteFromPrimitiveList/")
-}
-
-/// Removes patch directives and `null`s from a value that is being added wholesale.
-fn clean(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .filter(|(k, v)| !is_directive(k) && !v.is_null())
-                .map(|(k, v)| (k.clone(), clean(v)))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(
-            a.iter()
-                .filter(|v| {
-                    !(v.is_object()
-                        && v.get("$patch").is_some()
-                        && v.as_object().is_some_and(|m| m.len() == 1))
-                })
-                .map(clean)
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-/// Applies a strategic merge patch to an object of a built-in `kind`.
+/// Applies a strategic merge patch to an object of a built-in `kind`, as apimachinery's
+/// `strategicpatch.StrategicMergeMapPatch` does: `$patch` (`replace`, `delete`, list
+/// `replace`/`delete` elements), `$retainKeys`, `$setElementOrder/…` and
+/// `$deleteFromPrimitiveList/…` directives; lists merged by their `patchMergeKey` (or, for
+/// primitives, unioned) and then ordered as upstream orders them — the patch's items in the
+/// patch's order, the server's other items interleaved by their old positions, so an item new
+/// to the list comes before the ones only the server had; any other list replaced. A value
+/// the object lacks (or holds with another JSON type) is taken exactly as sent, directives
+/// included, as upstream does (a `$patch` element in a list the object does not have yet then
+/// reaches validation as an element of that list).
 pub fn strategic_merge_patch(
     kind: &str,
     target: &mut Value,
@@ -164,196 +144,328 @@ pub fn strategic_merge_patch(
     }
     let mut path = Vec::new();
     if let Value::Object(t) = target {
-        merge_map(kind, &mut path, t, p)?;
+        let merged = merge_map(kind, &mut path, std::mem::take(t), p.clone())?;
+        *t = merged;
     }
     Ok(())
 }
 
-fn merge_map<'a>(
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError::bad_request(msg.into())
+}
+
+/// `mergeMap`: `original` with `patch` merged in.
+fn merge_map(
     kind: &str,
-    path: &mut Vec<&'a str>,
-    orig: &mut Map<String, Value>,
-    patch: &'a Map<String, Value>,
-) -> Result<(), ApiError> {
-    match patch.get("$patch").and_then(Value::as_str) {
-        Some("replace") => {
-            *orig = match clean(&Value::Object(patch.clone())) {
-                Value::Object(m) => m,
-                _ => Map::new(),
-            };
-            return Ok(());
+    path: &mut Vec<String>,
+    mut original: Map<String, Value>,
+    mut patch: Map<String, Value>,
+) -> Result<Map<String, Value>, ApiError> {
+    match patch.get("$patch") {
+        Some(Value::String(d)) if d == "replace" => {
+            patch.remove("$patch");
+            return Ok(patch);
         }
-        Some("delete") => {
-            orig.clear();
-            return Ok(());
-        }
-        Some("merge") | None => {}
+        Some(Value::String(d)) if d == "delete" => return Ok(Map::new()),
         Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "unknown patch type: {other:?} in map"
+            return Err(bad(format!(
+                "Unknown patch type: {other}, in map: {}",
+                Value::Object(patch.clone())
             )));
         }
+        None => {}
+    }
+    // `$retainKeys`: fields the patch names stay, the others go.
+    if let Some(keep) = patch.remove("$retainKeys") {
+        let Value::Array(keep) = keep else {
+            return Err(bad(
+                "invalid patch: doesn't support retainKeys directive with a non-list value",
+            ));
+        };
+        let keep: Vec<&str> = keep.iter().filter_map(Value::as_str).collect();
+        for (k, v) in &patch {
+            if v.is_null()
+                || k.starts_with("$deleteFromPrimitiveList/")
+                || k.starts_with("$setElementOrder/")
+            {
+                continue;
+            }
+            if !keep.contains(&k.as_str()) {
+                return Err(bad(
+                    "doesn't satisfy the retainKeys directive: all fields in the patch must be present in the retainKeys list",
+                ));
+            }
+        }
+        original.retain(|k, _| keep.contains(&k.as_str()));
+    }
+    // `$setElementOrder/<list>` with the list it orders (`mergePatchIntoOriginal`).
+    let orders: Vec<String> = patch
+        .keys()
+        .filter(|k| k.starts_with("$setElementOrder/"))
+        .cloned()
+        .collect();
+    for order_key in orders {
+        let order = patch.remove(&order_key).unwrap_or_default();
+        let Value::Array(order) = order else {
+            return Err(bad("invalid patch: setElementOrder list must be a list"));
+        };
+        let field = order_key["$setElementOrder/".len()..].to_string();
+        path.push(field.clone());
+        let strategy = list_strategy(kind, &str_path(path)).0;
+        let key = match strategy {
+            ListStrategy::MergeKey(k) => Some(k),
+            _ => None,
+        };
+        let orig_list = match original.get(&field) {
+            Some(Value::Array(a)) => Some(a.clone()),
+            Some(_) => {
+                path.pop();
+                return Err(bad(format!("{field}: expected a list in the object")));
+            }
+            None => None,
+        };
+        let patch_list = match patch.remove(&field) {
+            Some(Value::Array(a)) => Some(a),
+            Some(_) => {
+                path.pop();
+                return Err(bad(format!("{field}: expected a list in the patch")));
+            }
+            None => None,
+        };
+        let merged = match (orig_list.clone(), patch_list) {
+            (Some(o), None) => o,
+            (None, Some(p)) => p,
+            (Some(o), Some(p)) => merge_list_field(kind, path, strategy, o, p)?,
+            (None, None) => {
+                path.pop();
+                continue;
+            }
+        };
+        let (in_order, server_only) = partition(merged, &order, key);
+        let ordered = normalize_element_order(
+            in_order,
+            server_only,
+            &order,
+            &orig_list.unwrap_or_default(),
+            key,
+        );
+        path.pop();
+        original.insert(field, Value::Array(ordered));
     }
     for (k, pv) in patch {
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(Value::Array(list)), Value::Array(del)) = (orig.get_mut(field), pv) {
+            let Value::Array(del) = pv else {
+                return Err(bad("invalid patch: deleteFromPrimitiveList must be a list"));
+            };
+            if let Some(Value::Array(list)) = original.get_mut(field) {
                 list.retain(|item| !del.contains(item));
             }
             continue;
         }
-        if is_directive(k) {
+        if pv.is_null() {
+            original.remove(&k);
             continue;
         }
-        match pv {
-            Value::Null => {
-                orig.remove(k);
-            }
-            Value::Object(pm) => {
-                if pm.get("$patch").and_then(Value::as_str) == Some("delete") {
-                    orig.remove(k);
-                    continue;
-                }
-                let entry = orig
-                    .entry(k.clone())
-                    .or_insert_with(|| Value::Object(Map::new()));
-                if !entry.is_object() {
-                    *entry = Value::Object(Map::new());
-                }
-                path.push(k.as_str());
-                if let Value::Object(om) = entry {
-                    merge_map(kind, path, om, pm)?;
-                }
-                path.pop();
-            }
-            Value::Array(pl) => {
-                path.push(k.as_str());
-                let (strategy, _) = list_strategy(kind, path);
-                let result = match strategy {
-                    ListStrategy::Replace => Ok(clean(pv)),
-                    ListStrategy::MergePrimitive => {
-                        let mut list = match orig.get(k) {
-                            Some(Value::Array(a)) => a.clone(),
-                            _ => Vec::new(),
-                        };
-                        for item in pl {
-                            if !list.contains(item) {
-                                list.push(item.clone());
-                            }
-                        }
-                        Ok(Value::Array(list))
-                    }
-                    ListStrategy::MergeKey(key) => {
-                        let mut list = match orig.remove(k) {
-                            Some(Value::Array(a)) => a,
-                            _ => Vec::new(),
-                        };
-                        merge_list(kind, path, &mut list, pl, key).map(|()| Value::Array(list))
-                    }
-                };
-                path.pop();
-                orig.insert(k.clone(), result?);
-            }
-            scalar => {
-                orig.insert(k.clone(), scalar.clone());
-            }
-        }
-    }
-    // Ordering directives apply after the merge.
-    for (k, order) in patch {
-        if let (Some(field), Value::Array(order)) = (k.strip_prefix("$setElementOrder/"), order) {
-            path.push(field);
-            let (strategy, _) = list_strategy(kind, path);
-            path.pop();
-            if let Some(Value::Array(list)) = orig.get_mut(field) {
-                reorder(list, order, strategy);
-            }
-        }
-    }
-    if let Some(Value::Array(keep)) = patch.get("$retainKeys") {
-        let keep: Vec<&str> = keep.iter().filter_map(Value::as_str).collect();
-        orig.retain(|k, _| keep.contains(&k.as_str()));
-    }
-    Ok(())
-}
-
-fn merge_list<'a>(
-    kind: &str,
-    path: &mut Vec<&'a str>,
-    orig: &mut Vec<Value>,
-    patch: &'a [Value],
-    key: &str,
-) -> Result<(), ApiError> {
-    // `{"$patch": "replace"}` as a list element replaces the whole list.
-    if patch.iter().any(|i| {
-        i.get("$patch").and_then(Value::as_str) == Some("replace")
-            && i.as_object().is_some_and(|m| m.len() == 1)
-    }) {
-        *orig = patch
-            .iter()
-            .filter(|i| i.get("$patch").is_none())
-            .map(clean)
-            .collect();
-        return Ok(());
-    }
-    for item in patch {
-        let Value::Object(pm) = item else {
-            if !orig.contains(item) {
-                orig.push(item.clone());
-            }
+        let Some(ov) = original.remove(&k) else {
+            // Not in the object: taken as sent.
+            original.insert(k, pv);
             continue;
         };
-        let Some(kv) = pm.get(key) else {
-            return Err(ApiError::bad_request(format!(
-                "map: {} does not contain declared merge key: {key}",
-                item
+        let merged = match (ov, pv) {
+            (Value::Object(om), Value::Object(pm)) => {
+                path.push(k.clone());
+                let m = merge_map(kind, path, om, pm);
+                path.pop();
+                Value::Object(m?)
+            }
+            (Value::Array(ol), Value::Array(pl)) => {
+                path.push(k.clone());
+                let strategy = list_strategy(kind, &str_path(path)).0;
+                let m = merge_list_field(kind, path, strategy, ol, pl);
+                path.pop();
+                Value::Array(m?)
+            }
+            (_, pv) => pv,
+        };
+        original.insert(k, merged);
+    }
+    Ok(original)
+}
+
+fn str_path(path: &[String]) -> Vec<&str> {
+    path.iter().map(String::as_str).collect()
+}
+
+/// `mergeSliceHandler`: a merge list merged and ordered, any other list replaced.
+fn merge_list_field(
+    kind: &str,
+    path: &mut Vec<String>,
+    strategy: ListStrategy,
+    original: Vec<Value>,
+    patch: Vec<Value>,
+) -> Result<Vec<Value>, ApiError> {
+    match strategy {
+        ListStrategy::Replace => Ok(patch),
+        ListStrategy::MergePrimitive => {
+            if original.is_empty() && patch.is_empty() {
+                return Ok(original);
+            }
+            let mut merged = original.clone();
+            for item in &patch {
+                if !merged.contains(item) {
+                    merged.push(item.clone());
+                }
+            }
+            let (in_patch, server_only) = partition(merged, &patch, None);
+            Ok(normalize_element_order(
+                in_patch,
+                server_only,
+                &patch,
+                &original,
+                None,
+            ))
+        }
+        ListStrategy::MergeKey(key) => merge_keyed_list(kind, path, original, patch, key),
+    }
+}
+
+/// `mergeSlice` for a list of maps merged by `key`.
+fn merge_keyed_list(
+    kind: &str,
+    path: &mut Vec<String>,
+    mut original: Vec<Value>,
+    patch: Vec<Value>,
+    key: &str,
+) -> Result<Vec<Value>, ApiError> {
+    if original.is_empty() && patch.is_empty() {
+        return Ok(original);
+    }
+    // Special elements first (`mergeSliceWithSpecialElements`).
+    let mut plain = Vec::new();
+    let mut replace = false;
+    for item in patch {
+        let Value::Object(m) = &item else {
+            return Err(bad(format!(
+                "unable to find api field in struct for the list item {item}: the list has a merge key, so its items must be objects"
             )));
         };
-        let pos = orig.iter().position(|o| o.get(key) == Some(kv));
-        if pm.get("$patch").and_then(Value::as_str) == Some("delete") {
-            orig.retain(|o| o.get(key) != Some(kv));
-            continue;
-        }
-        match pos {
-            Some(i) => {
-                if let Some(Value::Object(om)) = orig.get_mut(i) {
-                    merge_map(kind, path, om, pm)?;
-                }
+        match m.get("$patch") {
+            None => plain.push(item),
+            Some(Value::String(d)) if d == "delete" => {
+                let Some(v) = m.get(key) else {
+                    return Err(bad(format!(
+                        "map: {item} does not contain declared merge key: {key}"
+                    )));
+                };
+                original.retain(|o| o.get(key) != Some(v));
             }
-            None => {
-                let mut fresh = Map::new();
-                merge_map(kind, path, &mut fresh, pm)?;
-                orig.push(Value::Object(fresh));
+            Some(Value::String(d)) if d == "replace" => replace = true,
+            Some(Value::String(d)) if d == "merge" => {
+                return Err(bad("merging lists cannot yet be specified in the patch"));
+            }
+            Some(other) => {
+                return Err(bad(format!("Unknown patch type: {other}, in map: {item}")));
             }
         }
     }
-    Ok(())
+    if replace {
+        return Ok(plain);
+    }
+    let server_order = original.clone();
+    for item in &plain {
+        let Value::Object(pm) = item else { continue };
+        let Some(kv) = pm.get(key) else {
+            return Err(bad(format!(
+                "map: {item} does not contain declared merge key: {key}"
+            )));
+        };
+        match original.iter().position(|o| o.get(key) == Some(kv)) {
+            Some(i) => {
+                let Value::Object(om) = std::mem::take(&mut original[i]) else {
+                    return Err(bad(format!("value for key {i} is not a map")));
+                };
+                original[i] = Value::Object(merge_map(kind, path, om, pm.clone())?);
+            }
+            None => original.push(item.clone()),
+        }
+    }
+    let (in_patch, server_only) = partition(original, &plain, Some(key));
+    Ok(normalize_element_order(
+        in_patch,
+        server_only,
+        &plain,
+        &server_order,
+        Some(key),
+    ))
 }
 
-fn reorder(list: &mut Vec<Value>, order: &[Value], strategy: ListStrategy) {
-    let matches = |item: &Value, o: &Value| match strategy {
-        ListStrategy::MergeKey(k) => o.get(k).is_some() && item.get(k) == o.get(k),
-        _ => item == o,
+/// The value a list item is matched by: its merge key's value, or the item itself.
+fn identity<'v>(item: &'v Value, key: Option<&str>) -> Option<&'v Value> {
+    match key {
+        Some(k) => item.get(k),
+        None => Some(item),
+    }
+}
+
+fn position_in(list: &[Value], item: &Value, key: Option<&str>) -> Option<usize> {
+    let id = identity(item, key)?;
+    list.iter().position(|o| identity(o, key) == Some(id))
+}
+
+/// The items named in `by`, and the others (each in `list`'s order).
+fn partition(list: Vec<Value>, by: &[Value], key: Option<&str>) -> (Vec<Value>, Vec<Value>) {
+    list.into_iter()
+        .partition(|item| position_in(by, item, key).is_some())
+}
+
+/// `normalizeElementOrder`: the patch's items in `patch_order`, the server-only items in
+/// `server_order`, then merged: a server-only item goes first only when both items are in
+/// `server_order` and it was before; otherwise the patch item goes first.
+fn normalize_element_order(
+    mut patch_items: Vec<Value>,
+    mut server_only: Vec<Value>,
+    patch_order: &[Value],
+    server_order: &[Value],
+    key: Option<&str>,
+) -> Vec<Value> {
+    let sort = |items: &mut Vec<Value>, order: &[Value]| {
+        // `$patch: delete` items keep their place at the end.
+        let (mut keep, deletes): (Vec<Value>, Vec<Value>) = std::mem::take(items)
+            .into_iter()
+            .partition(|i| i.get("$patch").and_then(Value::as_str) != Some("delete"));
+        keep.sort_by_key(|i| position_in(order, i, key).unwrap_or(usize::MAX));
+        keep.extend(deletes);
+        *items = keep;
     };
-    let mut ordered: Vec<Value> = Vec::with_capacity(list.len());
-    let mut rest: Vec<Value> = Vec::new();
-    let mut taken = vec![false; list.len()];
-    for o in order {
-        if let Some(i) = list
-            .iter()
-            .enumerate()
-            .position(|(i, item)| !taken[i] && matches(item, o))
-        {
-            taken[i] = true;
-            ordered.push(list[i].clone());
+    sort(&mut patch_items, patch_order);
+    sort(&mut server_only, server_order);
+    let mut out = Vec::with_capacity(patch_items.len() + server_only.len());
+    let (mut left, mut right) = (
+        server_only.into_iter().peekable(),
+        patch_items.into_iter().peekable(),
+    );
+    loop {
+        match (left.peek(), right.peek()) {
+            (None, None) => break,
+            (Some(_), None) => out.extend(left.next()),
+            (None, Some(_)) => out.extend(right.next()),
+            (Some(l), Some(r)) => {
+                let before = match (
+                    position_in(server_order, l, key),
+                    position_in(server_order, r, key),
+                ) {
+                    (Some(li), Some(ri)) => li < ri,
+                    _ => false,
+                };
+                if before {
+                    out.extend(left.next());
+                } else {
+                    out.extend(right.next());
+                }
+            }
         }
     }
-    for (i, item) in list.iter().enumerate() {
-        if !taken[i] {
-            rest.push(item.clone());
-        }
-    }
-    ordered.extend(rest);
-    *list = ordered;
+    out
 }
 
 #[cfg(test)]
@@ -374,9 +486,13 @@ mod tests {
         strategic_merge_patch("Pod", &mut pod, &patch).unwrap();
         let cs = pod["spec"]["containers"].as_array().unwrap();
         assert_eq!(cs.len(), 2);
-        assert_eq!(cs[0]["image"], "x:1");
-        assert_eq!(cs[0]["env"].as_array().unwrap().len(), 2);
-        assert_eq!(cs[1]["image"], "y:2");
+        // The patch's order wins (upstream's normalizeElementOrder).
+        assert_eq!(cs[0]["image"], "y:2");
+        assert_eq!(cs[1]["image"], "x:1");
+        assert_eq!(
+            cs[1]["env"],
+            json!([{"name": "B", "value": "2"}, {"name": "A", "value": "1"}])
+        );
     }
 
     #[test]
@@ -415,7 +531,7 @@ mod tests {
             }
         });
         strategic_merge_patch("Pod", &mut pod, &patch).unwrap();
-        assert_eq!(pod["metadata"]["finalizers"], json!(["b", "c"]));
+        assert_eq!(pod["metadata"]["finalizers"], json!(["c", "b"]));
         assert_eq!(
             pod["spec"]["containers"],
             json!([{"name": "c"}, {"name": "a"}])
@@ -433,6 +549,84 @@ mod tests {
         )
         .unwrap();
         assert_eq!(obj, json!({"spec": {"c": 3}}));
+    }
+
+    /// Upstream orders a merged list with the patch's new items before the server-only ones:
+    /// a status patch that adds a pod's new IP keeps the old one after it.
+    #[test]
+    fn new_list_items_come_before_the_server_only_ones() {
+        let mut pod = json!({"status": {"podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}]}});
+        let patch = json!({"status": {"podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}]}});
+        strategic_merge_patch("Pod", &mut pod, &patch).unwrap();
+        assert_eq!(
+            pod["status"]["podIPs"],
+            json!([{"ip": "10.0.0.2"}, {"ip": "10.0.0.1"}])
+        );
+        // Interleaving by the old positions: c (server only) was before both patched items.
+        let mut obj =
+            json!({"status": {"conditions": [{"type": "c"}, {"type": "b"}, {"type": "a"}]}});
+        let patch =
+            json!({"status": {"conditions": [{"type": "a", "x": 1}, {"type": "b", "x": 2}]}});
+        strategic_merge_patch("Pod", &mut obj, &patch).unwrap();
+        let types: Vec<&str> = obj["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["c", "a", "b"]);
+    }
+
+    #[test]
+    fn a_replace_element_replaces_a_list_the_object_has() {
+        let mut pod =
+            json!({"status": {"podIPs": [{"ip": "10.0.0.1"}], "hostIPs": [{"ip": "1.1.1.1"}]}});
+        let patch = json!({"status": {"podIPs": [{"ip": "10.0.0.2"}, {"$patch": "replace"}]}});
+        strategic_merge_patch("Pod", &mut pod, &patch).unwrap();
+        assert_eq!(pod["status"]["podIPs"], json!([{"ip": "10.0.0.2"}]));
+        // Deleting by merge key.
+        let patch = json!({"status": {"hostIPs": [{"ip": "1.1.1.1", "$patch": "delete"}, {"ip": "2.2.2.2"}]}});
+        strategic_merge_patch("Pod", &mut pod, &patch).unwrap();
+        assert_eq!(pod["status"]["hostIPs"], json!([{"ip": "2.2.2.2"}]));
+    }
+
+    /// A value the object lacks is taken as sent, directives and all (upstream `mergeMap`).
+    #[test]
+    fn a_list_the_object_lacks_is_taken_as_sent() {
+        let mut pod = json!({"status": {"phase": "Pending"}});
+        let patch = json!({"status": {"podIPs": [{"ip": "10.0.0.2"}, {"$patch": "replace"}]}});
+        strategic_merge_patch("Pod", &mut pod, &patch).unwrap();
+        assert_eq!(
+            pod["status"]["podIPs"],
+            json!([{"ip": "10.0.0.2"}, {"$patch": "replace"}])
+        );
+    }
+
+    #[test]
+    fn malformed_directives_are_bad_requests() {
+        let mut pod = json!({"spec": {"containers": [{"name": "a"}]}});
+        for patch in [
+            json!({"spec": {"$patch": "explode"}}),
+            json!({"spec": {"containers": [{"name": "a", "$patch": "merge"}]}}),
+            json!({"spec": {"containers": [{"$patch": "delete"}]}}),
+            json!({"spec": {"containers": [{"image": "x"}]}}),
+            json!({"spec": {"containers": ["x"]}}),
+            json!({"spec": {"$setElementOrder/containers": "x", "containers": [{"name": "a"}]}}),
+            json!({"spec": {"$retainKeys": ["a"], "b": 1}}),
+        ] {
+            let e = strategic_merge_patch("Pod", &mut pod.clone(), &patch).unwrap_err();
+            assert_eq!(e.code, 400, "{patch}");
+        }
+        strategic_merge_patch(
+            "Pod",
+            &mut pod,
+            &json!({"spec": {"containers": [{"name": "a", "image": "y"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            pod["spec"]["containers"],
+            json!([{"name": "a", "image": "y"}])
+        );
     }
 
     #[test]

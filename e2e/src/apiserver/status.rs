@@ -38,6 +38,15 @@ impl Cause {
         }
     }
 
+    /// `invalid` with the value already formatted as the Go server prints it.
+    pub fn invalid_shown(field: impl Into<String>, shown: &str, detail: &str) -> Self {
+        Self {
+            reason: "FieldValueInvalid",
+            field: field.into(),
+            message: format!("Invalid value: {shown}: {detail}"),
+        }
+    }
+
     pub fn forbidden(field: impl Into<String>, detail: &str) -> Self {
         Self {
             reason: "FieldValueForbidden",

@@ -80,7 +80,54 @@ pub fn check_type(info: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
             ));
         }
     }
+    if info.kind == "Pod" && !info.custom {
+        convert_pod_ips(obj);
+    }
     Ok(())
+}
+
+/// What decoding a v1 Pod into the server's internal form and back does to the IP fields:
+/// `podIP` wins over a `podIPs` whose first entry differs (or fills an empty `podIPs`), and
+/// `podIP` is `podIPs[0]` afterwards; an empty `hostIPs` is filled from `hostIP`.
+fn convert_pod_ips(pod: &mut Value) {
+    let Some(status) = pod.get_mut("status").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let first = |list: Option<&Value>| {
+        list.and_then(Value::as_array)
+            .and_then(|a| a.first())
+            .and_then(|e| e.get("ip"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let empty = |list: Option<&Value>| list.and_then(Value::as_array).is_none_or(Vec::is_empty);
+    if let Some(ip) = status
+        .get("podIP")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+    {
+        let ip = ip.to_string();
+        if empty(status.get("podIPs")) || first(status.get("podIPs")).as_deref() != Some(&ip) {
+            status.insert("podIPs".into(), json!([{"ip": ip}]));
+        }
+    }
+    match first(status.get("podIPs")) {
+        Some(ip) => {
+            status.insert("podIP".into(), json!(ip));
+        }
+        None => {
+            status.remove("podIP");
+        }
+    }
+    if let Some(ip) = status
+        .get("hostIP")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        && empty(status.get("hostIPs"))
+    {
+        let ip = ip.to_string();
+        status.insert("hostIPs".into(), json!([{"ip": ip}]));
+    }
 }
 
 /// Fills what the server sets on create. `ns` is the request namespace (namespaced kinds).
@@ -593,6 +640,8 @@ fn validate_pod(pod: &Value, old: Option<&Value>) -> Vec<Cause> {
         ));
     }
     if let Some(old) = old {
+        causes.extend(validate_pod_ips(&pod["status"], &old["status"], "podIPs"));
+        causes.extend(validate_pod_ips(&pod["status"], &old["status"], "hostIPs"));
         let normalize = |s: &Value| {
             let mut s = s.clone();
             for list in ["containers", "initContainers"] {
@@ -619,6 +668,64 @@ fn validate_pod(pod: &Value, old: Option<&Value>) -> Vec<Cause> {
                 "spec",
                 "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
             ));
+        }
+    }
+    causes
+}
+
+/// `validatePodIPs` / `validateHostIPs`: every new entry a valid IP, at most one per IP
+/// family (two at most), no duplicates; `hostIPs[0]` is `hostIP`.
+fn validate_pod_ips(status: &Value, old_status: &Value, list: &str) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let Some(items) = status[list].as_array().filter(|a| !a.is_empty()) else {
+        return causes;
+    };
+    let field = format!("status.{list}");
+    let ips: Vec<String> = items
+        .iter()
+        .map(|e| e["ip"].as_str().unwrap_or_default().to_string())
+        .collect();
+    if list == "hostIPs" && status["hostIP"].as_str().unwrap_or_default() != ips[0] {
+        causes.push(Cause::invalid(
+            format!("{field}[0].ip"),
+            &json!(ips[0]),
+            "must be equal to `hostIP`",
+        ));
+    }
+    let existing: Vec<&str> = old_status[list]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["ip"].as_str())
+        .collect();
+    let parsed: Vec<Option<std::net::IpAddr>> = ips.iter().map(|ip| ip.parse().ok()).collect();
+    for (i, (ip, p)) in ips.iter().zip(&parsed).enumerate() {
+        if p.is_none() && !existing.contains(&ip.as_str()) {
+            causes.push(Cause::invalid(
+                format!("{field}[{i}]"),
+                &json!(ip),
+                "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
+            ));
+        }
+    }
+    if ips.len() > 1 {
+        let v6 = parsed.iter().flatten().filter(|p| p.is_ipv6()).count();
+        let v4 = parsed.iter().flatten().filter(|p| p.is_ipv4()).count();
+        if ips.len() > 2 || v4 != 1 || v6 != 1 {
+            let shown: Vec<String> = ips.iter().map(|ip| format!("{{IP:{ip:?}}}")).collect();
+            causes.push(Cause::invalid_shown(
+                &field,
+                &format!("[{}]", shown.join(", ")),
+                "may specify no more than one IP for each IP family",
+            ));
+        }
+        for (i, ip) in ips.iter().enumerate() {
+            if ips[..i].contains(ip) {
+                causes.push(Cause::duplicate(
+                    format!("{field}[{i}]"),
+                    &json!({"ip": ip}),
+                ));
+            }
         }
     }
     causes
@@ -880,6 +987,77 @@ mod tests {
         assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "Always");
         assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 30);
         assert_eq!(pod["spec"]["tolerations"].as_array().unwrap().len(), 2);
+    }
+
+    fn pod_with_status(status: Value) -> Value {
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}, "status": status})
+    }
+
+    /// What a real apiserver answers a status whose IP lists grew a second entry of one family
+    /// (a strategic merge patch that kept the old IP beside the new one).
+    #[test]
+    fn pod_ip_lists_hold_at_most_one_ip_per_family() {
+        let reg = Registry::new();
+        let info = reg.lookup("", "v1", "pods").unwrap();
+        let old = pod_with_status(json!({"podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}]}));
+        let mut bad = pod_with_status(json!({
+            "podIP": "10.251.2.64",
+            "podIPs": [{"ip": "10.251.2.64"}, {"ip": "10.251.2.36"}],
+            "hostIP": "192.168.0.2",
+            "hostIPs": [{"ip": "192.168.0.2"}, {"ip": "192.168.0.1"}],
+        }));
+        check_type(&info, &mut bad).unwrap();
+        let err = validate(&info, &bad, Some(&old)).unwrap_err();
+        assert_eq!(err.code, 422);
+        assert!(
+            err.message.contains(r#"status.podIPs: Invalid value: [{IP:"10.251.2.64"}, {IP:"10.251.2.36"}]: may specify no more than one IP for each IP family"#),
+            "{}",
+            err.message
+        );
+        assert!(
+            err.message.contains("status.hostIPs: Invalid value"),
+            "{}",
+            err.message
+        );
+        let mut dual = pod_with_status(
+            json!({"podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}, {"ip": "fd00::2"}]}),
+        );
+        check_type(&info, &mut dual).unwrap();
+        validate(&info, &dual, Some(&old)).unwrap();
+        let mut junk = pod_with_status(
+            json!({"podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}, {"$patch": "replace"}]}),
+        );
+        check_type(&info, &mut junk).unwrap();
+        let err = validate(&info, &junk, Some(&old)).unwrap_err();
+        assert!(err.message.contains("status.podIPs[1]"), "{}", err.message);
+        let mut host =
+            pod_with_status(json!({"hostIP": "10.1.1.1", "hostIPs": [{"ip": "10.1.1.2"}]}));
+        check_type(&info, &mut host).unwrap();
+        let err = validate(&info, &host, Some(&old)).unwrap_err();
+        assert!(
+            err.message.contains("must be equal to `hostIP`"),
+            "{}",
+            err.message
+        );
+    }
+
+    /// `podIP` wins over a `podIPs[0]` that differs, as the v1 → internal conversion has it.
+    #[test]
+    fn pod_ip_is_authoritative_over_a_differing_first_pod_ip() {
+        let reg = Registry::new();
+        let info = reg.lookup("", "v1", "pods").unwrap();
+        let mut pod = pod_with_status(
+            json!({"podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.1"}, {"ip": "10.0.0.2"}]}),
+        );
+        check_type(&info, &mut pod).unwrap();
+        assert_eq!(pod["status"]["podIPs"], json!([{"ip": "10.0.0.2"}]));
+        let mut pod = pod_with_status(json!({"podIP": "10.0.0.3", "hostIP": "1.2.3.4"}));
+        check_type(&info, &mut pod).unwrap();
+        assert_eq!(pod["status"]["podIPs"], json!([{"ip": "10.0.0.3"}]));
+        assert_eq!(pod["status"]["hostIPs"], json!([{"ip": "1.2.3.4"}]));
+        let mut pod = pod_with_status(json!({"podIPs": [{"ip": "10.0.0.4"}]}));
+        check_type(&info, &mut pod).unwrap();
+        assert_eq!(pod["status"]["podIP"], "10.0.0.4");
     }
 
     #[test]

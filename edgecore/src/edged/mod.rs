@@ -39,6 +39,7 @@ pub mod settings;
 pub mod spec;
 pub mod stats;
 pub mod status;
+pub mod status_report;
 pub mod time;
 pub mod volumes;
 
@@ -87,6 +88,7 @@ impl Edged {
         meta: MetaClient,
         changes: mpsc::Receiver<ObjectChange>,
         link: Option<broadcast::Receiver<LinkEvent>>,
+        status_reports: Arc<status_report::StatusReports>,
     ) -> Result<Edged, EdgedError> {
         let cri = CriClient::connect_lazy(&config.runtime_endpoint)?;
         let machine = node::Machine::detect(&config.root_directory);
@@ -112,6 +114,7 @@ impl Edged {
             pull_lock: tokio::sync::Mutex::new(()),
             resync,
             image_gc_now: Notify::new(),
+            status_reports,
         });
         let task = tokio::spawn(run(shared, machine, changes, link, cancel.clone()));
         Ok(Edged { cancel, task })

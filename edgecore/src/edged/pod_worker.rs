@@ -20,6 +20,7 @@ use super::sandbox::{log_directory, sandbox_config};
 use super::settings::EdgedConfig;
 use super::spec::{Pod, PullPolicy, metadata_of};
 use super::status::{StatusInput, pod_status, unrunnable_status};
+use super::status_report::{ListForm, Outcome, status_patch};
 use super::time;
 use super::volumes::{self, HostVolume, TokenCache};
 use crate::metamanager::{MetaClient, MetaError};
@@ -29,6 +30,26 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
+
+/// First and longest wait before a status the API server refused is sent again.
+const STATUS_REFUSED_FIRST: Duration = Duration::from_secs(1);
+const STATUS_REFUSED_MAX: Duration = Duration::from_secs(300);
+
+/// A refusal worth backing off from: the request itself was wrong (4xx), not a conflict or
+/// a throttle the next attempt may not meet.
+fn refused(code: i32) -> bool {
+    (400..500).contains(&code) && code != 409 && code != 429
+}
+
+/// The last status the API server refused, and when to try it again.
+struct RefusedStatus {
+    status: Value,
+    reason: String,
+    delay: Duration,
+    retry_at: Instant,
+    /// How the refused patch stated the IP lists.
+    form: ListForm,
+}
 
 /// What the dispatcher wants for a pod: its newest object, whether it was deleted, and a
 /// counter bumped when a configmap or secret its volumes use changed.
@@ -68,6 +89,8 @@ pub struct Shared {
     pub resync: watch::Sender<u64>,
     /// Notified when the node has DiskPressure: unused images are removed at once.
     pub image_gc_now: tokio::sync::Notify,
+    /// Status patches per pod (`/metrics`).
+    pub status_reports: Arc<super::status_report::StatusReports>,
 }
 
 impl Shared {
@@ -97,6 +120,10 @@ pub struct PodWorker {
     finished: Option<Phase>,
     last_sent: Option<Value>,
     status_pending: bool,
+    refused: Option<RefusedStatus>,
+    /// The API server's copy of the status, as last known: the pod a status patch returned,
+    /// or the stored pod.
+    server_status: Value,
     tokens: TokenCache,
     volumes: Option<HashMap<String, HostVolume>>,
     volumes_error: Option<String>,
@@ -144,6 +171,8 @@ impl PodWorker {
             finished: None,
             last_sent: None,
             status_pending: false,
+            refused: None,
+            server_status: Value::Null,
             tokens: TokenCache::default(),
             volumes: None,
             volumes_error: None,
@@ -226,6 +255,7 @@ impl PodWorker {
             return;
         }
         self.raw = object.clone();
+        self.server_status = object.get("status").cloned().unwrap_or(Value::Null);
         match Pod::from_value(object).and_then(|p| p.spec.validate().map(|_| p)) {
             Ok(pod) => {
                 if self.last_sent.is_none() && pod.status.is_object() {
@@ -1191,33 +1221,90 @@ impl PodWorker {
             let _ = std::fs::remove_dir_all(log_directory(&self.shared.config, pod));
         }
         tracing::info!(pod = %key, uid = %self.uid, "pod removed from the node");
+        let m = metadata_of(&self.raw);
+        self.shared.status_reports.forget(&m.namespace, &m.name);
         Next::Done
     }
 
-    /// Sends the status when it differs from what the cloud last accepted.
+    /// Sends the status when it differs from what the cloud last accepted. A status the API
+    /// server refused is sent again only after a back-off (doubling up to
+    /// [`STATUS_REFUSED_MAX`]) or once it changes; the refusal is logged once per reason.
     async fn report(&mut self, status: Value) {
         if !self.force_report && self.last_sent.as_ref() == Some(&status) {
             self.status_pending = false;
             return;
         }
+        if let Some(r) = &self.refused
+            && r.status == status
+            && Instant::now() < r.retry_at
+        {
+            self.status_pending = true;
+            return;
+        }
         let m = metadata_of(&self.raw);
-        let patch = json!({"metadata": {"uid": self.uid}, "status": status});
-        match self
+        let (namespace, name) = (m.namespace.clone(), m.name.clone());
+        // After a refusal, the other way of stating the IP lists (the known copy was wrong).
+        let form = match &self.refused {
+            Some(r) if r.form == ListForm::AsKnown => ListForm::Flipped,
+            _ => ListForm::AsKnown,
+        };
+        let patch = status_patch(&self.uid, &status, &self.server_status, form);
+        let result = self
             .shared
             .meta
-            .patch_pod_status(&m.namespace, &m.name, &patch)
-            .await
-        {
-            Ok(_) => {
+            .patch_pod_status(&namespace, &name, &patch)
+            .await;
+        let outcome = match &result {
+            Ok(_) => Outcome::Accepted,
+            Err(MetaError::Api(e)) if refused(e.err_status.code) => Outcome::Refused,
+            Err(_) => Outcome::Failed,
+        };
+        self.shared
+            .status_reports
+            .record(&namespace, &name, outcome);
+        match result {
+            Ok(pod) => {
+                if let Some(s) = pod.get("status") {
+                    self.server_status = s.clone();
+                }
                 tracing::debug!(pod = %self.key(), phase = %status["phase"], "pod status sent");
+                if self.refused.take().is_some() {
+                    tracing::info!(pod = %self.key(), "pod status accepted again");
+                }
                 self.last_sent = Some(status);
                 self.status_pending = false;
                 self.force_report = false;
             }
             Err(MetaError::NotFound { .. }) => {
+                // The pod is gone at the API server: nothing to report any more.
+                self.refused = None;
                 self.last_sent = Some(status);
                 self.status_pending = false;
                 self.force_report = false;
+            }
+            Err(MetaError::Api(e)) if refused(e.err_status.code) => {
+                let reason = format!("{} {}", e.err_status.code, e.err_status.message);
+                let delay = self.refused.as_ref().map_or(STATUS_REFUSED_FIRST, |r| {
+                    (r.delay * 2).min(STATUS_REFUSED_MAX)
+                });
+                if self.refused.as_ref().is_none_or(|r| r.reason != reason) {
+                    tracing::warn!(
+                        pod = %self.key(),
+                        code = e.err_status.code,
+                        reason = %e.err_status.reason,
+                        message = %e.err_status.message,
+                        retry_in = ?delay,
+                        "the API server refused the pod status; sending it again with back-off"
+                    );
+                }
+                self.refused = Some(RefusedStatus {
+                    status,
+                    reason,
+                    delay,
+                    retry_at: Instant::now() + delay,
+                    form,
+                });
+                self.status_pending = true;
             }
             Err(e) => {
                 if !self.status_pending {

@@ -26,7 +26,11 @@ pub async fn body(stats: &StatsProvider, path: &str, raw_query: &str) -> Option<
             serde_json::to_vec(&summary).ok()
         }
         "/metrics/resource" => Some(resource::render(&stats.snapshot().await).into_bytes()),
-        "/metrics" => Some(resource::render_kubelet(&stats.snapshot().await).into_bytes()),
+        "/metrics" => {
+            let mut text = resource::render_kubelet(&stats.snapshot().await);
+            stats.status_reports().render(&mut text);
+            Some(text.into_bytes())
+        }
         _ => None,
     }
 }

@@ -48,6 +48,7 @@ impl EdgeStream {
         settings: EdgeStreamSettings,
         tls: Arc<rustls::ClientConfig>,
         runtime: Runtime,
+        status_reports: Arc<crate::edged::status_report::StatusReports>,
     ) -> EdgeStream {
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
@@ -55,6 +56,7 @@ impl EdgeStream {
             runtime.clone(),
             settings.node_name.clone(),
             settings.root_dir.clone(),
+            status_reports,
         ));
         let task = tokio::spawn(async move {
             loop {
@@ -81,6 +83,7 @@ impl EdgeStream {
     pub fn from_config(
         config: &EdgeCoreConfig,
         edged: &EdgedConfig,
+        status_reports: Arc<crate::edged::status_report::StatusReports>,
     ) -> Result<EdgeStream, StartError> {
         let s = &config.modules.edge_stream;
         let ca = tls::load_certs(Path::new(&s.tls_tunnel_ca_file)).map_err(load_err(
@@ -110,7 +113,7 @@ impl EdgeStream {
             handshake_timeout: std::time::Duration::from_secs(s.handshake_timeout.max(1) as u64),
             root_dir: edged.root_directory.clone(),
         };
-        Ok(EdgeStream::start(settings, tls, runtime))
+        Ok(EdgeStream::start(settings, tls, runtime, status_reports))
     }
 
     pub async fn shutdown(self) {

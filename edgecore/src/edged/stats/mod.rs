@@ -15,10 +15,11 @@ use self::sample::{ContainerSample, Cpu, Memory, NodeSample, PodSample, Snapshot
 use super::runtime::{
     LABEL_CONTAINER_NAME, LABEL_NODE, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime,
 };
+use super::status_report::StatusReports;
 use crate::cri::api;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// A previous CPU sample older than this is not used for a rate.
@@ -36,6 +37,7 @@ pub struct StatsProvider {
     last_node_cpu: Mutex<Option<CpuPoint>>,
     /// Per container or sandbox id.
     last_cpu: Mutex<HashMap<String, CpuPoint>>,
+    status_reports: Arc<StatusReports>,
 }
 
 fn unix_nanos(t: SystemTime) -> i64 {
@@ -58,14 +60,25 @@ fn value(v: &Option<api::UInt64Value>) -> Option<u64> {
 }
 
 impl StatsProvider {
-    pub fn new(runtime: Runtime, node_name: String, root_dir: PathBuf) -> Self {
+    pub fn new(
+        runtime: Runtime,
+        node_name: String,
+        root_dir: PathBuf,
+        status_reports: Arc<StatusReports>,
+    ) -> Self {
         StatsProvider {
             runtime,
             node_name,
             root_dir,
+            status_reports,
             last_node_cpu: Mutex::new(None),
             last_cpu: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Status patches per pod, for the kubelet-like `/metrics`.
+    pub fn status_reports(&self) -> &StatusReports {
+        &self.status_reports
     }
 
     fn node_selector(&self) -> HashMap<String, String> {
