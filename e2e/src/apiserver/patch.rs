@@ -126,9 +126,11 @@ fn list_strategy(kind: &str, path: &[&str]) -> (ListStrategy, bool) {
 /// primitives, unioned) and then ordered as upstream orders them — the patch's items in the
 /// patch's order, the server's other items interleaved by their old positions, so an item new
 /// to the list comes before the ones only the server had; any other list replaced. A value
-/// the object lacks (or holds with another JSON type) is taken exactly as sent, directives
-/// included, as upstream does (a `$patch` element in a list the object does not have yet then
-/// reaches validation as an element of that list).
+/// the object lacks (or holds with another JSON type) is taken as sent without its nulls and
+/// without any map holding a `$patch` directive (upstream since 1.28). What is left of
+/// directives and nulls afterwards goes, as decoding into the Go types drops it. Errors as
+/// upstream's: malformed directive values 400, the rest (a list item without its merge key,
+/// an unknown `$patch`) 500 without a reason.
 pub fn strategic_merge_patch(
     kind: &str,
     target: &mut Value,
@@ -147,11 +149,52 @@ pub fn strategic_merge_patch(
         let merged = merge_map(kind, &mut path, std::mem::take(t), p.clone())?;
         *t = merged;
     }
+    drop_leftovers(target);
     Ok(())
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::bad_request(msg.into())
+}
+
+fn unknown(msg: impl Into<String>) -> ApiError {
+    ApiError::unknown(msg.into())
+}
+
+/// A value the object lacks, as upstream takes it (`discardNullValuesFromPatch`,
+/// `removeDirectives`): no nulls, no map holding `$patch`.
+fn as_sent(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null() && !holds_patch_directive(v))
+                .map(|(k, v)| (k, as_sent(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(
+            a.into_iter()
+                .filter(|v| !holds_patch_directive(v))
+                .map(as_sent)
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+fn holds_patch_directive(v: &Value) -> bool {
+    v.as_object().is_some_and(|m| m.contains_key("$patch"))
+}
+
+/// What decoding into the Go types drops: keys starting with `$` and null fields.
+fn drop_leftovers(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|k, v| !k.starts_with('$') && !v.is_null());
+            m.values_mut().for_each(drop_leftovers);
+        }
+        Value::Array(a) => a.iter_mut().for_each(drop_leftovers),
+        _ => {}
+    }
 }
 
 /// `mergeMap`: `original` with `patch` merged in.
@@ -168,8 +211,8 @@ fn merge_map(
         }
         Some(Value::String(d)) if d == "delete" => return Ok(Map::new()),
         Some(other) => {
-            return Err(bad(format!(
-                "Unknown patch type: {other}, in map: {}",
+            return Err(unknown(format!(
+                "unknown patch type: {other} in map: {}",
                 Value::Object(patch.clone())
             )));
         }
@@ -268,7 +311,7 @@ fn merge_map(
         }
         let Some(ov) = original.remove(&k) else {
             // Not in the object: taken as sent.
-            original.insert(k, pv);
+            original.insert(k, as_sent(pv));
             continue;
         };
         let merged = match (ov, pv) {
@@ -285,7 +328,7 @@ fn merge_map(
                 path.pop();
                 Value::Array(m?)
             }
-            (_, pv) => pv,
+            (_, pv) => as_sent(pv),
         };
         original.insert(k, merged);
     }
@@ -345,15 +388,15 @@ fn merge_keyed_list(
     let mut replace = false;
     for item in patch {
         let Value::Object(m) = &item else {
-            return Err(bad(format!(
-                "unable to find api field in struct for the list item {item}: the list has a merge key, so its items must be objects"
+            return Err(unknown(format!(
+                "list element types are not identical: {item} in a list merged by {key}"
             )));
         };
         match m.get("$patch") {
             None => plain.push(item),
             Some(Value::String(d)) if d == "delete" => {
                 let Some(v) = m.get(key) else {
-                    return Err(bad(format!(
+                    return Err(unknown(format!(
                         "map: {item} does not contain declared merge key: {key}"
                     )));
                 };
@@ -361,10 +404,14 @@ fn merge_keyed_list(
             }
             Some(Value::String(d)) if d == "replace" => replace = true,
             Some(Value::String(d)) if d == "merge" => {
-                return Err(bad("merging lists cannot yet be specified in the patch"));
+                return Err(unknown(
+                    "merging lists cannot yet be specified in the patch",
+                ));
             }
             Some(other) => {
-                return Err(bad(format!("Unknown patch type: {other}, in map: {item}")));
+                return Err(unknown(format!(
+                    "unknown patch type: {other} in map: {item}"
+                )));
             }
         }
     }
@@ -375,14 +422,14 @@ fn merge_keyed_list(
     for item in &plain {
         let Value::Object(pm) = item else { continue };
         let Some(kv) = pm.get(key) else {
-            return Err(bad(format!(
+            return Err(unknown(format!(
                 "map: {item} does not contain declared merge key: {key}"
             )));
         };
         match original.iter().position(|o| o.get(key) == Some(kv)) {
             Some(i) => {
                 let Value::Object(om) = std::mem::take(&mut original[i]) else {
-                    return Err(bad(format!("value for key {i} is not a map")));
+                    return Err(unknown(format!("value for key {i} is not a map")));
                 };
                 original[i] = Value::Object(merge_map(kind, path, om, pm.clone())?);
             }
@@ -590,32 +637,42 @@ mod tests {
         assert_eq!(pod["status"]["hostIPs"], json!([{"ip": "2.2.2.2"}]));
     }
 
-    /// A value the object lacks is taken as sent, directives and all (upstream `mergeMap`).
+    /// A value the object lacks is taken as sent, without nulls and `$patch` maps (upstream
+    /// `mergeMap` since 1.28).
     #[test]
-    fn a_list_the_object_lacks_is_taken_as_sent() {
+    fn a_list_the_object_lacks_is_taken_without_directives() {
         let mut pod = json!({"status": {"phase": "Pending"}});
-        let patch = json!({"status": {"podIPs": [{"ip": "10.0.0.2"}, {"$patch": "replace"}]}});
+        let patch = json!({"status": {
+            "podIPs": [{"ip": "10.0.0.2"}, {"$patch": "replace"}],
+            "hostIP": null,
+            "extra": {"a": null, "b": 1, "c": {"$patch": "delete"}},
+        }});
         strategic_merge_patch("Pod", &mut pod, &patch).unwrap();
-        assert_eq!(
-            pod["status"]["podIPs"],
-            json!([{"ip": "10.0.0.2"}, {"$patch": "replace"}])
-        );
+        assert_eq!(pod["status"]["podIPs"], json!([{"ip": "10.0.0.2"}]));
+        assert!(pod["status"].get("hostIP").is_none());
+        assert_eq!(pod["status"]["extra"], json!({"b": 1}));
     }
 
     #[test]
-    fn malformed_directives_are_bad_requests() {
+    fn malformed_directives_fail_with_upstream_s_codes() {
         let mut pod = json!({"spec": {"containers": [{"name": "a"}]}});
-        for patch in [
-            json!({"spec": {"$patch": "explode"}}),
-            json!({"spec": {"containers": [{"name": "a", "$patch": "merge"}]}}),
-            json!({"spec": {"containers": [{"$patch": "delete"}]}}),
-            json!({"spec": {"containers": [{"image": "x"}]}}),
-            json!({"spec": {"containers": ["x"]}}),
-            json!({"spec": {"$setElementOrder/containers": "x", "containers": [{"name": "a"}]}}),
-            json!({"spec": {"$retainKeys": ["a"], "b": 1}}),
+        for (patch, code) in [
+            (json!({"spec": {"$patch": "explode"}}), 500),
+            (
+                json!({"spec": {"containers": [{"name": "a", "$patch": "merge"}]}}),
+                500,
+            ),
+            (json!({"spec": {"containers": [{"$patch": "delete"}]}}), 500),
+            (json!({"spec": {"containers": [{"image": "x"}]}}), 500),
+            (json!({"spec": {"containers": ["x"]}}), 500),
+            (
+                json!({"spec": {"$setElementOrder/containers": "x", "containers": [{"name": "a"}]}}),
+                400,
+            ),
+            (json!({"spec": {"$retainKeys": ["a"], "b": 1}}), 400),
         ] {
             let e = strategic_merge_patch("Pod", &mut pod.clone(), &patch).unwrap_err();
-            assert_eq!(e.code, 400, "{patch}");
+            assert_eq!(e.code, code, "{patch}");
         }
         strategic_merge_patch(
             "Pod",

@@ -292,6 +292,11 @@ impl ApiError {
         Self::new(422, "Invalid", message)
     }
 
+    /// A plain error turned into a Status (`ErrorToAPIStatus`): 500 without a reason.
+    pub fn unknown(message: impl Into<String>) -> Self {
+        Self::new(500, "", message)
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
             500,

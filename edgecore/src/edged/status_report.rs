@@ -12,10 +12,10 @@
 //! pod a patch returned, stored with the pod — but states the IP lists it owns whole with
 //! the `$patch: replace` element, which leaves exactly the new entries whatever the server's
 //! copy holds; delete directives would only remove the entries edged knows of. A list the
-//! server's copy lacks is sent plain: the apiserver takes a value the object lacks as sent,
-//! directives included, and would then refuse the `$patch` element as an entry. Should the
-//! known copy be wrong either way, the API server refuses the status and the next attempt
-//! uses the other form. `conditions` merge by type (other components own some, e.g.
+//! server's copy lacks is sent plain: an apiserver before 1.28 takes a value the object lacks
+//! as sent, directives included, and would refuse the `$patch` element as an entry (1.28 and
+//! later drop it). Should the known copy be wrong either way, the API server refuses the
+//! status and the next attempt uses the other form. `conditions` merge by type (other components own some, e.g.
 //! `DisruptionTarget` or readiness gates); the atomic lists (`containerStatuses`,
 //! `initContainerStatuses`) are replaced anyway; pod-level `reason` and `message` that edged
 //! no longer reports are deleted with `null`.
