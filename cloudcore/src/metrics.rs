@@ -9,7 +9,8 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabel {
-    pub resource: String,
+    /// A known resource type token or `other` (never what a peer chose).
+    pub resource: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,17 +106,18 @@ impl HubMetrics {
         );
     }
 
-    pub(crate) fn resource(resource_type: &str) -> ResourceLabel {
+    pub(crate) fn resource(resource_type: &kubeedge_shared::ResourceType) -> ResourceLabel {
         ResourceLabel {
-            resource: resource_type.to_string(),
+            resource: resource_type.metric_label(),
         }
     }
 }
 
+/// Labels of an upstream request: from bounded sets (`other` for what the edge made up).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabel {
-    pub resource: String,
-    pub operation: String,
+    pub resource: &'static str,
+    pub operation: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -257,12 +259,12 @@ mod tests {
         ctl.register(&mut registry);
         hub.connected_nodes.set(3);
         hub.messages_sent
-            .get_or_create(&HubMetrics::resource("pod"))
+            .get_or_create(&HubMetrics::resource(&kubeedge_shared::ResourceType::Pod))
             .inc();
         ctl.upstream_duration
             .get_or_create(&OperationLabel {
-                resource: "podpatch".into(),
-                operation: "patch".into(),
+                resource: "podpatch",
+                operation: "patch",
             })
             .observe(0.004);
         let text = render(&registry);

@@ -11,7 +11,8 @@
 //!  "content":{"objects":[{"type":"pod","key":"default/pod/nginx","uid":"…","resourceVersion":"42"}]}}
 //! ```
 //!
-//! cloudhub hands it to the controllers as `node/<node>/default/inventory/<node>`. No reply is
+//! cloudhub hands it to the controllers (as every upstream message, with the session's node
+//! beside the parsed resource) and they route it to the downstream resync. No reply is
 //! expected: the cloud answers with ordinary downstream `insert`/`update`/`delete` messages. A
 //! real KubeEdge cloudcore routes it to edgecontroller, which logs the unknown type and drops it.
 
@@ -44,8 +45,7 @@ pub struct InventoryEntry {
 /// ObjectSync records of a KubeEdge edge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldObject {
-    /// Type token, e.g. `pod`, `configmap`, `secret`.
-    pub resource_type: String,
+    pub resource_type: crate::ResourceType,
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -111,9 +111,7 @@ mod tests {
             msg.content,
             json!({"objects": [{"type": "pod", "key": "default/pod/nginx", "uid": "u1", "resourceVersion": "42"}]})
         );
-        let mut upstream = msg.clone();
-        upstream.route.resource = "node/edge-1/default/inventory/edge-1".into();
-        assert!(Inventory::is_inventory(&upstream));
-        assert_eq!(Inventory::from_message(&upstream).unwrap(), inv);
+        assert!(Inventory::is_inventory(&msg));
+        assert_eq!(Inventory::from_message(&msg).unwrap(), inv);
     }
 }

@@ -28,6 +28,16 @@ macro_rules! string_enum {
             pub fn is_empty(&self) -> bool {
                 matches!(self, Self::Empty)
             }
+
+            /// The value for a metric label: a known value, `other` or `empty` — never what
+            /// a peer chose.
+            pub fn metric_label(&self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                    Self::Other(_) => "other",
+                    Self::Empty => "empty",
+                }
+            }
         }
 
         impl From<&str> for $name {

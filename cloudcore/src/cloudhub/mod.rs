@@ -11,7 +11,6 @@ mod session;
 
 use crate::metrics::{HubMetrics, ReasonLabel};
 use dashmap::DashMap;
-use kubeedge_shared::resource::trim_node_prefix;
 use kubeedge_shared::{CodecError, FrameCodec, Message};
 use queue::{AckedMessage, Enqueued, NodeQueue, QueueFull, QueueLimits};
 use std::net::SocketAddr;
@@ -85,11 +84,12 @@ pub enum NodeEvent {
     QueueOverflow { node: String },
 }
 
-/// A message from an edge, with its resource already in cloud-internal form
-/// (`node/<node>/<ns>/<type>/<name>`).
+/// A message from an edge: the session's node, the message's resource parsed once (wire form,
+/// as the edge sent it), and the message.
 #[derive(Debug, Clone)]
 pub struct Upstream {
     pub node: String,
+    pub path: kubeedge_shared::ResourcePath,
     pub message: Message,
 }
 
@@ -168,16 +168,13 @@ impl CloudHub {
         self.local_addr
     }
 
-    /// Queues `msg` for `node`. The resource may be in cloud-internal form; the `node/<n>/`
-    /// prefix is stripped on the wire, as KubeEdge's `TrimMessage` does.
-    pub fn send(&self, node: &str, mut msg: Message) -> Result<Enqueued, SendError> {
+    /// Queues `msg` for `node`; its resource is in wire form (`<ns>/<type>/<name>`): the node
+    /// is this argument, never part of the path (KubeEdge glues `node/<n>/` on between its
+    /// modules and strips it again in `TrimMessage`; nothing here needs that).
+    pub fn send(&self, node: &str, msg: Message) -> Result<Enqueued, SendError> {
         let Some(queue) = self.inner.sessions.get(node).map(|s| s.queue.clone()) else {
             return Err(SendError::NotConnected(node.to_string()));
         };
-        let trimmed = trim_node_prefix(&msg.route.resource);
-        if trimmed.len() != msg.route.resource.len() {
-            msg.route.resource = trimmed.to_string();
-        }
         let frame = self.inner.codec.encode(&msg).map_err(|source| {
             self.inner
                 .metrics

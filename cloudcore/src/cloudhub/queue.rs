@@ -6,7 +6,7 @@
 //! window), so one slow ACK does not stall the node.
 
 use crate::metrics::{HubMetrics, ReasonLabel};
-use kubeedge_shared::{Group, Message, Operation, ResourcePath};
+use kubeedge_shared::{Group, Message, Operation, ResourcePath, ResourceType};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -75,7 +75,7 @@ struct Entry {
     rv: u64,
     is_delete: bool,
     needs_ack: bool,
-    resource_type: String,
+    resource_type: ResourceType,
     delivered: Option<Box<Delivered>>,
 }
 
@@ -111,7 +111,7 @@ pub struct AckedMessage {
     pub uid: Option<String>,
     /// The header's `resourceversion` (0 when absent).
     pub resource_version: u64,
-    pub resource_type: String,
+    pub resource_type: ResourceType,
     pub is_delete: bool,
     /// The object delivered, on queues that record deliveries.
     pub delivered: Option<Box<Delivered>>,
@@ -123,7 +123,7 @@ pub struct AckedMessage {
 pub struct Delivered {
     /// `None` for cluster-scoped objects (the `null` namespace token).
     pub namespace: Option<String>,
-    pub resource_type: String,
+    pub resource_type: ResourceType,
     pub name: String,
     pub uid: String,
     /// From the object; empty when it carried none.
@@ -156,7 +156,7 @@ impl Delivered {
 /// A frame ready to be written.
 pub struct Outgoing {
     pub frame: Utf8Bytes,
-    pub resource_type: String,
+    pub resource_type: ResourceType,
     pub resend: bool,
 }
 
@@ -216,7 +216,7 @@ impl NodeQueue {
             rv: msg.header.resource_version.parse().unwrap_or(0),
             is_delete: msg.is_delete(),
             needs_ack,
-            resource_type: msg.resource_type().unwrap_or("unknown").to_string(),
+            resource_type: ResourceType::parse(msg.resource_type().unwrap_or_default()),
             delivered: (needs_ack && self.record_deliveries.load(Ordering::Relaxed))
                 .then(|| Delivered::of(msg))
                 .flatten(),

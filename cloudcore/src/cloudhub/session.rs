@@ -9,8 +9,7 @@ use dashmap::mapref::entry::Entry;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use kubeedge_shared::operation::source::CLOUD_ONLY;
-use kubeedge_shared::resource::add_node_prefix;
-use kubeedge_shared::{Message, Operation};
+use kubeedge_shared::{Message, Operation, ResourcePath};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::time::{Instant, sleep_until};
@@ -190,19 +189,26 @@ async fn read_loop(
 async fn dispatch_upstream(
     inner: &Inner,
     node: &str,
-    mut msg: Message,
+    msg: Message,
     cancel: &CancellationToken,
 ) -> bool {
+    // The resource is parsed here, once; the controllers get it typed.
+    let path = match ResourcePath::parse(&msg.route.resource) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(node, resource = %msg.route.resource, error = %e, "malformed resource path from edge; dropped");
+            inner.metrics.malformed_frames.inc();
+            return true;
+        }
+    };
     inner
         .metrics
         .messages_received
-        .get_or_create(&HubMetrics::resource(
-            msg.resource_type().unwrap_or("unknown"),
-        ))
+        .get_or_create(&HubMetrics::resource(&path.resource_type))
         .inc();
-    msg.route.resource = add_node_prefix(node, &msg.route.resource);
     let up = Upstream {
         node: node.to_string(),
+        path,
         message: msg,
     };
     tokio::select! {

@@ -78,8 +78,12 @@ pub async fn run_with(
             _ = shutdown.cancelled() => break,
             m = upstream.recv() => match m { Some(m) => m, None => break },
         };
-        if let Err(up) = handler.dispatch(up) {
-            // The inventory of a reconnecting edge.
+        if !Inventory::is_inventory(&up.message) {
+            handler.dispatch(up);
+            continue;
+        }
+        // The inventory of a reconnecting edge goes to the downstream actor.
+        {
             match parse_inventory(&up) {
                 Ok(held) => {
                     let _ = tx
@@ -113,7 +117,7 @@ pub fn parse_inventory(up: &Upstream) -> Result<Vec<HeldObject>, String> {
                 resource_type: if o.resource_type.is_empty() {
                     path.resource_type
                 } else {
-                    o.resource_type
+                    kubeedge_shared::ResourceType::parse(&o.resource_type)
                 },
                 namespace: path.namespace?,
                 name: path.name?,

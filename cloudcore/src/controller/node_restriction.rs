@@ -8,6 +8,7 @@
 //! Reading nodes, leases, services and volumes stays open, as for kubelets.
 
 use super::location::{ObjectKey, SharedLocation};
+use kubeedge_shared::ResourceType as RT;
 use kubeedge_shared::{Operation, ResourcePath};
 use serde_json::Value;
 
@@ -30,10 +31,11 @@ pub enum Verdict {
 }
 
 /// Whether [`check`] looks at the content of this kind of request (others skip parsing it).
-pub fn needs_content(resource_type: &str, op: &Operation) -> bool {
+pub fn needs_content(resource_type: &RT, op: &Operation) -> bool {
     matches!(
         (resource_type, op),
-        ("node" | "lease" | "pod", Operation::Insert) | ("serviceaccounttoken", Operation::Query)
+        (RT::Node | RT::Lease | RT::Pod, Operation::Insert)
+            | (RT::ServiceAccountToken, Operation::Query)
     )
 }
 
@@ -54,11 +56,11 @@ pub fn check(
         None => Verdict::Deny(format!("node {node} may not modify an unnamed {what}")),
     };
     let content_name = content["metadata"]["name"].as_str();
-    match (path.resource_type.as_str(), op) {
-        ("node", Operation::Insert) => own("node", name.or(content_name)),
-        ("node", Operation::Update) | ("nodestatus", Operation::Update) => own("node", name),
-        ("nodepatch", Operation::Patch) => own("node", name),
-        ("lease", Operation::Insert | Operation::Update) => {
+    match (&path.resource_type, op) {
+        (RT::Node, Operation::Insert) => own("node", name.or(content_name)),
+        (RT::Node, Operation::Update) | (RT::NodeStatus, Operation::Update) => own("node", name),
+        (RT::NodePatch, Operation::Patch) => own("node", name),
+        (RT::Lease, Operation::Insert | Operation::Update) => {
             if ns != LEASE_NAMESPACE {
                 return Verdict::Deny(format!(
                     "node {node} may only write its lease in namespace {LEASE_NAMESPACE}"
@@ -66,13 +68,13 @@ pub fn check(
             }
             own("lease", name.or(content_name))
         }
-        ("pod", Operation::Insert) => match content["spec"]["nodeName"].as_str() {
+        (RT::Pod, Operation::Insert) => match content["spec"]["nodeName"].as_str() {
             Some(n) if n == node => Verdict::Allow,
             _ => Verdict::Deny(format!(
                 "node {node} may only create mirror pods bound to itself"
             )),
         },
-        ("podpatch", Operation::Patch) | ("pod", Operation::Delete) => {
+        (RT::PodPatch, Operation::Patch) | (RT::Pod, Operation::Delete) => {
             let Some(name) = name else {
                 return Verdict::Allow;
             };
@@ -90,7 +92,7 @@ pub fn check(
                 },
             }
         }
-        (ty @ ("configmap" | "secret"), Operation::Query) => {
+        (ty @ (RT::ConfigMap | RT::Secret), Operation::Query) => {
             let Some(name) = name else {
                 return Verdict::Allow;
             };
@@ -99,13 +101,13 @@ pub fn check(
                 return Verdict::Allow;
             }
             let key: ObjectKey = (ns.to_string(), name.to_string());
-            if location.read().node_uses(node, &key, ty == "secret") {
+            if location.read().node_uses(node, &key, *ty == RT::Secret) {
                 Verdict::Allow
             } else {
                 Verdict::Deny(format!("no pod on node {node} uses {ty} {ns}/{name}"))
             }
         }
-        ("serviceaccounttoken", Operation::Query) => {
+        (RT::ServiceAccountToken, Operation::Query) => {
             let bound = &content["spec"]["boundObjectRef"];
             match (bound["kind"].as_str(), bound["name"].as_str()) {
                 (Some("Pod"), Some(pod)) => Verdict::PodOnNode {

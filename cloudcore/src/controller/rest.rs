@@ -96,6 +96,26 @@ impl Kind {
     }
 
     /// `apiVersion` and `kind` stamped on objects sent to the edge.
+    /// The kind of an object sent to or asked for by an edge under this resource type.
+    pub fn of_resource_type(t: &kubeedge_shared::ResourceType) -> Option<Kind> {
+        use kubeedge_shared::ResourceType as RT;
+        Some(match t {
+            RT::Node => Kind::Node,
+            RT::Pod => Kind::Pod,
+            RT::ConfigMap => Kind::ConfigMap,
+            RT::Secret => Kind::Secret,
+            RT::PersistentVolume => Kind::PersistentVolume,
+            RT::PersistentVolumeClaim => Kind::PersistentVolumeClaim,
+            RT::VolumeAttachment => Kind::VolumeAttachment,
+            RT::Lease => Kind::Lease,
+            RT::Event => Kind::Event,
+            RT::Service => Kind::Service,
+            RT::Endpoints => Kind::Endpoints,
+            RT::EndpointSlice => Kind::EndpointSlice,
+            _ => return None,
+        })
+    }
+
     pub fn type_meta(self) -> (&'static str, &'static str) {
         match self {
             Kind::Node => ("v1", "Node"),

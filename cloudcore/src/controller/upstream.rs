@@ -10,6 +10,7 @@ use super::services::ServiceCache;
 use crate::cloudhub::{CloudHub, Upstream};
 use crate::metrics::{ControllerMetrics, OperationLabel};
 use http::Method;
+use kubeedge_shared::ResourceType as RT;
 use kubeedge_shared::content::{self, ObjectResp, StatusError};
 use kubeedge_shared::operation::source;
 use kubeedge_shared::{Group, Message, Operation, ResourcePath};
@@ -63,45 +64,40 @@ impl UpstreamHandler {
         }
     }
 
-    fn semaphore(&self, ty: &str) -> &Semaphore {
+    fn semaphore(&self, ty: &RT) -> &Semaphore {
         match ty {
-            "nodestatus" | "nodepatch" | "podstatus" | "podpatch" | "lease" => &self.status,
-            "configmap"
-            | "secret"
-            | "persistentvolume"
-            | "persistentvolumeclaim"
-            | "volumeattachment"
-            | "serviceaccounttoken"
-            | "node"
-            | "service"
-            | "servicelist"
-            | "endpoints"
-            | "endpointslist"
-            | "endpointslice" => &self.queries,
+            RT::NodeStatus | RT::NodePatch | RT::PodStatus | RT::PodPatch | RT::Lease => {
+                &self.status
+            }
+            RT::ConfigMap
+            | RT::Secret
+            | RT::PersistentVolume
+            | RT::PersistentVolumeClaim
+            | RT::VolumeAttachment
+            | RT::ServiceAccountToken
+            | RT::Node
+            | RT::Service
+            | RT::ServiceList
+            | RT::Endpoints
+            | RT::EndpointsList
+            | RT::EndpointSlice => &self.queries,
             _ => &self.writes,
         }
     }
 
-    /// Spawns the handling of one message; gives back the messages it does not handle.
-    pub fn dispatch(&self, up: Upstream) -> Result<(), Box<Upstream>> {
-        let Ok(path) = ResourcePath::parse_internal(&up.message.route.resource) else {
-            tracing::warn!(node = %up.node, resource = %up.message.route.resource, "malformed resource path from edge; dropped");
-            return Ok(());
-        };
-        if path.resource_type == "inventory" {
-            return Err(Box::new(up));
-        }
+    /// Spawns the handling of one request from an edge.
+    pub fn dispatch(&self, up: Upstream) {
         let this = self.clone();
         tokio::spawn(async move {
-            let permit = this.semaphore(&path.resource_type).acquire().await;
+            let permit = this.semaphore(&up.path.resource_type).acquire().await;
             if permit.is_err() {
                 return;
             }
             let started = std::time::Instant::now();
-            let outcome = this.handle(&up, &path).await;
+            let outcome = this.handle(&up).await;
             let label = OperationLabel {
-                resource: path.resource_type.clone(),
-                operation: up.message.route.operation.to_string(),
+                resource: up.path.resource_type.metric_label(),
+                operation: up.message.route.operation.metric_label(),
             };
             this.metrics
                 .upstream_duration
@@ -112,36 +108,36 @@ impl UpstreamHandler {
             }
             tracing::debug!(node = %up.node, resource = %up.message.route.resource, op = %up.message.route.operation, ?outcome, elapsed = ?started.elapsed(), "upstream handled");
         });
-        Ok(())
     }
 
-    pub async fn handle(&self, up: &Upstream, path: &ResourcePath) -> Handled {
+    pub async fn handle(&self, up: &Upstream) -> Handled {
         let msg = &up.message;
+        let path = &up.path;
         let ns = path.namespace.as_deref();
         let name = path.name.as_deref();
         let op = &msg.route.operation;
         // Namespaces and names of the types handled here become REST path segments.
         let rest_type = matches!(
-            path.resource_type.as_str(),
-            "node"
-                | "nodestatus"
-                | "nodepatch"
-                | "podpatch"
-                | "podstatus"
-                | "pod"
-                | "configmap"
-                | "secret"
-                | "persistentvolume"
-                | "persistentvolumeclaim"
-                | "volumeattachment"
-                | "serviceaccounttoken"
-                | "service"
-                | "endpoints"
-                | "endpointslice"
-                | "servicelist"
-                | "endpointslist"
-                | "lease"
-                | "event"
+            &path.resource_type,
+            RT::Node
+                | RT::NodeStatus
+                | RT::NodePatch
+                | RT::PodPatch
+                | RT::PodStatus
+                | RT::Pod
+                | RT::ConfigMap
+                | RT::Secret
+                | RT::PersistentVolume
+                | RT::PersistentVolumeClaim
+                | RT::VolumeAttachment
+                | RT::ServiceAccountToken
+                | RT::Service
+                | RT::Endpoints
+                | RT::EndpointSlice
+                | RT::ServiceList
+                | RT::EndpointsList
+                | RT::Lease
+                | RT::Event
         );
         if let Some(why) = [ns, name]
             .into_iter()
@@ -157,10 +153,10 @@ impl UpstreamHandler {
             tracing::warn!(node = %up.node, resource = %msg.route.resource, operation = %op, %why, "upstream request outside what the node may do; refused");
             let e = StatusError::new(403, "Forbidden", why);
             let object_reply = matches!(
-                (path.resource_type.as_str(), op),
-                ("node" | "lease" | "pod", Operation::Insert)
-                    | ("nodepatch" | "podpatch", Operation::Patch)
-                    | ("lease", Operation::Update)
+                (&path.resource_type, op),
+                (RT::Node | RT::Lease | RT::Pod, Operation::Insert)
+                    | (RT::NodePatch | RT::PodPatch, Operation::Patch)
+                    | (RT::Lease, Operation::Update)
             );
             let reply = if object_reply {
                 Reply::object_err(e)
@@ -169,44 +165,50 @@ impl UpstreamHandler {
             };
             return self.reply(up, reply);
         }
-        let reply = match (path.resource_type.as_str(), op) {
-            ("node", Operation::Insert) => self.create(Kind::Node, None, name, msg).await,
-            ("node", Operation::Query) => self.query(Kind::Node, None, name).await,
-            ("node", Operation::Update) => self.node_update(name, msg).await,
-            ("nodestatus", Operation::Update) => self.node_status_update(name, msg).await,
-            ("nodepatch", Operation::Patch) => self.patch_status(Kind::Node, None, name, msg).await,
-            ("podpatch", Operation::Patch) => self.patch_status(Kind::Pod, ns, name, msg).await,
-            ("podstatus", Operation::Update) => self.pod_status_update(&up.node, ns, msg).await,
-            ("pod", Operation::Insert) => self.create(Kind::Pod, ns, None, msg).await,
-            ("pod", Operation::Delete) => self.pod_delete(ns, name, msg).await,
-            ("configmap", Operation::Query) => self.query(Kind::ConfigMap, ns, name).await,
-            ("secret", Operation::Query) => self.query(Kind::Secret, ns, name).await,
-            ("persistentvolume", Operation::Query) => {
+        let reply = match (&path.resource_type, op) {
+            (RT::Node, Operation::Insert) => self.create(Kind::Node, None, name, msg).await,
+            (RT::Node, Operation::Query) => self.query(Kind::Node, None, name).await,
+            (RT::Node, Operation::Update) => self.node_update(name, msg).await,
+            (RT::NodeStatus, Operation::Update) => self.node_status_update(name, msg).await,
+            (RT::NodePatch, Operation::Patch) => {
+                self.patch_status(Kind::Node, None, name, msg).await
+            }
+            (RT::PodPatch, Operation::Patch) => self.patch_status(Kind::Pod, ns, name, msg).await,
+            (RT::PodStatus, Operation::Update) => self.pod_status_update(&up.node, ns, msg).await,
+            (RT::Pod, Operation::Insert) => self.create(Kind::Pod, ns, None, msg).await,
+            (RT::Pod, Operation::Delete) => self.pod_delete(ns, name, msg).await,
+            (RT::ConfigMap, Operation::Query) => self.query(Kind::ConfigMap, ns, name).await,
+            (RT::Secret, Operation::Query) => self.query(Kind::Secret, ns, name).await,
+            (RT::PersistentVolume, Operation::Query) => {
                 self.query(Kind::PersistentVolume, None, name).await
             }
-            ("persistentvolumeclaim", Operation::Query) => {
+            (RT::PersistentVolumeClaim, Operation::Query) => {
                 self.query(Kind::PersistentVolumeClaim, ns, name).await
             }
-            ("volumeattachment", Operation::Query) => {
+            (RT::VolumeAttachment, Operation::Query) => {
                 self.query(Kind::VolumeAttachment, None, name).await
             }
-            ("serviceaccounttoken", Operation::Query) => self.token(ns, name, msg).await,
-            ("service", Operation::Query) => self.cached(Kind::Service, ns, name).await,
-            ("endpoints", Operation::Query) => self.cached(Kind::Endpoints, ns, name).await,
-            ("endpointslice", Operation::Query) => self.cached(Kind::EndpointSlice, ns, name).await,
-            ("servicelist", Operation::Query) => self.cached_list(Kind::Service, ns).await,
-            ("endpointslist", Operation::Query) => self.cached_list(Kind::Endpoints, ns).await,
-            ("lease", Operation::Insert) => self
+            (RT::ServiceAccountToken, Operation::Query) => self.token(ns, name, msg).await,
+            (RT::Service, Operation::Query) => self.cached(Kind::Service, ns, name).await,
+            (RT::Endpoints, Operation::Query) => self.cached(Kind::Endpoints, ns, name).await,
+            (RT::EndpointSlice, Operation::Query) => {
+                self.cached(Kind::EndpointSlice, ns, name).await
+            }
+            (RT::ServiceList, Operation::Query) => self.cached_list(Kind::Service, ns).await,
+            (RT::EndpointsList, Operation::Query) => self.cached_list(Kind::Endpoints, ns).await,
+            (RT::Lease, Operation::Insert) => self
                 .create(Kind::Lease, ns, None, msg)
                 .await
                 .map(wrap_object),
-            ("lease", Operation::Update) => self.lease_update(ns, name, msg).await,
-            ("lease", Operation::Query) => self.query(Kind::Lease, ns, name).await.map(wrap_object),
-            ("event", Operation::Insert | Operation::Update | Operation::Patch) => {
+            (RT::Lease, Operation::Update) => self.lease_update(ns, name, msg).await,
+            (RT::Lease, Operation::Query) => {
+                self.query(Kind::Lease, ns, name).await.map(wrap_object)
+            }
+            (RT::Event, Operation::Insert | Operation::Update | Operation::Patch) => {
                 self.event(ns, name, msg).await
             }
             (ty, op) => {
-                tracing::warn!(node = %up.node, resource_type = ty, operation = %op, "unsupported upstream operation; dropped");
+                tracing::warn!(node = %up.node, resource_type = %ty, operation = %op, "unsupported upstream operation; dropped");
                 return Handled::Dropped(format!("unsupported {ty}/{op}"));
             }
         };
@@ -515,7 +517,7 @@ impl UpstreamHandler {
             source::EDGE_CONTROLLER,
             Group::Resource,
             Operation::Delete,
-            format!("node/{node}/{ns}/pod/{name}"),
+            format!("{ns}/pod/{name}"),
             pod_stub(ns, name, uid),
         );
         if let Err(e) = self.hub.send(node, msg) {

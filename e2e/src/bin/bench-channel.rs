@@ -39,7 +39,7 @@ fn typical_pod(i: usize) -> Message {
         "edgecontroller",
         Group::Resource,
         Operation::Update,
-        format!("node/edge-1/default/pod/{name}"),
+        format!("default/pod/{name}"),
         json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "uid": format!("6b1f0a52-0000-4000-8000-{i:012}"),

@@ -18,7 +18,7 @@ fn pod(name: &str, uid: &str, rv: u64, op: Operation) -> Message {
         "edgecontroller",
         Group::Resource,
         op,
-        format!("node/edge-1/default/pod/{name}"),
+        format!("default/pod/{name}"),
         json!({"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": "default", "uid": uid, "resourceVersion": rv.to_string()}}),
     )
@@ -113,12 +113,16 @@ async fn edge_and_cloud_exchange_messages_and_acks() {
         .unwrap()
         .unwrap();
     assert_eq!(up.node, "edge-1");
-    assert_eq!(up.message.route.resource, "node/edge-1/default/node/edge-1");
+    // The node is the session's, never glued into the path: the resource arrives as sent,
+    // parsed once.
+    assert_eq!(up.message.route.resource, "default/node/edge-1");
+    assert_eq!(up.path.resource_type, kubeedge_shared::ResourceType::Node);
+    assert_eq!(up.path.name.as_deref(), Some("edge-1"));
     let reply = Message::new(
         "edgecontroller",
         Group::Resource,
         Operation::Response,
-        "node/edge-1/default/node/edge-1",
+        "default/node/edge-1",
         ObjectResp::object(json!({"kind": "Node"})).to_value(),
     )
     .with_parent(up.message.header.id.clone());

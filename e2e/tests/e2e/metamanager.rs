@@ -93,7 +93,7 @@ fn object_msg(op: Operation, ty: &str, name: &str, uid: &str, rv: u64) -> Messag
         "edgecontroller",
         Group::Resource,
         op,
-        format!("node/{NODE}/default/{ty}/{name}"),
+        format!("default/{ty}/{name}"),
         json!({"apiVersion": "v1", "kind": kind,
                "metadata": {"name": name, "namespace": "default", "uid": uid,
                             "resourceVersion": rv.to_string()},
@@ -320,10 +320,7 @@ async fn configmap_query_goes_to_the_cloud_and_the_reply_is_stored_and_acked() {
     let get = tokio::spawn(async move { client.get_configmap("default", "cfg").await });
 
     let query = next_upstream(&mut up, |m| m.route.operation == Operation::Query).await;
-    assert_eq!(
-        query.route.resource,
-        format!("node/{NODE}/default/configmap/cfg")
-    );
+    assert_eq!(query.route.resource, "default/configmap/cfg");
     assert_eq!(query.route.source, "edged");
     assert_eq!(query.route.group, Group::Meta);
     let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -402,10 +399,7 @@ async fn inventory_lists_stored_objects_on_every_connect() {
     let (cloud, mut up, _m) = start_hub(&pki, test_hub_config()).await.unwrap();
     let edge = start_edge(&pki, &cloud, |_| {}).await;
     let first = next_upstream(&mut up, Inventory::is_inventory).await;
-    assert_eq!(
-        first.route.resource,
-        format!("node/{NODE}/default/inventory/{NODE}")
-    );
+    assert_eq!(first.route.resource, format!("default/inventory/{NODE}"));
     assert!(Inventory::from_message(&first).unwrap().objects.is_empty());
 
     let mut acks = cloud.subscribe_acks(64);
@@ -570,15 +564,12 @@ async fn edgecore_from_its_config_file_stores_and_acks_over_a_real_cloudhub() {
 
     // It connects as edge-app, advertising the inventory capability, and sends its inventory.
     let inv = next_upstream(&mut up, Inventory::is_inventory).await;
-    assert_eq!(
-        inv.route.resource,
-        "node/edge-app/default/inventory/edge-app"
-    );
+    assert_eq!(inv.route.resource, "default/inventory/edge-app");
     assert!(cloud.capabilities("edge-app").unwrap().inventory_resync);
 
     let mut acks = cloud.subscribe_acks(8);
     let mut pod = pod_msg(Operation::Insert, "web", "uid-app", 9);
-    pod.route.resource = "node/edge-app/default/pod/web".into();
+    pod.route.resource = "default/pod/web".into();
     cloud.send("edge-app", pod.clone()).unwrap();
     assert_eq!(next_ack(&mut acks).await.message.msg_id, pod.header.id);
     assert_eq!(

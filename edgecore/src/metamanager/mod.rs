@@ -19,7 +19,7 @@ pub use client::{MetaClient, MetaError};
 pub use store::{DeleteOutcome, MetaRecord, MetaStore, StoreError, UpsertOutcome};
 
 use crate::edgehub::{EdgeHub, HubError, LinkEvent};
-use kubeedge_shared::Message;
+use kubeedge_shared::{Message, ResourceType};
 use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;
@@ -28,17 +28,21 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// Types edged queries from the cloud when connected (KubeEdge `requireRemoteQuery`).
-pub const REMOTE_QUERY_TYPES: [&str; 8] = [
-    "configmap",
-    "secret",
-    "persistentvolume",
-    "persistentvolumeclaim",
-    "volumeattachment",
-    "node",
-    "serviceaccounttoken",
-    "lease",
-];
+/// Whether edged queries this type from the cloud when connected (KubeEdge
+/// `requireRemoteQuery`).
+pub fn is_remote_query_type(t: &ResourceType) -> bool {
+    matches!(
+        t,
+        ResourceType::ConfigMap
+            | ResourceType::Secret
+            | ResourceType::PersistentVolume
+            | ResourceType::PersistentVolumeClaim
+            | ResourceType::VolumeAttachment
+            | ResourceType::Node
+            | ResourceType::ServiceAccountToken
+            | ResourceType::Lease
+    )
+}
 
 #[derive(Debug, Clone)]
 pub struct MetaManagerConfig {
@@ -85,11 +89,12 @@ pub enum ObjectKind {
 }
 
 impl ObjectKind {
-    pub fn from_type_token(t: &str) -> Option<Self> {
+    /// The kinds of the types edged acts on (none for the others).
+    pub fn of(t: &ResourceType) -> Option<Self> {
         match t {
-            "pod" => Some(Self::Pod),
-            "configmap" => Some(Self::ConfigMap),
-            "secret" => Some(Self::Secret),
+            ResourceType::Pod => Some(Self::Pod),
+            ResourceType::ConfigMap => Some(Self::ConfigMap),
+            ResourceType::Secret => Some(Self::Secret),
             _ => None,
         }
     }

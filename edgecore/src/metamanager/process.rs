@@ -5,7 +5,7 @@ use super::client::MetaError;
 use super::store::{MetaRecord, MetaStore, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
     ChangeAction, CloudLink, DeleteOutcome, EdgedRequest, MetaManagerConfig, ObjectChange,
-    ObjectKind, REMOTE_QUERY_TYPES,
+    ObjectKind, is_remote_query_type,
 };
 use crate::edgehub::LinkEvent;
 use futures_util::StreamExt;
@@ -14,7 +14,7 @@ use futures_util::stream::FuturesOrdered;
 use kubeedge_shared::content::{self, ObjectResp, StatusError};
 use kubeedge_shared::inventory::Inventory;
 use kubeedge_shared::operation::source;
-use kubeedge_shared::{Group, Message, Operation, ResourcePath};
+use kubeedge_shared::{Group, Message, Operation, ResourcePath, ResourceType};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,7 +116,7 @@ impl<L: CloudLink> Context<L> {
         };
         let store = self.store.clone();
         let rx = if op == Operation::Delete {
-            if ty == "pod" {
+            if ty == ResourceType::Pod {
                 let uid = object
                     .pointer("/metadata/uid")
                     .and_then(Value::as_str)
@@ -136,7 +136,7 @@ impl<L: CloudLink> Context<L> {
                     .await
             }
         } else {
-            let record = MetaRecord::new(key, ty, object.to_string());
+            let record = MetaRecord::new(key, ty.as_str(), object.to_string());
             store.submit(move |c| upsert_job(c, &record)).await
         };
         Some(pending(msg, path, object, true, rx))
@@ -190,9 +190,7 @@ impl<L: CloudLink> Context<L> {
                 None
             }
         };
-        if let (Some(action), Some(kind)) =
-            (action, ObjectKind::from_type_token(&path.resource_type))
-        {
+        if let (Some(action), Some(kind)) = (action, ObjectKind::of(&path.resource_type)) {
             let change = ObjectChange {
                 kind,
                 action,
@@ -228,13 +226,13 @@ impl<L: CloudLink> Context<L> {
         let path = msg
             .resource_path()
             .map_err(|e| MetaError::BadRequest(e.to_string()))?;
-        let ty = path.resource_type.as_str();
-        if ty == "event" {
+        let ty = &path.resource_type;
+        if *ty == ResourceType::Event {
             return self.forward_event(msg).await;
         }
         match msg.route.operation {
             Operation::Query => {
-                if REMOTE_QUERY_TYPES.contains(&ty) && self.link.is_connected() {
+                if is_remote_query_type(ty) && self.link.is_connected() {
                     match self.remote(&msg, &path).await {
                         Ok(reply) => return Ok(reply),
                         Err(e) if e.is_link_failure() => {
@@ -253,7 +251,11 @@ impl<L: CloudLink> Context<L> {
                     .map(|v| v.to_string())
                     .map_err(|e| MetaError::BadRequest(format!("content is not JSON: {e}")))?;
                 self.store
-                    .upsert(MetaRecord::new(msg.route.resource.clone(), ty, value))
+                    .upsert(MetaRecord::new(
+                        msg.route.resource.clone(),
+                        ty.as_str(),
+                        value,
+                    ))
                     .await?;
                 if let Err(e) = self.link.send(msg.clone()).await {
                     tracing::debug!(resource = %msg.route.resource, error = %e, "update kept locally; not sent to the cloud");
@@ -267,7 +269,11 @@ impl<L: CloudLink> Context<L> {
                 let patch =
                     String::from_utf8_lossy(&content::content_bytes(&msg.content)).into_owned();
                 self.store
-                    .upsert(MetaRecord::new(msg.route.resource.clone(), ty, patch))
+                    .upsert(MetaRecord::new(
+                        msg.route.resource.clone(),
+                        ty.as_str(),
+                        patch,
+                    ))
                     .await?;
                 self.remote(&msg, &path).await
             }
@@ -430,20 +436,22 @@ fn store_plan(op: &Operation, path: &ResourcePath, reply_content: &Value) -> Opt
     let object = reply_object(reply_content)?;
     let mut target = path.clone();
     let mut same_uid_only = false;
-    match path.resource_type.as_str() {
-        "serviceaccounttoken" | "podstatus" | "nodestatus" => return None,
-        "podpatch" => {
-            target.resource_type = "pod".into();
+    match path.resource_type {
+        ResourceType::ServiceAccountToken | ResourceType::PodStatus | ResourceType::NodeStatus => {
+            return None;
+        }
+        ResourceType::PodPatch => {
+            target.resource_type = ResourceType::Pod;
             same_uid_only = true;
         }
-        "nodepatch" => target.resource_type = "node".into(),
+        ResourceType::NodePatch => target.resource_type = ResourceType::Node,
         _ => {}
     }
     target.name.as_ref()?;
     Some(StorePlan {
         record: MetaRecord::new(
             target.to_wire(),
-            target.resource_type.clone(),
+            target.resource_type.as_str(),
             object.to_string(),
         ),
         same_uid_only,

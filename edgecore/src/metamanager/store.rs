@@ -9,8 +9,8 @@
 //! `synchronous=FULL`, which syncs the WAL on every commit (with `NORMAL` a commit acknowledged
 //! just before a power cut could be lost, and the cloud would never resend it).
 
-use kubeedge_shared::ResourcePath;
 use kubeedge_shared::inventory::InventoryEntry;
+use kubeedge_shared::{ResourcePath, ResourceType};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -22,16 +22,6 @@ use tokio::sync::{mpsc, oneshot};
 const JOB_QUEUE: usize = 1024;
 /// Jobs run in one transaction, at most.
 const MAX_BATCH: usize = 256;
-
-/// Types that are edge-originated requests or status fragments rather than objects the cloud
-/// keeps in sync: not mirrored into `meta_v2` and not listed in the inventory.
-pub const NON_OBJECT_TYPES: [&str; 5] = [
-    "podpatch",
-    "nodepatch",
-    "podstatus",
-    "nodestatus",
-    "serviceaccounttoken",
-];
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -267,7 +257,7 @@ impl MetaStore {
         match &path.name {
             Some(_) => Ok(self.get(&path.to_wire()).await?.into_iter().collect()),
             None => Ok(self
-                .list_type(&path.resource_type)
+                .list_type(path.resource_type.as_str())
                 .await?
                 .into_iter()
                 .map(|r| r.value)
@@ -275,7 +265,7 @@ impl MetaStore {
         }
     }
 
-    /// Every stored object the cloud keeps in sync (all types but [`NON_OBJECT_TYPES`],
+    /// Every stored object the cloud keeps in sync (all types but requests ([`ResourceType::is_request`]),
     /// `node` and `lease`, which the edge itself writes), with its UID and resourceVersion.
     /// Rows whose value is not a JSON object with a UID are left out: the cloud then sends
     /// those objects again, which repairs them.
@@ -288,10 +278,8 @@ impl MetaStore {
                 let Some(r) = skip_corrupt(row)? else {
                     continue;
                 };
-                if NON_OBJECT_TYPES.contains(&r.resource_type.as_str())
-                    || r.resource_type == "node"
-                    || r.resource_type == "lease"
-                {
+                let ty = ResourceType::parse(&r.resource_type);
+                if ty.is_request() || ty == ResourceType::Node || ty == ResourceType::Lease {
                     continue;
                 }
                 let Ok(v) = serde_json::from_str::<Value>(&r.value) else {
@@ -703,7 +691,7 @@ fn kind_to_resource(kind: &str) -> String {
 }
 
 fn mirror_v2(conn: &Connection, r: &MetaRecord) -> Result<(), StoreError> {
-    if NON_OBJECT_TYPES.contains(&r.resource_type.as_str()) {
+    if ResourceType::parse(&r.resource_type).is_request() {
         return Ok(());
     }
     let Ok(v) = serde_json::from_str::<Value>(&r.value) else {

@@ -6,7 +6,7 @@ use crate::controller::location::{ObjectKey, Released};
 use crate::controller::rest::{Kind, with_type_meta};
 use kube::Resource;
 use kube::runtime::watcher::Event;
-use kubeedge_shared::Operation;
+use kubeedge_shared::{Operation, ResourceType};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -20,18 +20,22 @@ pub enum ConfigKind {
 impl ConfigKind {
     pub const ALL: [ConfigKind; 2] = [ConfigKind::ConfigMap, ConfigKind::Secret];
 
-    /// The resource type token on the wire.
-    pub fn type_token(self) -> &'static str {
+    pub fn resource_type(self) -> ResourceType {
         match self {
-            ConfigKind::ConfigMap => "configmap",
-            ConfigKind::Secret => "secret",
+            ConfigKind::ConfigMap => ResourceType::ConfigMap,
+            ConfigKind::Secret => ResourceType::Secret,
         }
     }
 
-    pub fn from_type_token(token: &str) -> Option<ConfigKind> {
+    /// The resource type token on the wire.
+    pub fn type_token(self) -> &'static str {
+        self.resource_type().metric_label()
+    }
+
+    pub fn of(t: &ResourceType) -> Option<ConfigKind> {
         ConfigKind::ALL
             .into_iter()
-            .find(|k| k.type_token() == token)
+            .find(|k| k.resource_type() == *t)
     }
 
     pub fn rest_kind(self) -> Kind {

@@ -337,7 +337,7 @@ impl Downstream {
             source::EDGE_CONTROLLER,
             Group::Resource,
             op,
-            format!("node/{node}/{ns}/{ty}/{name}"),
+            format!("{ns}/{ty}/{name}"),
             object,
         )
         .with_resource_version(rv);

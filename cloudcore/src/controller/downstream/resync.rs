@@ -14,7 +14,7 @@ use super::configs::stub;
 use super::{ConfigKind, Downstream, Fetch, Fetched, HeldObject};
 use crate::controller::location::ObjectKey;
 use crate::controller::rest::Kind;
-use kubeedge_shared::Operation;
+use kubeedge_shared::{Operation, ResourceType};
 use std::collections::{HashMap, HashSet};
 
 /// What a node is compared with.
@@ -186,7 +186,7 @@ impl Downstream {
         }
         // Pods the node holds but should not.
         let mut pods_unsure = false;
-        for h in held.iter().filter(|h| h.resource_type == "pod") {
+        for h in held.iter().filter(|h| h.resource_type == ResourceType::Pod) {
             if wanted.contains(&(h.namespace.as_str(), h.name.as_str())) {
                 continue;
             }
@@ -205,7 +205,7 @@ impl Downstream {
         // replacement is not deleted after it arrives.
         let (cms, secrets) = self.location.read().node_objects(node);
         for h in &held {
-            let Some(kind) = ConfigKind::from_type_token(&h.resource_type) else {
+            let Some(kind) = ConfigKind::of(&h.resource_type) else {
                 continue;
             };
             let used = match kind {

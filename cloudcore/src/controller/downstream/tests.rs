@@ -234,9 +234,9 @@ impl Rig {
     /// Applies what was sent to edge-a to the model edge.
     fn deliver(&mut self) {
         for m in self.hub.take(NODE) {
-            let path = ResourcePath::parse_internal(&m.route.resource).unwrap();
+            let path = ResourcePath::parse(&m.route.resource).unwrap();
             let key = (
-                path.resource_type.clone(),
+                path.resource_type.to_string(),
                 path.namespace.clone().unwrap_or_default(),
                 path.name.clone().unwrap_or_default(),
             );

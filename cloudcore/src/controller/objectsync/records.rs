@@ -174,7 +174,9 @@ impl SyncRecords {
                     }
                     let (_, uid) = k.node_and_uid()?;
                     Some(HeldObject {
-                        resource_type: r.spec.kind.to_lowercase(),
+                        resource_type: kubeedge_shared::ResourceType::parse(
+                            &r.spec.kind.to_lowercase(),
+                        ),
                         namespace: k.namespace.clone().unwrap_or_default(),
                         name: r.spec.object_name.clone(),
                         uid: uid.to_string(),

@@ -9,10 +9,12 @@ use super::records::{SyncRecords, is_not_found};
 use super::{RecordKey, RecordSpec, api_resource};
 use crate::cloudhub::Acked;
 use crate::cloudhub::queue::Delivered;
+use crate::controller::rest::Kind;
 use crate::metrics::{SyncMetrics, SyncWriteLabel};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kubeedge_shared::ResourceType;
 use serde_json::json;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -80,19 +82,10 @@ pub fn wanted_for(acked: &Acked) -> Option<(RecordKey, Wanted)> {
 }
 
 /// `apiVersion`/`kind` of the resource types edges are sent, for objects that carried none.
-fn default_type_meta(resource_type: &str) -> Option<(String, String)> {
-    let (v, k) = match resource_type {
-        "pod" => ("v1", "Pod"),
-        "configmap" => ("v1", "ConfigMap"),
-        "secret" => ("v1", "Secret"),
-        "service" => ("v1", "Service"),
-        "endpoints" => ("v1", "Endpoints"),
-        "persistentvolume" => ("v1", "PersistentVolume"),
-        "persistentvolumeclaim" => ("v1", "PersistentVolumeClaim"),
-        "volumeattachment" => ("storage.k8s.io/v1", "VolumeAttachment"),
-        "endpointslice" => ("discovery.k8s.io/v1", "EndpointSlice"),
-        _ => return None,
-    };
+fn default_type_meta(resource_type: &ResourceType) -> Option<(String, String)> {
+    let kind = Kind::of_resource_type(resource_type)
+        .filter(|k| !matches!(k, Kind::Node | Kind::Lease | Kind::Event))?;
+    let (v, k) = kind.type_meta();
     Some((v.to_string(), k.to_string()))
 }
 
