@@ -33,7 +33,7 @@ pub async fn kube_client(cfg: &CloudCoreConfig) -> anyhow::Result<kube::Client> 
 }
 
 /// The join token in Secret `kubeedge/tokensecret` and the certificate server on
-/// `cloudHub.https` (reference §6.2, §6.3).
+/// `cloudHub.https` (protocol §6.2, §6.3).
 async fn start_join(
     client: &kube::Client,
     hub: &crate::config::CloudHubConfig,

@@ -1,4 +1,4 @@
-//! The CA and the cloudhub server certificate (reference §6.1).
+//! The CA and the cloudhub server certificate (protocol §6.1).
 //!
 //! CA: from `tlsCAFile`/`tlsCAKeyFile` when both exist, else the Secret `kubeedge/casecret`
 //! (`cadata`, `cakeydata`), else generated and stored there. Creation is race-safe across
@@ -17,7 +17,7 @@ use kubeedge_shared::tls;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::Path;
 
-pub const NAMESPACE: &str = "kubeedge";
+pub use kubeedge_shared::constants::CLOUDCORE_NAMESPACE as NAMESPACE;
 pub const CA_SECRET: &str = "casecret";
 
 pub struct HubCerts {

@@ -1,4 +1,4 @@
-//! cloudcore's configuration file, in KubeEdge's `CloudCore` layout (reference §7.1).
+//! cloudcore's configuration file, in KubeEdge's `CloudCore` layout (protocol §7.1).
 //!
 //! A KubeEdge `cloudcore.yaml` (apiVersion `cloudcore.config.kubeedge.io/v1alpha1` or
 //! `v1alpha2`) loads unchanged; settings of kubeedge-rs's own have distinct names and are
@@ -614,17 +614,7 @@ fn listen_addr(l: &Listener, path: &str) -> Result<SocketAddr, ConfigError> {
     Ok(SocketAddr::new(ip, l.port))
 }
 
-/// The address of the interface that routes outward, or loopback.
-pub fn local_ip() -> IpAddr {
-    std::net::UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| {
-            // No packet is sent: connect() on UDP only selects the route.
-            s.connect("192.0.2.1:9")?;
-            s.local_addr()
-        })
-        .map(|a| a.ip())
-        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
-}
+pub use kubeedge_shared::net::local_ip;
 
 #[cfg(test)]
 mod tests {

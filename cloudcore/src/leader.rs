@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Namespace used when `POD_NAMESPACE` is not set (KubeEdge's).
-pub const DEFAULT_NAMESPACE: &str = "kubeedge";
+pub use kubeedge_shared::constants::CLOUDCORE_NAMESPACE as DEFAULT_NAMESPACE;
 
 #[derive(Debug, Clone)]
 pub struct ElectionConfig {

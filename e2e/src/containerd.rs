@@ -8,7 +8,7 @@
 //!    `docker-registry` on a free loopback port with both images pushed to it;
 //! 4. writes a bridge CNI conflist on a /24 of its own, the registry host mappings
 //!    (`localhost:5000` and `docker.io` → the private registry, plain HTTP) and a
-//!    `config.toml` (version 2) with the settings ENVIRONMENT.md requires;
+//!    `config.toml` (version 2) with the settings this machine requires (e2e/RUNTIME.md);
 //! 5. starts containerd, waits for its socket, imports both images with
 //!    `ctr images import` and waits until CRI lists them.
 //!

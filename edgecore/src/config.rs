@@ -1,4 +1,4 @@
-//! `edgecore.yaml` in KubeEdge's layout (reference §7.2): apiVersion
+//! `edgecore.yaml` in KubeEdge's layout (protocol §7.2): apiVersion
 //! `edgecore.config.kubeedge.io/v1alpha2`, kind `EdgeCore`, top level `database`, `modules`,
 //! `featureGates`, KubeEdge's camelCase keys and defaults.
 //!
@@ -16,6 +16,7 @@ use crate::metamanager::MetaManagerConfig;
 use kubeedge_shared::config::ConfigError as FileError;
 use kubeedge_shared::constants;
 use kubeedge_shared::names::validate_node_name;
+use kubeedge_shared::net::join_host_port;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -1117,27 +1118,9 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// The address this machine uses to reach other hosts (the default route's source address);
-/// `127.0.0.1` when there is none. No packet is sent.
+/// The address this machine uses to reach other hosts, as text.
 pub fn local_ip() -> String {
-    std::net::UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| {
-            s.connect("192.0.2.1:9")?;
-            s.local_addr()
-        })
-        .map(|a| a.ip())
-        .ok()
-        .filter(|ip| !ip.is_unspecified())
-        .map(|ip| ip.to_string())
-        .unwrap_or_else(|| "127.0.0.1".into())
-}
-
-fn join_host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
+    kubeedge_shared::net::local_ip().to_string()
 }
 
 #[cfg(test)]

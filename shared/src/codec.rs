@@ -1,4 +1,4 @@
-//! Frame codec: one message per WebSocket frame, JSON text (reference §2.2).
+//! Frame codec: one message per WebSocket frame, JSON text (protocol §2.2).
 
 use crate::message::Message;
 

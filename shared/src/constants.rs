@@ -1,4 +1,4 @@
-//! Names and defaults both sides agree on (reference §2.1, §7).
+//! Names and defaults both sides agree on (protocol §2.1, §7).
 
 /// WebSocket handshake header carrying the node name (looked up case-insensitively).
 pub const HEADER_NODE_ID: &str = "node_id";
@@ -15,6 +15,19 @@ pub const CAPABILITY_INVENTORY: &str = "inventory-resync";
 pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
 pub const DEFAULT_CLOUDHUB_PORT: u16 = 10000;
 pub const DEFAULT_CLOUDHUB_HTTPS_PORT: u16 = 10002;
+/// cloudcore's kubelet-compatible stream server (`cloudStream.streamPort`).
+pub const DEFAULT_STREAM_PORT: u16 = 10003;
+/// cloudcore's stream tunnel server (`cloudStream.tunnelPort`), which edges dial.
+pub const DEFAULT_TUNNEL_PORT: u16 = 10004;
+/// The kubelet port edged serves on and KubeEdge's cloud rewrites stream URLs to
+/// (`commonConfig.tunnelPort` before negotiation).
+pub const DEFAULT_EDGED_PORT: u16 = 10350;
+/// The label that makes a node an edge node.
+pub const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
+/// Where node leases live.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// cloudcore's namespace by default (its CA, token, leader lease, tunnel port records).
+pub const CLOUDCORE_NAMESPACE: &str = "kubeedge";
 /// Seconds without a keepalive after which the cloud drops a session.
 pub const DEFAULT_KEEPALIVE_INTERVAL_SECS: u64 = 30;
 /// Seconds between edge keepalives.

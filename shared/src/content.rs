@@ -1,4 +1,4 @@
-//! Content shapes KubeEdge uses (reference §1.2, §2.2, §4.2).
+//! Content shapes KubeEdge uses (protocol §1.2, §2.2, §4.2).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

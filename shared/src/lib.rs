@@ -2,7 +2,7 @@
 //!
 //! Everything here follows the wire format of KubeEdge v1.15+ (beehive `model.Message`
 //! carried as JSON text frames over the cloudhub WebSocket), see
-//! `reference/kubeedge-protocol.md` §1–§3.
+//! `docs/kubeedge-protocol.md` §1–§3 (cited as "protocol §N" throughout).
 
 pub mod codec;
 pub mod config;
@@ -11,6 +11,7 @@ pub mod content;
 pub mod inventory;
 pub mod message;
 pub mod names;
+pub mod net;
 pub mod operation;
 pub mod pki;
 pub mod resource;

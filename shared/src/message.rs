@@ -1,4 +1,4 @@
-//! The beehive message exactly as it crosses the WebSocket (reference §1.1).
+//! The beehive message exactly as it crosses the WebSocket (protocol §1.1).
 
 use crate::content;
 use crate::operation::{Group, Operation, source};
@@ -142,7 +142,7 @@ impl Message {
         m
     }
 
-    /// The edge's application keepalive (reference §2.3).
+    /// The edge's application keepalive (protocol §2.3).
     pub fn keepalive() -> Self {
         Self::new(
             source::EDGEHUB,
@@ -208,7 +208,7 @@ impl Message {
                 .is_some_and(|t| !t.is_null())
     }
 
-    /// KubeEdge's `noAckRequired` (reference §3.1), inverted: does the cloud wait for the
+    /// KubeEdge's `noAckRequired` (protocol §3.1), inverted: does the cloud wait for the
     /// edge's ACK (and resend until it comes) for this downstream message?
     pub fn requires_ack(&self) -> bool {
         let resource = self.route.resource.as_str();

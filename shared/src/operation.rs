@@ -72,7 +72,7 @@ macro_rules! string_enum {
 }
 
 string_enum! {
-    /// `route.operation` (reference §1.3).
+    /// `route.operation` (protocol §1.3).
     Operation {
         Insert => "insert",
         Update => "update",
@@ -118,7 +118,7 @@ impl Operation {
 }
 
 string_enum! {
-    /// `route.group`: the module group a message is addressed to (reference §1.6).
+    /// `route.group`: the module group a message is addressed to (protocol §1.6).
     Group {
         Resource => "resource",
         Twin => "twin",
@@ -135,7 +135,7 @@ string_enum! {
     }
 }
 
-/// Module names stamped in `route.source` (reference §1.6).
+/// Module names stamped in `route.source` (protocol §1.6).
 pub mod source {
     pub const CLOUDHUB: &str = "cloudhub";
     pub const EDGE_CONTROLLER: &str = "edgecontroller";

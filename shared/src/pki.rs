@@ -1,4 +1,4 @@
-//! Certificates: the KubeEdge CA, server certificates and edge certificates (reference §6).
+//! Certificates: the KubeEdge CA, server certificates and edge certificates (protocol §6).
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
@@ -36,7 +36,7 @@ pub struct CertificateAuthority {
     pub cert: IssuedCert,
     /// The key DER as KubeEdge keeps it in Secret `kubeedge/casecret` (`cakeydata`): SEC1 for
     /// a CA generated or loaded from PEM here, else exactly the bytes loaded. It is also the
-    /// HMAC key of join tokens (reference §6.2), so tokens match KubeEdge's for one secret.
+    /// HMAC key of join tokens (protocol §6.2), so tokens match KubeEdge's for one secret.
     pub key_der: Vec<u8>,
 }
 

@@ -1,4 +1,4 @@
-//! Resource strings (reference §1.5): `<namespace>/<type>[/<name>]`, `null` as the namespace of
+//! Resource strings (protocol §1.5): `<namespace>/<type>[/<name>]`, `null` as the namespace of
 //! cluster-scoped objects. (KubeEdge's cloud glues `node/<node>/` in front between its own
 //! modules; here the node travels beside the parsed path, never inside it.)
 

@@ -1,4 +1,4 @@
-//! The resource-type token of a resource path (reference §1.4): one vocabulary for both sides.
+//! The resource-type token of a resource path (protocol §1.4): one vocabulary for both sides.
 //! A peer may send any token; the ones neither side knows are kept as [`ResourceType::Other`]
 //! and are labelled `other` in metrics, so a peer cannot grow a metric family.
 

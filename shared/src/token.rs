@@ -1,4 +1,4 @@
-//! Join tokens (reference §6.2): `hex(sha256(CA DER)) + "." + JWT`, the JWT being HS256 with
+//! Join tokens (protocol §6.2): `hex(sha256(CA DER)) + "." + JWT`, the JWT being HS256 with
 //! the raw CA-key DER (`cakeydata`) as HMAC key and claims `{"exp": <unix seconds>}`, as
 //! KubeEdge's `GenerateToken` writes it with golang-jwt.
 

@@ -1,4 +1,4 @@
-//! Golden tests: the exact frames of `reference/kubeedge-protocol.md` (as Go writes them, with
+//! Golden tests: the exact frames of `docs/kubeedge-protocol.md` (as Go writes them, with
 //! `\u003c` escapes and gorilla's trailing newline) decode, and re-encode with KubeEdge's key
 //! order and omissions. Content maps are written with sorted keys, as Go writes maps.
 

@@ -1,5 +1,5 @@
-//! cloudhub: the WSS server edge nodes dial (reference §2), one session per node, with
-//! per-node ordered, at-least-once send queues (reference §3).
+//! cloudhub: the WSS server edge nodes dial (protocol §2), one session per node, with
+//! per-node ordered, at-least-once send queues (protocol §3).
 //!
 //! Controllers use [`CloudHub`]: `send` to a node, `connected_nodes`, `subscribe` to connect /
 //! disconnect events, and read upstream messages from the receiver returned by `bind`.

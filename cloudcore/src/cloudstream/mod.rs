@@ -1,4 +1,4 @@
-//! cloudstream (reference §8): `kubectl logs`, `exec` and `attach` for pods on edge nodes.
+//! cloudstream (protocol §8): `kubectl logs`, `exec` and `attach` for pods on edge nodes.
 //! The apiserver calls the node's "kubelet" at `<InternalIP>:<daemonEndpoints.kubeletEndpoint.Port>`.
 //! As KubeEdge: each replica negotiates a tunnel port (10351…, [`tunnel_port`]), writes it as
 //! the kubelet port of the nodes whose tunnel it holds ([`node_port`]), and the iptables

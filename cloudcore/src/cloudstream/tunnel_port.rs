@@ -1,5 +1,5 @@
 //! Tunnel port negotiation (KubeEdge's `NegotiateTunnelPort` in `cloud/cmd/cloudcore/app/server.go`;
-//! reference §7.1, §3.7): every cloudcore replica owns one port from 10351 up, recorded in the
+//! protocol §7.1, §3.7): every cloudcore replica owns one port from 10351 up, recorded in the
 //! annotation `tunnelportrecord.kubeedge.io` of ConfigMap `kubeedge/tunnelport` as
 //! `{"ipTunnelPort":{"<ip>":10351},"port":{"10351":true}}`. Nodes whose stream tunnel is on that
 //! replica report the port as their kubelet port, and the iptables manager DNATs it to the
@@ -15,11 +15,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub const NAMESPACE: &str = "kubeedge";
+pub use kubeedge_shared::constants::CLOUDCORE_NAMESPACE as NAMESPACE;
 pub const CONFIGMAP: &str = "tunnelport";
 pub const ANNOTATION: &str = "tunnelportrecord.kubeedge.io";
 /// KubeEdge's `constants.ServerPort`; negotiated ports start one above it.
-pub const SERVER_PORT: u16 = 10350;
+pub use kubeedge_shared::constants::DEFAULT_EDGED_PORT as SERVER_PORT;
 
 /// The annotation's JSON (Go `TunnelPortRecord`; a Go `map[int]bool` has string keys).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

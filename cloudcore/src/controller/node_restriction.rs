@@ -13,7 +13,7 @@ use kubeedge_shared::{Operation, ResourcePath};
 use serde_json::Value;
 
 /// The namespace of node leases.
-pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+pub use kubeedge_shared::constants::LEASE_NAMESPACE;
 
 /// The decision for one upstream request.
 #[derive(Debug, PartialEq, Eq)]

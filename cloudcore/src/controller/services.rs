@@ -6,7 +6,7 @@
 //! edgecontroller watched Services and Endpoints and sent every change (and, when a node became
 //! Ready, the whole `servicelist`/`endpointslist`) to *every* edge node, and answered
 //! `service`/`endpoints` queries from its listers (bare object, `resourceversion` header set,
-//! like configmap queries). KubeEdge v1.15 no longer watches them at all (reference §4.1): its
+//! like configmap queries). KubeEdge v1.15 no longer watches them at all (protocol §4.1): its
 //! edge metamanager answers `service`/`endpoints` queries from its own database and EdgeMesh
 //! reads them through the MetaServer (dynamiccontroller list/watch). Pushing every Service to
 //! every node costs services × nodes messages per change, so this controller does not push;

@@ -1,4 +1,4 @@
-//! Upstream: what edges ask of the cluster (reference §4.2), answered in KubeEdge's shapes.
+//! Upstream: what edges ask of the cluster (protocol §4.2), answered in KubeEdge's shapes.
 
 use super::location::SharedLocation;
 use super::node_fields;

@@ -1,4 +1,4 @@
-//! Node join (reference §6): the join token kept in Secret `kubeedge/tokensecret`
+//! Node join (protocol §6): the join token kept in Secret `kubeedge/tokensecret`
 //! ([`token_secret`]) and the HTTPS certificate server on `cloudHub.https` ([`server`]) that
 //! hands out the CA and signs edge certificates for holders of that token or of a valid
 //! edge certificate.

@@ -1,4 +1,4 @@
-//! The certificate server on `cloudHub.https` (default `:10002`; reference §6.3).
+//! The certificate server on `cloudHub.https` (default `:10002`; protocol §6.3).
 //!
 //! * `GET /ca.crt` → the CA certificate, DER.
 //! * `GET /edge.crt` (a GET with a body: the DER PKCS#10 CSR) → the signed certificate, DER.

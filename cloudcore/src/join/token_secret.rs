@@ -1,5 +1,5 @@
 //! The join token in Secret `kubeedge/tokensecret` (`tokendata`), as KubeEdge keeps it
-//! (reference §6.2): `hex(sha256(CA DER)).<HS256 JWT {"exp": now + 2 × tokenRefreshDuration}>`,
+//! (protocol §6.2): `hex(sha256(CA DER)).<HS256 JWT {"exp": now + 2 × tokenRefreshDuration}>`,
 //! renewed every `tokenRefreshDuration`.
 //!
 //! Every replica runs [`run`]; they agree without a leader: a replica rewrites the Secret only

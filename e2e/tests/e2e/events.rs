@@ -285,7 +285,7 @@ async fn failures_are_warning_events_and_repeats_grow_one_events_count() {
     env.finish().await;
 }
 
-/// What cloudcore does with each `event` operation a KubeEdge edge sends (reference §11): insert
+/// What cloudcore does with each `event` operation a KubeEdge edge sends (protocol §11): insert
 /// creates (again: fine), update replaces, patch `{event, patchData}` patches, or creates the
 /// event when it is gone.
 #[tokio::test]

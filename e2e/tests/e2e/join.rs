@@ -1,4 +1,4 @@
-//! Node join (reference §6): the join token in Secret `tokensecret`, the certificate server
+//! Node join (protocol §6): the join token in Secret `tokensecret`, the certificate server
 //! (`/ca.crt`, `/edge.crt`) over real TLS on loopback, and edgecore's certificate bootstrap
 //! with only a token, then a real cloudhub session with the certificate it obtained.
 

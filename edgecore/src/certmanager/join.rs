@@ -1,4 +1,4 @@
-//! `edgecore join`: what `keadm join --token` does for the configuration (reference §6.5) —
+//! `edgecore join`: what `keadm join --token` does for the configuration (protocol §6.5) —
 //! writes a KubeEdge-layout `edgecore.yaml` pointing at the cloud, then obtains the edge
 //! certificate with the token (which is then removed from the file).
 
@@ -59,7 +59,8 @@ pub fn join_config(opts: &JoinOptions, base: EdgeCoreConfig) -> Result<EdgeCoreC
     hub.websocket.server = opts.cloudcore_ipport.trim().to_string();
     hub.http_server = format!("https://{host}:{}", opts.certport);
     hub.token = opts.token.trim().to_string();
-    c.modules.edge_stream.server = format!("{host}:10004");
+    c.modules.edge_stream.server =
+        format!("{host}:{}", kubeedge_shared::constants::DEFAULT_TUNNEL_PORT);
     if let Some(name) = opts.edgenode_name.as_ref().filter(|n| !n.is_empty()) {
         c.modules.edged.hostname_override = name.clone();
     }

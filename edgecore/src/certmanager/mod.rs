@@ -1,4 +1,4 @@
-//! Certificate bootstrap and rotation, like KubeEdge's `CertManager` (reference §6.4).
+//! Certificate bootstrap and rotation, like KubeEdge's `CertManager` (protocol §6.4).
 //!
 //! When `edgeHub.tlsCertFile`/`tlsPrivateKeyFile` do not load and `edgeHub.token` is set:
 //! download the CA from `<httpServer>/ca.crt` (unverified), check its SHA-256 against the

@@ -2,7 +2,7 @@
 //! kubelet`, `source.host: <node>`, `involvedObject` = the pod, with `fieldPath:
 //! spec.containers{<name>}` for a container, or the Node, its UID being its name, the event in
 //! namespace `default`), sent through the metamanager as KubeEdge's edged does (`insert`/`patch`
-//! `<ns>/event/<name>`, reference §11).
+//! `<ns>/event/<name>`, protocol §11).
 //!
 //! Recording never blocks a pod worker: [`Recorder::record`] puts the occurrence on a bounded
 //! queue and drops it (debug log) when the queue is full. One task ([`run`]) correlates them

@@ -1,4 +1,4 @@
-//! edged: the kubelet-like pod lifecycle over CRI (reference §5.5).
+//! edged: the kubelet-like pod lifecycle over CRI (protocol §5.5).
 //!
 //! ```text
 //! metamanager ── ObjectChange ──► Edged (dispatcher) ──► PodWorker per pod ──CRI──► runtime

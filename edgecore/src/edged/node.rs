@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
-pub const LABEL_EDGE_ROLE: &str = "node-role.kubernetes.io/edge";
+pub use kubeedge_shared::constants::EDGE_NODE_LABEL as LABEL_EDGE_ROLE;
 pub const LABEL_AGENT_ROLE: &str = "node-role.kubernetes.io/agent";
-const LEASE_NAMESPACE: &str = "kube-node-lease";
+use kubeedge_shared::constants::LEASE_NAMESPACE;
 
 /// What the machine has.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -1,4 +1,4 @@
-//! edgehub: the edge end of the cloud channel (reference §2.1, §2.3).
+//! edgehub: the edge end of the cloud channel (protocol §2.1, §2.3).
 //!
 //! Dials cloudhub, sends keepalives, detects a dead link (also a half-open one, by WebSocket
 //! pings the cloud must answer), reconnects with jittered exponential backoff, rate-limits

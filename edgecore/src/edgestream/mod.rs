@@ -1,4 +1,4 @@
-//! edgestream (reference §8): the edge end of KubeEdge's stream tunnel. Dials
+//! edgestream (protocol §8): the edge end of KubeEdge's stream tunnel. Dials
 //! `wss://<edgeStream.server>/v1/kubeedge/connect` with the edge certificate and the headers
 //! `SessionHostNameOverride`/`SessionInternalIP`, retries every 2 s, pings every 5 s, and
 //! serves LOGS_CONNECT from the container log files the runtime writes (in-process, where

@@ -1,6 +1,6 @@
 //! [`MetaClient`]: what edged calls instead of a Kubernetes client. Each call becomes the
 //! message KubeEdge's kubelet bridge sends to metamanager (`source: edged`, `group: meta`,
-//! reference §5.5), and the reply is read back into a typed result.
+//! protocol §5.5), and the reply is read back into a typed result.
 
 use super::store::StoreError;
 use super::{EdgedRequest, MetaManagerConfig};
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 /// Namespace of node leases.
-pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+pub use kubeedge_shared::constants::LEASE_NAMESPACE;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MetaError {

@@ -1,4 +1,4 @@
-//! metamanager: the edge's local source of truth (reference §5.2, §5.3).
+//! metamanager: the edge's local source of truth (protocol §5.2, §5.3).
 //!
 //! * Objects from the cloud (`insert`/`update`/`delete`, and query replies that carry objects)
 //!   are written to SQLite ([`MetaStore`]); only after the write is durable are they handed to

@@ -1,4 +1,4 @@
-//! Message handling (reference §5.2): objects from the cloud are written, then handed to
+//! Message handling (protocol §5.2): objects from the cloud are written, then handed to
 //! edged, then acknowledged; edged's requests are answered from the cloud or the database.
 
 use super::client::MetaError;

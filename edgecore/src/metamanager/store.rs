@@ -1,5 +1,5 @@
 //! The edge database: KubeEdge's `meta` table (and its `meta_v2` mirror) in SQLite
-//! (reference §5.3).
+//! (protocol §5.3).
 //!
 //! One dedicated thread owns the connection; async callers hand it jobs over a bounded channel
 //! and await the result, so SQLite never blocks the async runtime. The thread runs whatever jobs
@@ -251,7 +251,7 @@ impl MetaStore {
         .await
     }
 
-    /// metamanager's local query (reference §5.2): a 3-token path gives that row, a 2-token
+    /// metamanager's local query (protocol §5.2): a 3-token path gives that row, a 2-token
     /// path every row of the type (all namespaces, as KubeEdge does). Returns the stored values.
     pub async fn query(&self, path: &ResourcePath) -> Result<Vec<String>, StoreError> {
         match &path.name {

@@ -1,4 +1,4 @@
-//! KubeEdge's stream tunnel (cloudstream ⇄ edgestream, reference §8): the tunnel message
+//! KubeEdge's stream tunnel (cloudstream ⇄ edgestream, protocol §8): the tunnel message
 //! `uvarint(connectID) ‖ uvarint(messageType) ‖ data`, carried in WebSocket TEXT frames whose
 //! payload is binary (so never decoded as UTF-8), and the JSON connect payloads.
 

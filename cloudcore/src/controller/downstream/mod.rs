@@ -43,7 +43,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-pub const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
+pub use kubeedge_shared::constants::EDGE_NODE_LABEL;
 
 /// Where downstream messages go: the cloudhub, or a recorder in tests.
 pub trait HubSink: Send + Sync {

@@ -1,5 +1,5 @@
 //! Delivery state for real KubeEdge edges: ObjectSync / ClusterObjectSync records kept exactly
-//! as KubeEdge's cloudhub and synccontroller keep them (reference §3.2–§3.6).
+//! as KubeEdge's cloudhub and synccontroller keep them (protocol §3.2–§3.6).
 //!
 //! Our own edgecore sends an inventory on connect and needs no record (zero apiserver writes per
 //! delivery). A KubeEdge edgecore sends none, so for nodes without the `inventory-resync`

@@ -1,4 +1,4 @@
-//! The reconnect storm (DESIGN.md Targets: 10,000 nodes reconnect, all converged ≤ 30 s,
+//! The reconnect storm (target in BENCHMARKS.md: 10,000 nodes reconnect, all converged ≤ 30 s,
 //! nothing lost). Every edge drops its connection at once, keeping what it holds; the cluster
 //! changes while they are away (pod labels updated, pods deleted, pods replaced under the same
 //! name, new pods, a configmap every node uses updated, and released on some nodes); then all

@@ -1,0 +1,39 @@
+//! Small network facts both binaries need.
+
+use std::net::IpAddr;
+
+/// The address this machine uses to reach other hosts (the default route's source address),
+/// or `127.0.0.1` when there is none. No packet is sent: `connect` on UDP only selects the
+/// route.
+pub fn local_ip() -> IpAddr {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect("192.0.2.1:9")?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+/// `host:port`, with an IPv6 host in brackets (Go's `net.JoinHostPort`).
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_joins_like_go() {
+        assert_eq!(join_host_port("10.0.0.1", 10000), "10.0.0.1:10000");
+        assert_eq!(join_host_port("fd00::1", 10000), "[fd00::1]:10000");
+        assert!(!local_ip().is_unspecified());
+    }
+}
