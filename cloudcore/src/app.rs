@@ -1,7 +1,7 @@
 //! Wiring of cloudcore's modules: certificates, cloudhub, controllers, metrics.
 
 use crate::cloudhub::CloudHub;
-use crate::config::CloudCoreConfig;
+use crate::config::{CloudCoreConfig, IptablesMode};
 use crate::http::Readiness;
 use crate::metrics::HubMetrics;
 use anyhow::Context;
@@ -109,7 +109,7 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
 
     start_join(&client, hub_cfg, &certs, join_metrics, &shutdown).await?;
 
-    let hub_config = cfg.hub_config()?;
+    let hub_config = crate::cloudhub::HubConfig::from_cloudcore(&cfg)?;
     let listen = hub_config.listen;
     let (hub, upstream) = CloudHub::bind(hub_config, certs.server_tls()?, hub_metrics)
         .await
@@ -132,7 +132,7 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
         upstream,
         ready,
         controller_metrics,
-        &cfg.sync_options(),
+        &crate::controller::objectsync::SyncOptions::from_cloudcore(&cfg),
         shutdown,
     )
     .await;
@@ -150,7 +150,7 @@ fn start_iptables_manager(
     shutdown: &CancellationToken,
 ) {
     let m = &cfg.modules.iptables_manager;
-    if !m.enable || m.mode != "internal" {
+    if !m.enable || m.mode != IptablesMode::Internal {
         tracing::info!(enable = m.enable, mode = %m.mode, "iptables manager not run in cloudcore");
         return;
     }
@@ -174,7 +174,7 @@ pub async fn run_iptables_manager(
 ) -> anyhow::Result<()> {
     let client = kube_client(&cfg).await?;
     let m = &cfg.modules.iptables_manager;
-    if !(m.enable && m.mode == "external") {
+    if !(m.enable && m.mode == IptablesMode::External) {
         tracing::warn!(enable = m.enable, mode = %m.mode, "running the iptables manager standalone although the config does not ask for mode external");
     }
     let stream_port = cfg.modules.cloud_stream.stream_port;

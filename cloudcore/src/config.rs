@@ -4,13 +4,12 @@
 //! `v1alpha2`) loads unchanged; settings of kubeedge-rs's own have distinct names and are
 //! ignored by KubeEdge.
 
-use crate::cloudhub::HubConfig;
-use crate::cloudhub::queue::QueueLimits;
-use kubeedge_shared::config::{ConfigError, from_yaml_str, load_yaml, to_yaml};
+use kubeedge_shared::config::{
+    ConfigError, InvalidConfig, Problems, from_yaml_str, load_validated, to_yaml,
+};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::time::Duration;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/kubeedge/config/cloudcore.yaml";
 pub const API_VERSION: &str = "cloudcore.config.kubeedge.io/v1alpha2";
@@ -194,7 +193,27 @@ pub struct RouterConfig {
 #[serde(rename_all = "camelCase", default)]
 pub struct IptablesManagerConfig {
     pub enable: bool,
-    pub mode: String,
+    pub mode: IptablesMode,
+}
+
+/// `iptablesManager.mode`: where the tunnel-port DNAT rules are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IptablesMode {
+    /// Inside cloudcore (its own node only; needs hostNetwork and NET_ADMIN).
+    #[default]
+    Internal,
+    /// By a separate `cloudcore iptables-manager` (or KubeEdge's) on every cloud node.
+    External,
+}
+
+impl std::fmt::Display for IptablesMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IptablesMode::Internal => "internal",
+            IptablesMode::External => "external",
+        })
+    }
 }
 
 impl Default for CloudCoreConfig {
@@ -269,7 +288,7 @@ impl Default for SyncControllerConfig {
     fn default() -> Self {
         SyncControllerConfig {
             enable: true,
-            resync_interval: crate::controller::objectsync::DEFAULT_RESYNC_INTERVAL_SECS,
+            resync_interval: kubeedge_shared::constants::DEFAULT_RESYNC_INTERVAL_SECS,
         }
     }
 }
@@ -277,7 +296,6 @@ impl Default for SyncControllerConfig {
 impl Default for CloudHubConfig {
     fn default() -> Self {
         use kubeedge_shared::constants::*;
-        let queue = QueueLimits::default();
         CloudHubConfig {
             enable: true,
             keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL_SECS,
@@ -306,10 +324,10 @@ impl Default for CloudHubConfig {
             allow_legacy_certificates: false,
             max_message_bytes: kubeedge_shared::codec::DEFAULT_MAX_FRAME_BYTES,
             node_queue: NodeQueueConfig {
-                max_messages: queue.max_messages,
-                max_bytes: queue.max_bytes,
-                ack_window: queue.window,
-                ack_retry_interval: queue.retry_interval.as_secs(),
+                max_messages: DEFAULT_NODE_QUEUE_MAX_MESSAGES,
+                max_bytes: DEFAULT_NODE_QUEUE_MAX_BYTES,
+                ack_window: DEFAULT_ACK_WINDOW,
+                ack_retry_interval: DEFAULT_ACK_RETRY_SECS,
             },
         }
     }
@@ -394,7 +412,7 @@ impl Default for IptablesManagerConfig {
     fn default() -> Self {
         IptablesManagerConfig {
             enable: true,
-            mode: "internal".into(),
+            mode: IptablesMode::Internal,
         }
     }
 }
@@ -424,15 +442,18 @@ impl CloudCoreConfig {
         to_yaml(&min)
     }
 
+    /// Reads, parses and validates `path` (every invalid value reported at once).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let c: CloudCoreConfig = load_yaml(path)?;
-        c.validate()?;
-        Ok(c)
+        load_validated(path, Self::validate)
     }
 
+    /// Parses and validates YAML text.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let c: CloudCoreConfig = from_yaml_str(text, "<inline>")?;
-        c.validate()?;
+        c.validate().map_err(|errors| ConfigError::Invalid {
+            file: "<inline>".into(),
+            errors,
+        })?;
         Ok(c)
     }
 
@@ -440,103 +461,96 @@ impl CloudCoreConfig {
         to_yaml(self)
     }
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// Every invalid value, with its path and the reason.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        let mut p = Problems::default();
         if !ACCEPTED_API_VERSIONS.contains(&self.api_version.as_str()) {
-            return Err(ConfigError::invalid(
+            p.bad(
                 "apiVersion",
                 format!(
                     "must be one of {ACCEPTED_API_VERSIONS:?}, got {:?}",
                     self.api_version
                 ),
-            ));
+            );
         }
         if self.kind != "CloudCore" {
-            return Err(ConfigError::invalid(
-                "kind",
-                format!("must be CloudCore, got {:?}", self.kind),
-            ));
+            p.bad("kind", format!("must be CloudCore, got {:?}", self.kind));
         }
         let hub = &self.modules.cloud_hub;
         if hub.enable {
             if hub.advertise_address.is_empty() {
-                return Err(ConfigError::invalid(
+                p.bad(
                     "modules.cloudHub.advertiseAddress",
                     "required: the IP addresses edges dial (they go into the server certificate)",
-                ));
+                );
             }
             for (i, a) in hub.advertise_address.iter().enumerate() {
                 if a.parse::<IpAddr>().is_err() {
-                    return Err(ConfigError::invalid(
+                    p.bad(
                         &format!("modules.cloudHub.advertiseAddress[{i}]"),
                         format!("{a:?} is not an IP address"),
-                    ));
+                    );
                 }
             }
             if hub.keepalive_interval == 0 {
-                return Err(ConfigError::invalid(
-                    "modules.cloudHub.keepaliveInterval",
-                    "must be > 0 seconds",
-                ));
+                p.bad("modules.cloudHub.keepaliveInterval", "must be > 0 seconds");
             }
-            at_most(
+            p.at_most(
                 "modules.cloudHub.keepaliveInterval",
                 hub.keepalive_interval,
                 MAX_INTERVAL_SECS,
-            )?;
-            at_most(
+            );
+            p.at_most(
                 "modules.cloudHub.nodeQueue.ackRetryInterval",
                 hub.node_queue.ack_retry_interval,
                 MAX_INTERVAL_SECS,
-            )?;
-            at_most(
+            );
+            p.at_most(
                 "modules.cloudHub.edgeCertSigningDuration",
                 hub.edge_cert_signing_duration,
                 MAX_SIGNING_DAYS,
-            )?;
-            at_most(
+            );
+            p.at_most(
                 "modules.cloudHub.tokenRefreshDuration",
                 hub.token_refresh_duration,
                 MAX_TOKEN_REFRESH_HOURS,
-            )?;
+            );
             if hub.node_limit == 0 {
-                return Err(ConfigError::invalid(
-                    "modules.cloudHub.nodeLimit",
-                    "must be > 0",
-                ));
+                p.bad("modules.cloudHub.nodeLimit", "must be > 0");
             }
-            if hub.websocket.enable {
-                listen_addr(&hub.websocket, "modules.cloudHub.websocket")?;
+            if hub.websocket.enable
+                && let Err((path, reason)) =
+                    listen_addr(&hub.websocket, "modules.cloudHub.websocket")
+            {
+                p.bad(&path, reason);
             }
             if hub.max_message_bytes < 64 * 1024 {
-                return Err(ConfigError::invalid(
-                    "modules.cloudHub.maxMessageBytes",
-                    "must be at least 65536",
-                ));
+                p.bad("modules.cloudHub.maxMessageBytes", "must be at least 65536");
             }
             if hub.node_queue.ack_window == 0 || hub.node_queue.max_messages == 0 {
-                return Err(ConfigError::invalid(
+                p.bad(
                     "modules.cloudHub.nodeQueue",
                     "ackWindow and maxMessages must be > 0",
-                ));
+                );
             }
             if hub.quic.enable {
-                return Err(ConfigError::invalid(
+                p.bad(
                     "modules.cloudHub.quic.enable",
                     "QUIC is not supported (KubeEdge's gQUIC is not interoperable); use websocket",
-                ));
+                );
             }
         }
         if self.modules.sync_controller.resync_interval == 0 {
-            return Err(ConfigError::invalid(
+            p.bad(
                 "modules.syncController.resyncInterval",
                 "must be > 0 seconds",
-            ));
+            );
         }
-        at_most(
+        p.at_most(
             "modules.syncController.resyncInterval",
             self.modules.sync_controller.resync_interval,
             MAX_INTERVAL_SECS,
-        )?;
+        );
         if !self.common_config.monitor_server.bind_address.is_empty()
             && self
                 .common_config
@@ -545,44 +559,12 @@ impl CloudCoreConfig {
                 .parse::<SocketAddr>()
                 .is_err()
         {
-            return Err(ConfigError::invalid(
+            p.bad(
                 "commonConfig.monitorServer.bindAddress",
                 "must be host:port, e.g. 127.0.0.1:9091",
-            ));
+            );
         }
-        Ok(())
-    }
-
-    /// ObjectSync settings from this file (leader election from the environment).
-    pub fn sync_options(&self) -> crate::controller::objectsync::SyncOptions {
-        let sc = &self.modules.sync_controller;
-        crate::controller::objectsync::SyncOptions {
-            enable: sc.enable,
-            resync_interval: Duration::from_secs(sc.resync_interval.max(1)),
-            ..Default::default()
-        }
-    }
-
-    /// cloudhub settings from this file.
-    pub fn hub_config(&self) -> Result<HubConfig, ConfigError> {
-        let hub = &self.modules.cloud_hub;
-        let q = &hub.node_queue;
-        Ok(HubConfig {
-            listen: listen_addr(&hub.websocket, "modules.cloudHub.websocket")?,
-            keepalive_interval: Duration::from_secs(hub.keepalive_interval),
-            node_limit: hub.node_limit,
-            allow_legacy_cn: hub.allow_legacy_certificates,
-            max_frame_bytes: hub.max_message_bytes,
-            queue: QueueLimits {
-                max_messages: q.max_messages,
-                max_bytes: q.max_bytes,
-                window: q.ack_window,
-                retry_interval: Duration::from_secs(q.ack_retry_interval.max(1)),
-                ..QueueLimits::default()
-            },
-            write_timeout: Duration::from_secs(hub.write_timeout.clamp(1, 60)),
-            ..HubConfig::default()
-        })
+        p.into_result()
     }
 }
 
@@ -594,20 +576,11 @@ const MAX_SIGNING_DAYS: u64 = 365 * 100;
 /// Longest join-token refresh period accepted, hours (ten years).
 const MAX_TOKEN_REFRESH_HOURS: u64 = 24 * 365 * 10;
 
-fn at_most(path: &str, value: u64, max: u64) -> Result<(), ConfigError> {
-    if value > max {
-        return Err(ConfigError::invalid(
-            path,
-            format!("must be at most {max}, got {value}"),
-        ));
-    }
-    Ok(())
-}
-
-fn listen_addr(l: &Listener, path: &str) -> Result<SocketAddr, ConfigError> {
+/// The socket address of a listener section (`path` names it in the error).
+pub fn listen_addr(l: &Listener, path: &str) -> Result<SocketAddr, (String, String)> {
     let ip: IpAddr = l.address.parse().map_err(|_| {
-        ConfigError::invalid(
-            &format!("{path}.address"),
+        (
+            format!("{path}.address"),
             format!("{:?} is not an IP address", l.address),
         )
     })?;
@@ -674,7 +647,7 @@ modules:
         assert_eq!(c.modules.cloud_hub.keepalive_interval, 30, "default kept");
         assert!(c.modules.sync_controller.enable);
         assert_eq!(c.modules.sync_controller.resync_interval, 30);
-        let hub = c.hub_config().unwrap();
+        let hub = crate::cloudhub::HubConfig::from_cloudcore(&c).unwrap();
         assert_eq!(hub.listen.port(), 10000);
     }
 
@@ -712,6 +685,29 @@ modules:
             .unwrap_err()
             .to_string();
         assert!(e.contains("advertiseAddress[0]"), "{e}");
+    }
+
+    #[test]
+    fn every_invalid_value_is_reported_at_once_and_nulls_keep_defaults() {
+        let e = CloudCoreConfig::from_yaml(
+            "kind: EdgeCore\napiVersion: cloudcore.config.kubeedge.io/v1alpha1\nmodules:\n  cloudHub:\n    nodeLimit: 0\n    advertiseAddress: [nope]\n    keepaliveInterval: null\n",
+        )
+        .unwrap_err()
+        .to_string();
+        for field in [
+            "kind",
+            "modules.cloudHub.nodeLimit",
+            "modules.cloudHub.advertiseAddress[0]",
+        ] {
+            assert!(e.contains(field), "{field} missing in {e}");
+        }
+        assert!(!e.contains("keepaliveInterval"), "{e}");
+        let e = CloudCoreConfig::from_yaml(
+            "kind: CloudCore\napiVersion: cloudcore.config.kubeedge.io/v1alpha1\nmodules:\n  iptablesManager:\n    mode: sideways\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("modules.iptablesManager.mode"), "{e}");
     }
 
     #[test]

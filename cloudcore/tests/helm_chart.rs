@@ -611,7 +611,7 @@ fn iptables_manager_defaults_to_an_external_daemonset_running_cloudcore_iptables
     let docs = render_chart(installed_values());
     let m = iptables_config(&docs);
     assert!(m.enable);
-    assert_eq!(m.mode, "external");
+    assert_eq!(m.mode, cloudcore::config::IptablesMode::External);
     let pod = cloudcore_pod(&docs);
     let c = &pod["containers"][0];
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
@@ -679,7 +679,7 @@ fn iptables_manager_internal_runs_in_cloudcore_with_net_admin_and_the_host_lock(
     let docs = render_chart(v);
     let m = iptables_config(&docs);
     assert!(m.enable);
-    assert_eq!(m.mode, "internal");
+    assert_eq!(m.mode, cloudcore::config::IptablesMode::Internal);
     let pod = cloudcore_pod(&docs);
     let c = &pod["containers"][0];
     assert_can_run_iptables(pod, c);

@@ -5,7 +5,8 @@
 
 use crate::config::EdgeCoreConfig;
 use crate::edged::{Edged, EdgedConfig};
-use crate::edgehub::EdgeHub;
+use crate::edgehub::{EdgeHub, EdgeHubConfig};
+use crate::metamanager::MetaManagerConfig;
 use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, StoreError};
 use kubeedge_shared::tls::{self, TlsError};
 use std::path::Path;
@@ -130,14 +131,14 @@ impl EdgeCore {
                 source,
             })?;
         tracing::info!(database = %path, node = %config.node_name(), server = %config.modules.edge_hub.websocket.server, "edgecore starting");
-        let (hub, from_cloud) = EdgeHub::start(config.edgehub_config(), tls);
+        let (hub, from_cloud) = EdgeHub::start(EdgeHubConfig::from_edgecore(config), tls);
         let rotation = tokio_util::sync::CancellationToken::new();
         let edge_hub = &config.modules.edge_hub;
         if edge_hub.rotate_certificates && !edge_hub.http_server.is_empty() {
             crate::certmanager::spawn_rotation(config, hub.clone(), rotation.clone());
         }
         let (meta, client, changes) = MetaManager::start(
-            config.metamanager_config(),
+            MetaManagerConfig::from_edgecore(config),
             store.clone(),
             hub.clone(),
             from_cloud,

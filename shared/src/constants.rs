@@ -26,6 +26,17 @@ pub const DEFAULT_EDGED_PORT: u16 = 10350;
 pub const EDGE_NODE_LABEL: &str = "node-role.kubernetes.io/edge";
 /// Where node leases live.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// Messages a node's queue holds at most (`cloudHub.nodeQueue.maxMessages`).
+pub const DEFAULT_NODE_QUEUE_MAX_MESSAGES: usize = 10_000;
+/// Bytes a node's queue holds at most (`cloudHub.nodeQueue.maxBytes`).
+pub const DEFAULT_NODE_QUEUE_MAX_BYTES: usize = 64 * 1024 * 1024;
+/// Messages awaiting an ACK per node at most (`cloudHub.nodeQueue.ackWindow`).
+pub const DEFAULT_ACK_WINDOW: usize = 512;
+/// Seconds before an unacknowledged message is sent again (`cloudHub.nodeQueue.ackRetryInterval`).
+pub const DEFAULT_ACK_RETRY_SECS: u64 = 5;
+/// Seconds between comparisons of KubeEdge edges with their ObjectSync records
+/// (`syncController.resyncInterval`).
+pub const DEFAULT_RESYNC_INTERVAL_SECS: u64 = 30;
 /// cloudcore's namespace by default (its CA, token, leader lease, tunnel port records).
 pub const CLOUDCORE_NAMESPACE: &str = "kubeedge";
 /// Seconds without a keepalive after which the cloud drops a session.

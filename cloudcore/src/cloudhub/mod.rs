@@ -11,6 +11,7 @@ mod session;
 
 use crate::metrics::{HubMetrics, ReasonLabel};
 use dashmap::DashMap;
+use kubeedge_shared::config::ConfigError;
 use kubeedge_shared::{CodecError, FrameCodec, Message};
 use queue::{AckedMessage, Enqueued, NodeQueue, QueueFull, QueueLimits};
 use std::net::SocketAddr;
@@ -37,6 +38,32 @@ pub struct HubConfig {
     pub write_timeout: Duration,
     /// Capacity of the upstream channel shared by all sessions (backpressure beyond it).
     pub upstream_capacity: usize,
+}
+
+impl HubConfig {
+    /// cloudhub's settings from `modules.cloudHub` of a cloudcore configuration.
+    pub fn from_cloudcore(c: &crate::config::CloudCoreConfig) -> Result<Self, ConfigError> {
+        let hub = &c.modules.cloud_hub;
+        let q = &hub.node_queue;
+        let listen = crate::config::listen_addr(&hub.websocket, "modules.cloudHub.websocket")
+            .map_err(|(path, reason)| ConfigError::invalid(&path, reason))?;
+        Ok(HubConfig {
+            listen,
+            keepalive_interval: Duration::from_secs(hub.keepalive_interval),
+            node_limit: hub.node_limit,
+            allow_legacy_cn: hub.allow_legacy_certificates,
+            max_frame_bytes: hub.max_message_bytes,
+            queue: QueueLimits {
+                max_messages: q.max_messages,
+                max_bytes: q.max_bytes,
+                window: q.ack_window,
+                retry_interval: Duration::from_secs(q.ack_retry_interval.max(1)),
+                ..QueueLimits::default()
+            },
+            write_timeout: Duration::from_secs(hub.write_timeout.clamp(1, 60)),
+            ..HubConfig::default()
+        })
+    }
 }
 
 impl Default for HubConfig {

@@ -33,11 +33,12 @@ pub struct QueueLimits {
 
 impl Default for QueueLimits {
     fn default() -> Self {
+        use kubeedge_shared::constants::*;
         QueueLimits {
-            max_messages: 10_000,
-            max_bytes: 64 * 1024 * 1024,
-            window: 512,
-            retry_interval: Duration::from_secs(5),
+            max_messages: DEFAULT_NODE_QUEUE_MAX_MESSAGES,
+            max_bytes: DEFAULT_NODE_QUEUE_MAX_BYTES,
+            window: DEFAULT_ACK_WINDOW,
+            retry_interval: Duration::from_secs(DEFAULT_ACK_RETRY_SECS),
             retries_before_backoff: 5,
             max_backoff: Duration::from_secs(300),
         }

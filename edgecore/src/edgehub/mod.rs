@@ -42,6 +42,41 @@ pub struct EdgeHubConfig {
     pub inbound_capacity: usize,
 }
 
+impl EdgeHubConfig {
+    /// edgehub's settings from `modules.edgeHub` (and `kubeedgeRs`) of a validated
+    /// configuration (negative values are clamped).
+    pub fn from_edgecore(c: &crate::config::EdgeCoreConfig) -> EdgeHubConfig {
+        let hub = &c.modules.edge_hub;
+        let ws = &hub.websocket;
+        let secs = |s: i32| Duration::from_secs(s.max(0) as u64);
+        let heartbeat = secs(hub.heartbeat.max(1));
+        let ext = c.kubeedge_rs_settings();
+        let dead_link_timeout = if ext.dead_link_timeout > 0 {
+            secs(ext.dead_link_timeout)
+        } else {
+            heartbeat * 2
+        };
+        let capabilities = if ext.inventory_resync {
+            vec![kubeedge_shared::constants::CAPABILITY_INVENTORY.to_string()]
+        } else {
+            Vec::new()
+        };
+        EdgeHubConfig {
+            server: ws.server.clone(),
+            project_id: hub.project_id.clone(),
+            node_name: c.node_name().to_string(),
+            heartbeat,
+            dead_link_timeout,
+            handshake_timeout: secs(ws.handshake_timeout.max(1)),
+            write_timeout: secs(ws.write_deadline.max(1)),
+            message_qps: hub.message_qps.max(0) as u32,
+            message_burst: hub.message_burst.max(0) as u32,
+            capabilities,
+            ..EdgeHubConfig::default()
+        }
+    }
+}
+
 impl Default for EdgeHubConfig {
     fn default() -> Self {
         use kubeedge_shared::constants::*;

@@ -65,6 +65,20 @@ pub struct MetaManagerConfig {
     pub max_concurrent_requests: usize,
 }
 
+impl MetaManagerConfig {
+    /// metamanager's settings from `modules.metaManager` of a configuration.
+    pub fn from_edgecore(c: &crate::config::EdgeCoreConfig) -> MetaManagerConfig {
+        let mm = &c.modules.meta_manager;
+        MetaManagerConfig {
+            node_name: c.node_name().to_string(),
+            node_namespace: c.modules.edged.register_node_namespace.clone(),
+            remote_query_timeout: Duration::from_secs(mm.remote_query_timeout.max(1) as u64),
+            inventory_resync: c.kubeedge_rs_settings().inventory_resync,
+            ..MetaManagerConfig::default()
+        }
+    }
+}
+
 impl Default for MetaManagerConfig {
     fn default() -> Self {
         MetaManagerConfig {

@@ -103,6 +103,19 @@ pub struct SyncOptions {
     pub election: ElectionConfig,
 }
 
+impl SyncOptions {
+    /// ObjectSync settings from `modules.syncController` (leader election from the
+    /// environment).
+    pub fn from_cloudcore(c: &crate::config::CloudCoreConfig) -> Self {
+        let sc = &c.modules.sync_controller;
+        SyncOptions {
+            enable: sc.enable,
+            resync_interval: std::time::Duration::from_secs(sc.resync_interval.max(1)),
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for SyncOptions {
     fn default() -> Self {
         SyncOptions {
@@ -118,7 +131,7 @@ impl Default for SyncOptions {
 
 /// KubeEdge compares every 5 s. Here a reconnecting edge is compared at once (on connect) and a
 /// connected edge's queue never loses a message, so the periodic pass is only a safety net.
-pub const DEFAULT_RESYNC_INTERVAL_SECS: u64 = 30;
+pub use kubeedge_shared::constants::DEFAULT_RESYNC_INTERVAL_SECS;
 
 /// Starts the records cache, the ACK writer and the orphan cleanup (with its leader election).
 /// Returns the cache downstream reads, or `None` when disabled.
