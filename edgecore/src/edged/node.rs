@@ -9,6 +9,7 @@ use super::events::{EventType, ObjectRef};
 use super::pod_worker::{Allocatable, Shared};
 use super::quantity;
 use super::settings::EdgedConfig;
+use super::stats::host;
 use super::time;
 use crate::metamanager::MetaError;
 use serde_json::{Map, Value, json};
@@ -34,51 +35,12 @@ impl Machine {
     pub fn detect(root: &Path) -> Machine {
         // SAFETY: sysconf has no preconditions.
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-        let memory_kib = meminfo("MemTotal").unwrap_or(0);
         Machine {
             cpus: if cpus > 0 { cpus as u64 } else { 1 },
-            memory_bytes: memory_kib * 1024,
-            ephemeral_bytes: fs_stats(root).map(|s| s.total).unwrap_or(0),
+            memory_bytes: host::meminfo_bytes("MemTotal").unwrap_or(0),
+            ephemeral_bytes: host::fs_usage(root).map(|s| s.capacity).unwrap_or(0),
         }
     }
-}
-
-/// A `/proc/meminfo` value in KiB.
-fn meminfo(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    text.lines().find_map(|l| {
-        let (k, rest) = l.split_once(':')?;
-        if k.trim() != key {
-            return None;
-        }
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
-
-#[derive(Debug, Clone, Copy)]
-struct FsStats {
-    total: u64,
-    available: u64,
-    inodes: u64,
-    inodes_free: u64,
-}
-
-fn fs_stats(path: &Path) -> Option<FsStats> {
-    // The root directory may not exist yet: measure its nearest existing ancestor.
-    let existing = path.ancestors().find(|p| p.exists())?;
-    let c = std::ffi::CString::new(existing.display().to_string()).ok()?;
-    // SAFETY: statvfs fills the zeroed struct; the path is a valid C string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return None;
-    }
-    let frsize = s.f_frsize as u64;
-    Some(FsStats {
-        total: s.f_blocks as u64 * frsize,
-        available: s.f_bavail as u64 * frsize,
-        inodes: s.f_files as u64,
-        inodes_free: s.f_ffree as u64,
-    })
 }
 
 /// A threshold as bytes: an absolute quantity, or a percentage of `capacity`.
@@ -367,13 +329,13 @@ fn health_of(
             }
         }
     }
-    let total = meminfo("MemTotal").unwrap_or(0) * 1024;
-    let available = meminfo("MemAvailable").unwrap_or(u64::MAX / 2048) * 1024;
+    let total = host::meminfo_bytes("MemTotal").unwrap_or(0);
+    let available = host::meminfo_bytes("MemAvailable").unwrap_or(u64::MAX / 2);
     if let Some(t) = threshold(config.eviction_hard.get("memory.available"), total) {
         h.memory_pressure = available < t;
     }
-    if let Some(fs) = fs_stats(&config.root_directory) {
-        if let Some(t) = threshold(config.eviction_hard.get("nodefs.available"), fs.total) {
+    if let Some(fs) = host::fs_usage(&config.root_directory) {
+        if let Some(t) = threshold(config.eviction_hard.get("nodefs.available"), fs.capacity) {
             h.disk_pressure |= fs.available < t;
         }
         if fs.inodes > 0

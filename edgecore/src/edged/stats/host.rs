@@ -117,6 +117,11 @@ pub fn read_cpu() -> Option<(SystemTime, u64)> {
     ))
 }
 
+/// One value of `/proc/meminfo`, in bytes.
+pub fn meminfo_bytes(key: &str) -> Option<u64> {
+    field(&std::fs::read_to_string("/proc/meminfo").ok()?, key, 1024)
+}
+
 pub fn read_memory() -> Option<HostMemory> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
