@@ -24,6 +24,7 @@ pub fn loopback_settings(pki: &Pki, client_auth: ClientAuth) -> StreamSettings {
         tunnel_listen: local,
         chain: vec![pki.server.cert_der.clone()],
         key: pki.server.key_der(),
+        stream_cert: None,
         ca: vec![pki.ca.cert.cert_der.clone()],
         allow_legacy_cn: false,
         node_port: Some(0),
