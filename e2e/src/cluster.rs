@@ -21,6 +21,10 @@ use crate::apiserver::{ApiServer, Config};
 /// The environment variable naming a real cluster's kubeconfig.
 pub const KUBECONFIG_ENV: &str = "E2E_KUBECONFIG";
 
+/// The label on every namespace and Node the tests create, so that what a failed run leaves on
+/// a real cluster goes with `kubectl delete namespaces,nodes -l e2e.kubeedge-rs/test=true`.
+pub const TEST_LABEL: (&str, &str) = ("e2e.kubeedge-rs/test", "true");
+
 /// The environment variable naming a real cluster's CA key (kubeadm:
 /// `/etc/kubernetes/pki/ca.key`), for tests that play the apiserver towards cloudcore's stream
 /// server or give it a certificate the apiserver verifies. The in-memory server has its own.
@@ -272,8 +276,7 @@ impl TestCluster {
         let api: Api<Namespace> = Api::all(self.client());
         let mut ns = Namespace::default();
         ns.metadata.generate_name = Some(format!("{prefix}-"));
-        ns.metadata.labels =
-            Some([("e2e.kubeedge-rs/test".to_string(), "true".to_string())].into());
+        ns.metadata.labels = Some([(TEST_LABEL.0.to_string(), TEST_LABEL.1.to_string())].into());
         let created = api.create(&PostParams::default(), &ns).await?;
         let name = created.metadata.name.context("namespace without a name")?;
         let sas: Api<ServiceAccount> = Api::namespaced(self.client(), &name);

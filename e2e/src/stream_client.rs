@@ -114,12 +114,13 @@ pub async fn send_raw(
 /// Reads a response head off `io`: the head and the bytes read after it.
 pub async fn read_response_head(io: &mut RawClient) -> (ResponseHead, Vec<u8>) {
     let mut buf = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Some((head, used)) = parse_response_head(&buf).expect("a response head") {
             return (head, buf.split_off(used));
         }
         let mut b = [0u8; 1024];
-        let n = tokio::time::timeout(WAIT, io.read(&mut b))
+        let n = tokio::time::timeout_at(deadline, io.read(&mut b))
             .await
             .expect("an answer in time")
             .expect("read");
@@ -172,8 +173,9 @@ pub async fn dial_tunnel(stream: &CloudStream, pki: &Pki, node: &str, ip: &str) 
 /// The next tunnel message the edge reads (pongs skipped); tunnel messages travel in TEXT
 /// frames.
 pub async fn next_message(reader: &mut WsReader<impl AsyncRead + Unpin>) -> TunnelMessage {
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match tokio::time::timeout(WAIT, reader.next()).await {
+        match tokio::time::timeout_at(deadline, reader.next()).await {
             Ok(Ok(Some(WsEvent::Data { opcode, payload }))) => {
                 assert_eq!(opcode, ws::OP_TEXT, "tunnel messages travel in TEXT frames");
                 return TunnelMessage::decode(&payload).expect("a tunnel message");

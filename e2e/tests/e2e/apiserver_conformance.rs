@@ -1665,10 +1665,11 @@ async fn kubectl_get_watch_streams_changes() {
         .await
         .unwrap();
     let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
     while !seen.iter().any(|l: &String| l.starts_with("DELETED")) {
-        let line = tokio::time::timeout(WAIT, lines.next_line())
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
             .await
-            .expect("kubectl output in time")
+            .unwrap_or_else(|_| panic!("no DELETED line within {WAIT:?}: {seen:?}"))
             .unwrap()
             .expect("kubectl still running");
         if line.contains("watched") {
@@ -1829,7 +1830,10 @@ async fn service_endpoints_follow_ready_pods() {
     // The EndpointSlice controller leaves out pods whose node does not exist.
     let node_name = unique("e2e-node");
     let nodes: Api<Node> = Api::all(c.client());
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}})).unwrap();
+    let node: Node = serde_json::from_value(
+        json!({"metadata": {"name": node_name, "labels": {"e2e.kubeedge-rs/test": "true"}}}),
+    )
+    .unwrap();
     nodes.create(&PostParams::default(), &node).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
     let p: Pod = serde_json::from_value(json!({
@@ -2183,7 +2187,7 @@ async fn fake_kubelet_with(
 async fn node_at(c: &TestCluster, ip: &str, port: u16) -> String {
     let name = unique("e2e-node");
     let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {"e2e.kubeedge-rs/test": "true"}},
         "status": {"addresses": [{"type": "InternalIP", "address": ip}], "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}
     }))
     .unwrap();

@@ -528,6 +528,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         String::from_utf8_lossy(&body).contains("no stream tunnel from edge node no-tunnel-node"),
         "{body:?}"
     );
+    cluster.delete_namespace(&ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
