@@ -191,9 +191,10 @@ pub async fn run_iptables_manager(
 }
 
 /// cloudstream on `streamPort`/`tunnelPort` of all addresses, with the tunnel certificate
-/// from `tlsTunnelCertFile`/`tlsTunnelPrivateKeyFile` when both exist, else cloudhub's, and
-/// clients of the stream server verified against the stream CA (`tlsStreamCAFile`, else the
-/// service-account CA).
+/// from `tlsTunnelCertFile`/`tlsTunnelPrivateKeyFile` when both exist, else cloudhub's; the
+/// stream server's from `tlsStreamCertFile`/`tlsStreamPrivateKeyFile` when both exist (made
+/// with `cloudcore stream-certificate`), else the tunnel's; and clients of the stream server
+/// verified against the stream CA (`tlsStreamCAFile`, else the service-account CA).
 async fn start_stream(
     cfg: &CloudCoreConfig,
     certs: &crate::certs::HubCerts,
@@ -201,19 +202,34 @@ async fn start_stream(
     tunnel_port: u16,
     metrics: crate::metrics::StreamMetrics,
 ) -> anyhow::Result<crate::cloudstream::CloudStream> {
+    use crate::cloudstream::certificate::ServerIdentity;
     use crate::cloudstream::client_auth;
-    use kubeedge_shared::tls;
     use std::path::Path;
     let s = &cfg.modules.cloud_stream;
-    let (cert, key) = (
+    let tunnel = ServerIdentity::load(
         Path::new(&s.tls_tunnel_cert_file),
         Path::new(&s.tls_tunnel_private_key_file),
-    );
-    let (chain, key) = if cert.exists() && key.exists() {
-        (tls::load_certs(cert)?, tls::load_key(key)?)
-    } else {
-        (certs.server_chain.clone(), certs.server_key.clone_key())
+    )
+    .context("modules.cloudStream.tlsTunnelCertFile/tlsTunnelPrivateKeyFile")?;
+    let (chain, key) = match tunnel {
+        Some(id) => (id.chain, id.key),
+        None => (certs.server_chain.clone(), certs.server_key.clone_key()),
     };
+    let stream_cert = ServerIdentity::load(
+        Path::new(&s.tls_stream_cert_file),
+        Path::new(&s.tls_stream_private_key_file),
+    )
+    .context("modules.cloudStream.tlsStreamCertFile/tlsStreamPrivateKeyFile")?;
+    match &stream_cert {
+        Some(_) => {
+            tracing::info!(cert = %s.tls_stream_cert_file, "stream server certificate from tlsStreamCertFile")
+        }
+        None => tracing::info!(
+            "no {}: the stream server presents the tunnel certificate (an apiserver with \
+             --kubelet-certificate-authority refuses it; see `cloudcore stream-certificate`)",
+            s.tls_stream_cert_file
+        ),
+    }
     let client_auth = client_auth::select(
         Path::new(&s.tls_stream_ca_file),
         Path::new(client_auth::SERVICE_ACCOUNT_CA),
@@ -226,6 +242,7 @@ async fn start_stream(
         tunnel_listen: (any, s.tunnel_port).into(),
         chain,
         key,
+        stream_cert,
         ca: vec![certs.ca.cert.cert_der.clone()],
         allow_legacy_cn: cfg.modules.cloud_hub.allow_legacy_certificates,
         node_port: Some(tunnel_port),

@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use cloudcore::config::{CloudCoreConfig, DEFAULT_CONFIG_PATH};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +32,66 @@ enum Command {
     /// (`modules.cloudStream.streamPort` of --config). Needs hostNetwork, NET_ADMIN and the
     /// `iptables` binary.
     IptablesManager,
+    /// Make the stream server's certificate and key (stream.crt, stream.key) from the
+    /// cluster CA, as KubeEdge's `certgen.sh stream` does. A kube-apiserver run with
+    /// --kubelet-certificate-authority checks the certificate of every kubelet it calls,
+    /// and for edge nodes that is cloudcore's stream server: it must come from that CA and
+    /// name the address the apiserver dials, the edge node's InternalIP (with the tunnel-port
+    /// DNAT, not cloudcore's own). cloudcore serves it from
+    /// modules.cloudStream.tlsStreamCertFile/tlsStreamPrivateKeyFile. Needs no --config.
+    StreamCertificate(StreamCertificateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct StreamCertificateArgs {
+    /// The cluster CA certificate (kubeadm: /etc/kubernetes/pki/ca.crt).
+    #[arg(long, value_name = "FILE")]
+    ca_cert: PathBuf,
+    /// The cluster CA key, PEM (kubeadm: /etc/kubernetes/pki/ca.key).
+    #[arg(long, value_name = "FILE")]
+    ca_key: PathBuf,
+    /// An IP address the apiserver dials the stream server at: each edge node's InternalIP.
+    /// Repeatable; at least one --ip or --dns.
+    #[arg(long = "ip", value_name = "IP")]
+    ips: Vec<IpAddr>,
+    /// A DNS name for the certificate (for nodes whose preferred address is a hostname).
+    /// Repeatable.
+    #[arg(long = "dns", value_name = "NAME")]
+    dns: Vec<String>,
+    /// Validity in days.
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=36_500))]
+    days: u32,
+    /// Where to write stream.crt and stream.key (cloudcore.yaml's tlsStreamCertFile and
+    /// tlsStreamPrivateKeyFile default to /etc/kubeedge/certs/stream.crt and .key).
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubeedge/certs")]
+    out_dir: PathBuf,
+}
+
+/// `cloudcore stream-certificate`: what it wrote, or why not.
+fn stream_certificate(a: &StreamCertificateArgs) -> anyhow::Result<String> {
+    use cloudcore::cloudstream::certificate::{self, StreamCertRequest};
+    let ca = certificate::load_ca(&a.ca_cert, &a.ca_key)?;
+    let req = StreamCertRequest {
+        ips: &a.ips,
+        dns: &a.dns,
+        days: a.days,
+    };
+    let cert = certificate::issue(&ca, &req)?;
+    let (cert_path, key_path) = certificate::write(&a.out_dir, &cert)?;
+    let names: Vec<String> = a
+        .ips
+        .iter()
+        .map(IpAddr::to_string)
+        .chain(a.dns.iter().cloned())
+        .collect();
+    Ok(format!(
+        "wrote {} (for {}, signed by {}, valid {} days) and {}",
+        cert_path.display(),
+        names.join(", "),
+        a.ca_cert.display(),
+        a.days,
+        key_path.display()
+    ))
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,6 +103,18 @@ fn main() -> std::process::ExitCode {
     if args.minconfig {
         print!("{}", CloudCoreConfig::minimal_yaml());
         return std::process::ExitCode::SUCCESS;
+    }
+    if let Some(Command::StreamCertificate(a)) = &args.command {
+        return match stream_certificate(a) {
+            Ok(done) => {
+                println!("{done}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("cloudcore stream-certificate: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
     }
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -85,6 +158,8 @@ fn main() -> std::process::ExitCode {
             Some(Command::IptablesManager) => {
                 cloudcore::app::run_iptables_manager(cfg, shutdown).await
             }
+            // Answered before the config is loaded.
+            Some(Command::StreamCertificate(_)) => Ok(()),
             None => cloudcore::app::run(cfg, shutdown).await,
         }
     });
@@ -154,5 +229,88 @@ mod tests {
             text.contains("TUNNEL-PORT") && text.contains("--config"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn stream_certificate_writes_a_pair_from_the_ca_and_explains_failures() {
+        use kubeedge_shared::pki::CertificateAuthority;
+        let dir = tempfile::tempdir().unwrap();
+        let ca = CertificateAuthority::generate().unwrap();
+        let (ca_cert, ca_key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+        std::fs::write(&ca_cert, &ca.cert.cert_pem).unwrap();
+        std::fs::write(&ca_key, &ca.cert.key_pem).unwrap();
+        let out = dir.path().join("certs");
+        let parse = |extra: &[&str]| {
+            let mut argv = vec![
+                "cloudcore".to_string(),
+                "stream-certificate".into(),
+                "--ca-cert".into(),
+                ca_cert.display().to_string(),
+                "--ca-key".into(),
+                ca_key.display().to_string(),
+                "--out-dir".into(),
+                out.display().to_string(),
+            ];
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            match Args::try_parse_from(argv).map(|a| a.command) {
+                Ok(Some(Command::StreamCertificate(a))) => Ok(a),
+                Ok(_) => panic!("not stream-certificate"),
+                Err(e) => Err(e),
+            }
+        };
+        let a = parse(&[
+            "--ip",
+            "10.254.254.1",
+            "--ip",
+            "192.0.2.7",
+            "--dns",
+            "edge.example",
+        ])
+        .unwrap();
+        assert_eq!(a.days, 365);
+        let done = stream_certificate(&a).unwrap();
+        assert!(
+            done.contains("stream.crt") && done.contains("10.254.254.1, 192.0.2.7, edge.example"),
+            "{done}"
+        );
+        let pem = std::fs::read_to_string(out.join("stream.crt")).unwrap();
+        let chain = kubeedge_shared::tls::load_certs(&out.join("stream.crt")).unwrap();
+        assert!(pem.contains("BEGIN CERTIFICATE") && chain.len() == 1);
+        assert!(kubeedge_shared::tls::load_key(&out.join("stream.key")).is_ok());
+
+        // Flags clap refuses, with its message.
+        for bad in [
+            &["--ip", "not-an-ip"][..],
+            &["--ip", "10.0.0.1", "--days", "0"],
+            &["--ip", "10.0.0.1", "--days", "x"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        // Errors that name the cause, not panics.
+        let e = stream_certificate(&parse(&[]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no --ip or --dns"), "{e}");
+        let mut a = parse(&["--ip", "10.0.0.1"]).unwrap();
+        a.ca_key = dir.path().join("missing.key");
+        let e = format!("{:#}", stream_certificate(&a).unwrap_err());
+        assert!(e.contains("missing.key"), "{e}");
+
+        let help = Args::try_parse_from(["cloudcore", "stream-certificate", "--help"])
+            .err()
+            .expect("--help exits");
+        assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
+        let text = help.to_string();
+        for flag in [
+            "--ca-cert",
+            "--ca-key",
+            "--ip",
+            "--dns",
+            "--days",
+            "--out-dir",
+        ] {
+            assert!(text.contains(flag), "{flag} in {text}");
+        }
+        assert!(text.contains("kubelet-certificate-authority"), "{text}");
     }
 }

@@ -769,3 +769,89 @@ fn stream_clients_are_verified_against_the_service_account_ca_or_a_stream_ca_sec
         cfg.modules.cloud_stream.tls_stream_ca_file
     );
 }
+
+#[test]
+fn a_stream_cert_secret_is_mounted_where_cloudcore_reads_the_stream_certificate() {
+    let cfg_of = |docs: &[Value]| {
+        let cm = find(docs, "ConfigMap", "cloudcore").expect("ConfigMap");
+        let text = cm["data"]["cloudcore.yaml"]
+            .as_str()
+            .expect("cloudcore.yaml");
+        CloudCoreConfig::from_yaml(text).expect("loads")
+    };
+    // Default: nothing mounted where the stream certificate would be read.
+    let docs = render_chart(installed_values());
+    let stream = cfg_of(&docs).modules.cloud_stream;
+    let pod = cloudcore_pod(&docs);
+    let c = &pod["containers"][0];
+    for m in c["volumeMounts"].as_array().expect("mounts") {
+        let path = m["mountPath"].as_str().expect("mountPath");
+        assert!(
+            !stream.tls_stream_cert_file.starts_with(path),
+            "{path} would supply a stream certificate"
+        );
+    }
+
+    // KubeEdge's Secret cloudcore holds streamCA.crt, stream.crt and stream.key: one Secret
+    // can serve both values.
+    let mut v = installed_values();
+    for key in ["streamCASecret", "streamCertSecret"] {
+        set(
+            &mut v,
+            &format!("cloudCore.modules.cloudStream.{key}"),
+            json!("cloudcore"),
+        );
+    }
+    let docs = render_chart(v);
+    let stream = cfg_of(&docs).modules.cloud_stream;
+    let pod = cloudcore_pod(&docs);
+    let c = &pod["containers"][0];
+    let mounted_file = |path: &str| {
+        let (dir, file) = path.rsplit_once('/').expect("a file path");
+        let mount = c["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .find(|m| m["mountPath"] == dir)
+            .unwrap_or_else(|| panic!("nothing mounted at {dir}"));
+        assert_eq!(mount["readOnly"], true);
+        let volume = volume_at(pod, c, dir).expect("a volume");
+        let item = volume["secret"]["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .find(|i| i["path"] == file)
+            .unwrap_or_else(|| panic!("{file} not in {volume}"))
+            .clone();
+        (volume["secret"]["secretName"].clone(), item["key"].clone())
+    };
+    assert_eq!(
+        mounted_file(&stream.tls_stream_cert_file),
+        (json!("cloudcore"), json!("stream.crt"))
+    );
+    assert_eq!(
+        mounted_file(&stream.tls_stream_private_key_file),
+        (json!("cloudcore"), json!("stream.key"))
+    );
+    assert_eq!(
+        mounted_file(&stream.tls_stream_ca_file),
+        (json!("cloudcore"), json!("streamCA.crt"))
+    );
+    // The tunnel certificate files stay absent, so the tunnel keeps cloudhub's certificate
+    // (ServerIdentity::load sees neither file).
+    let volume = volume_at(pod, c, "/etc/kubeedge/certs").expect("stream-cert volume");
+    for f in [
+        &stream.tls_tunnel_cert_file,
+        &stream.tls_tunnel_private_key_file,
+    ] {
+        let name = f.rsplit_once('/').expect("path").1;
+        assert!(
+            !volume["secret"]["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .any(|i| i["path"] == name),
+            "{f} would be mounted"
+        );
+    }
+}

@@ -4,7 +4,8 @@
 //!
 //! Tests talk to the cluster only through the API (kube-rs and `kubectl`), use their own
 //! namespaces, and skip cleanly — with a printed reason — when they rely on in-memory-only
-//! knobs (shortened node grace period, forced history compaction).
+//! knobs (shortened node grace period, forced history compaction), or on a real cluster on
+//! the cluster CA's key when `E2E_CLUSTER_CA_KEY` does not name it.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -19,6 +20,37 @@ use crate::apiserver::{ApiServer, Config};
 
 /// The environment variable naming a real cluster's kubeconfig.
 pub const KUBECONFIG_ENV: &str = "E2E_KUBECONFIG";
+
+/// The label on every namespace and Node the tests create, so that what a failed run leaves on
+/// a real cluster goes with `kubectl delete namespaces,nodes -l e2e.kubeedge-rs/test=true`.
+pub const TEST_LABEL: (&str, &str) = ("e2e.kubeedge-rs/test", "true");
+
+/// The environment variable naming a real cluster's CA key (kubeadm:
+/// `/etc/kubernetes/pki/ca.key`), for tests that play the apiserver towards cloudcore's stream
+/// server or give it a certificate the apiserver verifies. The in-memory server has its own.
+pub const CLUSTER_CA_KEY_ENV: &str = "E2E_CLUSTER_CA_KEY";
+
+fn env_set(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty())
+}
+
+/// Whether the tests run against a real cluster (`E2E_KUBECONFIG` is set).
+pub fn real_cluster_configured() -> bool {
+    env_set(KUBECONFIG_ENV)
+}
+
+/// `true` (after printing why the test is skipped) on a real cluster without
+/// `E2E_CLUSTER_CA_KEY`; call it before starting anything.
+pub fn skip_without_cluster_ca_key(needs: &str) -> bool {
+    if !real_cluster_configured() || env_set(CLUSTER_CA_KEY_ENV) {
+        return false;
+    }
+    println!(
+        "SKIPPED on a real cluster ({KUBECONFIG_ENV} is set): this test needs {needs}; set \
+         {CLUSTER_CA_KEY_ENV} to the cluster CA key (kubeadm: /etc/kubernetes/pki/ca.key)"
+    );
+    true
+}
 
 pub struct TestCluster {
     client: Client,
@@ -55,7 +87,7 @@ pub async fn connect_in_memory_only(
     config: Config,
     needs: &str,
 ) -> anyhow::Result<Option<TestCluster>> {
-    if std::env::var_os(KUBECONFIG_ENV).is_some_and(|p| !p.is_empty()) {
+    if real_cluster_configured() {
         println!("SKIPPED on a real cluster ({KUBECONFIG_ENV} is set): this test needs {needs}");
         return Ok(None);
     }
@@ -118,19 +150,70 @@ impl TestCluster {
             .collect()
     }
 
-    /// TLS for calling cloudcore's stream server as the apiserver does: the in-memory
-    /// apiserver's kubelet client certificate (signed by the cluster CA, cloudstream's stream CA
-    /// in the fixtures), trusting `server_ca` for the stream server's certificate.
+    /// The cluster CA certificate(s), PEM.
+    pub fn cluster_ca_pem(&self) -> String {
+        self.cluster_ca()
+            .iter()
+            .map(|c| kubeedge_shared::pki::pem_encode("CERTIFICATE", c))
+            .collect()
+    }
+
+    /// The cluster CA's certificate and key as files in `dir` (`cluster-ca.crt`, and
+    /// `cluster-ca.key` for the in-memory server; on a real cluster the key is the file
+    /// `E2E_CLUSTER_CA_KEY` names), as `cloudcore stream-certificate --ca-cert --ca-key` takes
+    /// them. `None` on a real cluster without `E2E_CLUSTER_CA_KEY`.
+    pub fn cluster_ca_files(&self, dir: &Path) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+        let cert = dir.join("cluster-ca.crt");
+        let key = match &self.server {
+            Some(server) => {
+                let key = dir.join("cluster-ca.key");
+                std::fs::write(&key, server.ca_key_pem())
+                    .with_context(|| format!("writing {}", key.display()))?;
+                key
+            }
+            None => match std::env::var_os(CLUSTER_CA_KEY_ENV) {
+                Some(k) if !k.is_empty() => PathBuf::from(k),
+                _ => return Ok(None),
+            },
+        };
+        std::fs::write(&cert, self.cluster_ca_pem())
+            .with_context(|| format!("writing {}", cert.display()))?;
+        Ok(Some((cert, key)))
+    }
+
+    /// TLS for calling cloudcore's stream server as the apiserver does, trusting `server_ca`
+    /// for the stream server's certificate: the in-memory apiserver's own kubelet client
+    /// certificate, or on a real cluster one like kubeadm's `apiserver-kubelet-client` (CN
+    /// `kube-apiserver-kubelet-client`, O `system:masters`) issued from the cluster CA key in
+    /// `E2E_CLUSTER_CA_KEY`. `None` (after printing why the test is skipped) without that key;
+    /// panics when the key cannot be used.
     pub fn apiserver_stream_tls(
         &self,
         server_ca: &rustls_pki_types::CertificateDer<'static>,
-    ) -> std::sync::Arc<rustls::ClientConfig> {
-        let server = self.in_memory().expect(
-            "calling the stream server as the apiserver needs the in-memory apiserver's key",
-        );
-        let (cert, key) = server.kubelet_client_identity();
-        kubeedge_shared::tls::client_config(std::slice::from_ref(server_ca), vec![cert], key)
-            .expect("apiserver client TLS")
+    ) -> Option<std::sync::Arc<rustls::ClientConfig>> {
+        let needs = "the apiserver's kubelet client certificate (to call the stream server)";
+        let (cert, key) = match &self.server {
+            Some(server) => server.kubelet_client_identity(),
+            None => {
+                if skip_without_cluster_ca_key(needs) {
+                    return None;
+                }
+                let dir = tempfile::tempdir().expect("temp dir");
+                let (ca_cert, ca_key) = self
+                    .cluster_ca_files(dir.path())
+                    .expect("the cluster CA as files")?;
+                let ca = cloudcore::cloudstream::certificate::load_ca(&ca_cert, &ca_key)
+                    .unwrap_or_else(|e| panic!("{CLUSTER_CA_KEY_ENV}: {e}"));
+                let c = ca
+                    .issue_client("kube-apiserver-kubelet-client", Some("system:masters"), 1)
+                    .expect("a kubelet client certificate");
+                (c.cert_der.clone(), c.key_der())
+            }
+        };
+        let tls =
+            kubeedge_shared::tls::client_config(std::slice::from_ref(server_ca), vec![cert], key)
+                .expect("apiserver client TLS");
+        Some(tls)
     }
 
     pub fn kubeconfig(&self) -> &Path {
@@ -193,8 +276,7 @@ impl TestCluster {
         let api: Api<Namespace> = Api::all(self.client());
         let mut ns = Namespace::default();
         ns.metadata.generate_name = Some(format!("{prefix}-"));
-        ns.metadata.labels =
-            Some([("e2e.kubeedge-rs/test".to_string(), "true".to_string())].into());
+        ns.metadata.labels = Some([(TEST_LABEL.0.to_string(), TEST_LABEL.1.to_string())].into());
         let created = api.create(&PostParams::default(), &ns).await?;
         let name = created.metadata.name.context("namespace without a name")?;
         let sas: Api<ServiceAccount> = Api::namespaced(self.client(), &name);

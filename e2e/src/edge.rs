@@ -142,14 +142,16 @@ impl EdgeEnv {
              database:\n  dataSource: {db}\n\
              modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
              \x20   websocket:\n      server: {server}\n\
-             \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
-             \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n\
+             \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
+             \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\
              \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
             db = d.join("edgecore.db").display(),
             ca = d.join("ca.crt").display(),
             crt = d.join("edge.crt").display(),
             key = d.join("edge.key").display(),
             server = link.addr,
+            // Not loopback: the apiserver refuses to proxy to loopback node addresses.
+            node_ip = crate::node_address::node_ip(),
             pause = PAUSE_IMAGE,
             root = d.join("edged").display(),
             status = options.node_status_update_frequency_secs,
@@ -362,7 +364,8 @@ impl EdgeEnv {
             .await
     }
 
-    /// Stops edgecore, removes what this node left in the runtime, deletes the namespace.
+    /// Stops edgecore, removes what this node left in the runtime, deletes the namespace and
+    /// the Node (on a real cluster nothing else would).
     pub async fn finish(mut self) {
         self.stop_edge().await;
         self.stop_cloud();
@@ -394,6 +397,10 @@ impl EdgeEnv {
             }
         }
         self.cluster.delete_namespace(&self.ns).await;
+        let _ = self
+            .nodes()
+            .delete(&self.node, &kube::api::DeleteParams::default())
+            .await;
     }
 }
 

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod edge;
 pub mod images;
+pub mod node_address;
 pub mod process;
 pub mod procfs;
 pub mod registry;

@@ -24,7 +24,8 @@ pub fn unique(prefix: &str) -> String {
 pub async fn edge_node(cluster: &TestCluster, name: &str) {
     let node: Node = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {
-            "node-role.kubernetes.io/edge": "", "node-role.kubernetes.io/agent": ""}},
+            "node-role.kubernetes.io/edge": "", "node-role.kubernetes.io/agent": "",
+            crate::cluster::TEST_LABEL.0: crate::cluster::TEST_LABEL.1}},
     }))
     .expect("node object");
     Api::<Node>::all(cluster.client())

@@ -133,6 +133,14 @@ impl CertificateAuthority {
         })
     }
 
+    /// Whether the key this CA signs with belongs to its certificate (a CA certificate and
+    /// key given as two files may not).
+    pub fn key_matches_certificate(&self) -> bool {
+        x509_parser::parse_x509_certificate(&self.cert.cert_der).is_ok_and(|(_, c)| {
+            *c.public_key().subject_public_key.data == *self.issuer.key().public_key_raw()
+        })
+    }
+
     /// A server certificate for cloudhub: SANs are IPs or DNS names (empty entries skipped).
     pub fn issue_server(&self, sans: &[&str], days: i64) -> Result<IssuedCert, PkiError> {
         let key = new_key()?;
@@ -411,6 +419,8 @@ fn der_item(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
     Some((&rest[len..], &rest[..len]))
 }
 
+/// A key in any of the DER forms CA keys come in: PKCS#8, SEC1 (P-256, Go's
+/// `MarshalECPrivateKey`) or PKCS#1 RSA (kubeadm's `ca.key`, `RSA PRIVATE KEY`).
 fn key_from_der(der: &[u8]) -> Result<KeyPair, PkiError> {
     use rustls_pki_types::PrivateSec1KeyDer;
     KeyPair::try_from(der)
@@ -419,7 +429,20 @@ fn key_from_der(der: &[u8]) -> Result<KeyPair, PkiError> {
             KeyPair::try_from(&sec1)
         })
         .or_else(|_| KeyPair::try_from(sec1_to_pkcs8(der).as_slice()))
+        .or_else(|_| KeyPair::try_from(pkcs1_to_pkcs8(der).as_slice()))
         .map_err(|e| PkiError::Invalid(format!("CA key: {e}")))
+}
+
+/// Wraps a PKCS#1 `RSAPrivateKey` into PKCS#8 (`ring` reads RSA keys only as PKCS#8).
+fn pkcs1_to_pkcs8(pkcs1: &[u8]) -> Vec<u8> {
+    // AlgorithmIdentifier { rsaEncryption (1.2.840.113549.1.1.1), NULL }
+    const ALG: [u8; 15] = [
+        0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
+    ];
+    let mut body = vec![0x02, 0x01, 0x00];
+    body.extend_from_slice(&ALG);
+    body.extend(der_tlv(0x04, pkcs1));
+    der_tlv(0x30, &body)
 }
 
 /// PEM armour for a DER body.
@@ -569,6 +592,36 @@ mod tests {
             CertificateAuthority::from_der(&ca.cert.cert_der, &ca.cert.key_pkcs8_der).unwrap();
         assert_eq!(again.cert.cert_der, ca.cert.cert_der);
         assert!(CertificateAuthority::from_der(&ca.cert.cert_der, b"junk").is_err());
+    }
+
+    #[test]
+    fn a_kubeadm_rsa_ca_signs_and_a_foreign_key_is_noticed() {
+        use rustls::client::danger::ServerCertVerifier;
+        // kubeadm's /etc/kubernetes/pki/ca.{crt,key}: RSA 2048, the key as PKCS#1.
+        let cert = include_str!("../testdata/kubeadm-ca.crt");
+        let key = include_str!("../testdata/kubeadm-ca.key");
+        assert!(key.starts_with("-----BEGIN RSA PRIVATE KEY-----"));
+        let ca = CertificateAuthority::from_pem(cert, key).unwrap();
+        assert!(ca.key_matches_certificate());
+        let leaf = ca.issue_server(&["10.254.254.1"], 1).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.cert.cert_der.clone()).unwrap();
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        let ip = rustls_pki_types::ServerName::try_from("10.254.254.1").unwrap();
+        let now = rustls_pki_types::UnixTime::now();
+        verifier
+            .verify_server_cert(&leaf.cert_der, &[], &ip, &[], now)
+            .expect("the leaf chains to the RSA CA for its IP");
+        // The same certificate with another CA's key: loads, but does not match.
+        let other = CertificateAuthority::generate().unwrap();
+        let mixed = CertificateAuthority::from_pem(cert, &other.cert.key_pem).unwrap();
+        assert!(!mixed.key_matches_certificate());
+        assert!(other.key_matches_certificate());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! Unlike KubeEdge, the stream server serves only clients whose certificate chains to the
 //! stream CA, as a kubelet with `--client-ca-file` ([`client_auth`]).
 
+pub mod certificate;
 pub mod client_auth;
 pub mod exec;
 pub mod iptables;
@@ -83,8 +84,12 @@ pub(crate) fn http1_server(header_timeout: Duration) -> hyper::server::conn::htt
 pub struct StreamSettings {
     pub stream_listen: SocketAddr,
     pub tunnel_listen: SocketAddr,
+    /// The tunnel server's certificate (and the stream server's without `stream_cert`).
     pub chain: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
+    /// The stream server's own certificate (`tlsStreamCertFile`/`tlsStreamPrivateKeyFile`,
+    /// from the cluster CA for an apiserver that verifies kubelets: [`certificate`]).
+    pub stream_cert: Option<certificate::ServerIdentity>,
     /// The CA edge (tunnel client) certificates must chain to.
     pub ca: Vec<CertificateDer<'static>>,
     /// Accept the shared legacy edge CN `kubeedge.io` on the tunnel (as cloudHub's
@@ -137,7 +142,10 @@ impl CloudStream {
             true,
         )?;
         let auth = Authenticator::new(&settings.client_auth)?;
-        let stream_tls = stream_tls(settings.chain, settings.key, &auth)?;
+        let stream_tls = match settings.stream_cert {
+            Some(id) => stream_tls(id.chain, id.key, &auth)?,
+            None => stream_tls(settings.chain, settings.key, &auth)?,
+        };
         let tunnel = TcpListener::bind(settings.tunnel_listen).await?;
         let stream = TcpListener::bind(settings.stream_listen).await?;
         let (tunnel_addr, stream_addr) = (tunnel.local_addr()?, stream.local_addr()?);

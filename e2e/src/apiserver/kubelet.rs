@@ -1,8 +1,10 @@
 //! `pods/<name>/log`: like the real apiserver, the server connects to the node's kubelet endpoint
 //! (`status.addresses` + `status.daemonEndpoints.kubeletEndpoint.Port`, default 10250) over TLS,
 //! presents its kubelet client certificate (signed by the cluster CA, CN
-//! `kube-apiserver-kubelet-client`, O `system:masters`), does not verify the kubelet's serving
-//! certificate (upstream's default without `--kubelet-certificate-authority`), and streams
+//! `kube-apiserver-kubelet-client`, O `system:masters`), checks the kubelet's serving
+//! certificate against the cluster CA only with [`super::Config::verify_kubelet_certificates`]
+//! (`--kubelet-certificate-authority`; upstream's default is not to check, and
+//! `insecureSkipTLSVerifyBackend=true` skips the check for one log request), and streams
 //! `GET /containerLogs/<ns>/<pod>/<container>` back to the client.
 
 use std::sync::Arc;
@@ -21,22 +23,48 @@ use super::state::State;
 use super::status::{ApiError, ApiResult};
 use super::verbs;
 
-/// The TLS client configuration used towards kubelets.
-pub fn client_config(
+/// The TLS client configurations used towards kubelets.
+pub struct KubeletTls {
+    /// What every request uses: checks the kubelet's certificate against the cluster CA
+    /// when the server is configured to, else accepts any.
+    pub default: Arc<rustls::ClientConfig>,
+    /// `insecureSkipTLSVerifyBackend=true` (pods/log): accepts any certificate.
+    pub skip_verify: Arc<rustls::ClientConfig>,
+}
+
+/// The kubelet client configurations: `cert`/`key_der` as the client certificate, kubelets'
+/// serving certificates checked against `verify_with` (the cluster CA, DER) when given.
+pub fn client_configs(
     cert: &CertificateDer<'static>,
     key_der: &[u8],
-) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-    // Upstream's default without `--kubelet-certificate-authority`: no serving-cert check.
+    verify_with: Option<&[u8]>,
+) -> anyhow::Result<KubeletTls> {
+    let key = || PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der.to_vec()));
     let (any_cert, provider) = AnyServerCert::new();
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(any_cert)
-        .with_client_auth_cert(
-            vec![cert.clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der.to_vec())),
-        )?;
-    Ok(Arc::new(cfg))
+    let skip_verify = Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(any_cert)
+            .with_client_auth_cert(vec![cert.clone()], key())?,
+    );
+    let default = match verify_with {
+        None => skip_verify.clone(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(CertificateDer::from(ca.to_vec()))?;
+            Arc::new(
+                rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()?
+                    .with_root_certificates(roots)
+                    .with_client_auth_cert(vec![cert.clone()], key())?,
+            )
+        }
+    };
+    Ok(KubeletTls {
+        default,
+        skip_verify,
+    })
 }
 
 const LOG_PARAMS: &[&str] = &[
@@ -47,7 +75,6 @@ const LOG_PARAMS: &[&str] = &[
     "timestamps",
     "tailLines",
     "limitBytes",
-    "insecureSkipTLSVerifyBackend",
 ];
 
 fn kubelet_address(node: &Value) -> Option<(String, u16)> {
@@ -105,28 +132,37 @@ pub(super) async fn connect(
     pod_name: &str,
     verb: &str,
     path: &str,
+    tls: &Arc<rustls::ClientConfig>,
 ) -> ApiResult<(KubeletConn, String)> {
     let Some(node_name) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
         return Err(ApiError::bad_request(format!(
             "pod {pod_name} does not have a host assigned"
         )));
     };
-    connect_node(st, node_name, verb, path).await
+    let (host, port) = node_endpoint(st, node_name)?;
+    dial(tls, &host, port, verb, path).await
 }
 
-/// A TLS connection to the kubelet of `node_name`, and its authority.
-pub(super) async fn connect_node(
-    st: &State,
-    node_name: &str,
-    verb: &str,
-    path: &str,
-) -> ApiResult<(KubeletConn, String)> {
+/// The host and port of `node_name`'s kubelet, as the apiserver's `GetConnectionInfo` picks
+/// them (InternalIP, ExternalIP, Hostname; the reported port, else 10250).
+pub(super) fn node_endpoint(st: &State, node_name: &str) -> ApiResult<(String, u16)> {
     let node = verbs::get(st, &st.core("nodes"), "", node_name)?.value();
-    let (host, port) = kubelet_address(&node).ok_or_else(|| {
+    kubelet_address(&node).ok_or_else(|| {
         ApiError::internal(format!(
             "node {node_name} has no address to reach its kubelet"
         ))
-    })?;
+    })
+}
+
+/// A TLS connection to the kubelet at `host:port` made with `tls`, and its authority. The
+/// server name checked (with a verifying `tls`) is `host`, as Go's client checks the URL's.
+pub(super) async fn dial(
+    tls: &Arc<rustls::ClientConfig>,
+    host: &str,
+    port: u16,
+    verb: &str,
+    path: &str,
+) -> ApiResult<(KubeletConn, String)> {
     let authority = if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -143,11 +179,11 @@ pub(super) async fn connect_node(
     .map_err(|e| fail(&e))?
     .map_err(|e| fail(&e))?;
     let _ = tcp.set_nodelay(true);
-    let server_name = ServerName::try_from(host.clone()).map_err(|e| fail(&e))?;
-    let connector = tokio_rustls::TlsConnector::from(st.kubelet_tls.clone());
-    let tls = connector
-        .connect(server_name, tcp)
+    let server_name = ServerName::try_from(host.to_string()).map_err(|e| fail(&e))?;
+    let connector = tokio_rustls::TlsConnector::from(tls.clone());
+    let tls = tokio::time::timeout(Duration::from_secs(10), connector.connect(server_name, tcp))
         .await
+        .map_err(|e| fail(&e))?
         .map_err(|e| fail(&e))?;
     Ok((tls, authority))
 }
@@ -186,7 +222,11 @@ pub async fn pod_log(
         path.push('?');
         path.push_str(&passthrough.join("&"));
     }
-    let (tls, authority) = connect(st, &pod, pod_name, "Get", &path).await?;
+    let tls = match query.bool("insecureSkipTLSVerifyBackend")? {
+        true => &st.kubelet_tls.skip_verify,
+        false => &st.kubelet_tls.default,
+    };
+    let (tls, authority) = connect(st, &pod, pod_name, "Get", &path, tls).await?;
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         ApiError::internal(format!("{what} https://{authority}{path}: {e}"))
     };

@@ -99,6 +99,10 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Snapshot interval when `data_dir` is set.
     pub snapshot_interval: Duration,
+    /// Check kubelets' serving certificates against the cluster CA, as kube-apiserver with
+    /// `--kubelet-certificate-authority=<cluster CA>` (hardened clusters) does; upstream's
+    /// default (false) accepts any.
+    pub verify_kubelet_certificates: bool,
 }
 
 impl Default for Config {
@@ -121,14 +125,17 @@ impl Default for Config {
             namespace_sync_period: Duration::from_millis(500),
             max_body_bytes: 3 * 1024 * 1024,
             snapshot_interval: Duration::from_secs(2),
+            verify_kubelet_certificates: false,
         }
     }
 }
 
 impl Config {
-    /// Short timers for tests: bookmarks every second, node grace 2 s checked every 200 ms.
+    /// Short timers for tests: bookmarks every second, node grace 2 s checked every 200 ms;
+    /// kubelets' certificates checked (what passes there passes without the check).
     pub fn for_tests() -> Self {
         Self {
+            verify_kubelet_certificates: true,
             bookmark_interval: Duration::from_secs(1),
             node_monitor_grace_period: Duration::from_secs(2),
             node_monitor_period: Duration::from_millis(200),
@@ -146,6 +153,7 @@ pub struct ApiServer {
     url: String,
     kubeconfig_path: PathBuf,
     ca_der: Vec<u8>,
+    ca_key_pem: String,
     /// The client certificate and PKCS#8 key it presents to kubelets.
     kubelet_client: (rustls_pki_types::CertificateDer<'static>, Vec<u8>),
     temp_dir: Option<PathBuf>,
@@ -247,7 +255,13 @@ impl ApiServer {
             tokens::TokenIssuer::new(signing_key.into_bytes()),
             token,
             pki.ca_pem.clone(),
-            kubelet::client_config(&pki.kubelet_client_der, &pki.kubelet_client_key_der)?,
+            kubelet::client_configs(
+                &pki.kubelet_client_der,
+                &pki.kubelet_client_key_der,
+                config
+                    .verify_kubelet_certificates
+                    .then_some(&pki.ca_der[..]),
+            )?,
         ));
         let restored = match &config.data_dir {
             Some(d) => persist::load(&st, d)?,
@@ -278,6 +292,7 @@ impl ApiServer {
             url,
             kubeconfig_path,
             ca_der: pki.ca_der,
+            ca_key_pem: pki.ca_key_pem,
             kubelet_client: (pki.kubelet_client_der, pki.kubelet_client_key_der),
             temp_dir,
             cancel,
@@ -305,6 +320,12 @@ impl ApiServer {
     /// The cluster CA certificate (PEM).
     pub fn ca_pem(&self) -> &str {
         &self.state.ca_pem
+    }
+
+    /// The cluster CA's key (PEM; kubeadm's `/etc/kubernetes/pki/ca.key`): for tests that
+    /// issue certificates from the cluster CA, e.g. a kubelet's serving certificate.
+    pub fn ca_key_pem(&self) -> &str {
+        &self.ca_key_pem
     }
 
     /// The certificate and key this server presents to kubelets (`--kubelet-client-certificate`,

@@ -5,7 +5,14 @@
 //! authentication filter removes them) and the reverse-proxy headers apimachinery's proxy
 //! `Transport` sets: `X-Forwarded-Uri` (the original path), `X-Forwarded-Host` and
 //! `X-Forwarded-Proto`. The kubelet's status, headers and body come back as they are; a
-//! kubelet that cannot be reached is a 503 "error trying to reach service".
+//! kubelet that cannot be reached is a 503 "error trying to reach service". As upstream's
+//! `ResourceLocation` (`isProxyableHostname`), a node whose address is (or resolves to)
+//! anything but a global unicast address — loopback, link-local, multicast, unspecified,
+//! broadcast — is refused with `400 BadRequest` "address not allowed" before any connection;
+//! `pods/log`, `exec` and `attach` are not checked, as upstream does not check them.
+
+use std::net::IpAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
@@ -69,14 +76,12 @@ pub async fn serve(
         target.push('?');
         target.push_str(q);
     }
-    let (tls, authority) = kubelet::connect_node(st, node, "Get", &target)
+    let (host, port) = kubelet::node_endpoint(st, node)?;
+    check_proxyable(&host).await?;
+    let (tls, authority) = kubelet::dial(&st.kubelet_tls.default, &host, port, "Get", &target)
         .await
-        .map_err(|e| match e.code {
-            500 => ApiError::service_unavailable(format!(
-                "error trying to reach service: {}",
-                e.message
-            )),
-            _ => e,
+        .map_err(|e| {
+            ApiError::service_unavailable(format!("error trying to reach service: {}", e.message))
         })?;
     let unreachable = |e: &dyn std::fmt::Display| {
         ApiError::service_unavailable(format!("error trying to reach service: {e}"))
@@ -139,9 +144,103 @@ pub async fn serve(
     Ok(r)
 }
 
+/// Go's `net.IP.IsGlobalUnicast` (IPv4-mapped IPv6 addresses as their IPv4 address).
+fn is_global_unicast(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            !(v4.is_broadcast()
+                || v4.is_unspecified()
+                || v4.is_loopback()
+                || v4.is_multicast()
+                || v4.is_link_local())
+        }
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_global_unicast(IpAddr::V4(v4)),
+            None => {
+                !(v6.is_unspecified()
+                    || v6.is_loopback()
+                    || v6.is_multicast()
+                    || v6.is_unicast_link_local())
+            }
+        },
+    }
+}
+
+/// Upstream's `isProxyableHostname`: the host (an IP, or a name looked up) must only have
+/// global unicast addresses; otherwise `400 BadRequest`, with upstream's messages.
+async fn check_proxyable(host: &str) -> ApiResult<()> {
+    let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => {
+            let looked_up =
+                tokio::time::timeout(Duration::from_secs(5), tokio::net::lookup_host((host, 0)))
+                    .await
+                    .map_err(|_| ApiError::bad_request(format!("lookup {host}: i/o timeout")))?
+                    .map_err(|e| ApiError::bad_request(format!("lookup {host}: {e}")))?;
+            looked_up.map(|a| a.ip()).collect()
+        }
+    };
+    if addrs.is_empty() {
+        return Err(ApiError::bad_request("no addresses for hostname"));
+    }
+    if addrs.iter().all(|ip| is_global_unicast(*ip)) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request("address not allowed"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_global_unicast_addresses_are_proxyable_as_in_go() {
+        for ok in [
+            "10.254.254.1",
+            "192.0.2.2",
+            "8.8.8.8",
+            "fd00::2",
+            "2001:db8::1",
+        ] {
+            assert!(is_global_unicast(ok.parse().unwrap()), "{ok}");
+        }
+        for refused in [
+            "127.0.0.1",
+            "127.1.2.3",
+            "169.254.169.254",
+            "0.0.0.0",
+            "255.255.255.255",
+            "224.0.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(!is_global_unicast(refused.parse().unwrap()), "{refused}");
+        }
+    }
+
+    #[tokio::test]
+    async fn loopback_and_link_local_nodes_are_refused_with_upstreams_status() {
+        for host in ["127.0.0.1", "169.254.1.1", "::1", "localhost"] {
+            let e = check_proxyable(host).await.unwrap_err();
+            assert_eq!(
+                (e.code, e.reason, e.message.as_str()),
+                (400, "BadRequest", "address not allowed"),
+                "{host}"
+            );
+        }
+        assert!(check_proxyable("10.254.254.1").await.is_ok());
+        let e = check_proxyable("no-such-host.invalid").await.unwrap_err();
+        assert_eq!(e.code, 400);
+        assert!(
+            e.message.starts_with("lookup no-such-host.invalid"),
+            "{}",
+            e.message
+        );
+    }
 
     #[test]
     fn node_proxy_paths() {

@@ -138,7 +138,8 @@ pub async fn serve(
     } else {
         "Get"
     };
-    let (tls, authority) = kubelet::connect(st, &pod, pod_name, verb, &path).await?;
+    let (tls, authority) =
+        kubelet::connect(st, &pod, pod_name, verb, &path, &st.kubelet_tls.default).await?;
     let fail = |e: &dyn std::fmt::Display| {
         ApiError::internal(format!("{verb} https://{authority}{path}: {e}"))
     };

@@ -10,9 +10,12 @@ use super::verbs::{self, DeleteOptions, WriteOptions};
 
 fn state() -> State {
     let pki = super::tls::make_pki(&[], None).expect("pki");
-    let kubelet =
-        super::kubelet::client_config(&pki.kubelet_client_der, &pki.kubelet_client_key_der)
-            .expect("kubelet tls");
+    let kubelet = super::kubelet::client_configs(
+        &pki.kubelet_client_der,
+        &pki.kubelet_client_key_der,
+        Some(&pki.ca_der),
+    )
+    .expect("kubelet tls");
     let st = State::new(
         Config::default(),
         TokenIssuer::new(b"k".to_vec()),

@@ -18,7 +18,7 @@ pub struct State {
     pub ca_pem: String,
     pub config: Config,
     /// TLS towards kubelets (client certificate signed by the cluster CA).
-    pub kubelet_tls: std::sync::Arc<rustls::ClientConfig>,
+    pub kubelet_tls: super::kubelet::KubeletTls,
     /// `true` while new watches are held back (a test knob to force relists).
     pub watch_gate: watch::Sender<bool>,
     /// Lists answer after a random delay up to this many milliseconds (a test knob: a loaded
@@ -34,7 +34,7 @@ impl State {
         tokens: TokenIssuer,
         admin_token: String,
         ca_pem: String,
-        kubelet_tls: std::sync::Arc<rustls::ClientConfig>,
+        kubelet_tls: super::kubelet::KubeletTls,
     ) -> Self {
         let store = Store::new(StoreConfig {
             history_limit: config.history_limit,

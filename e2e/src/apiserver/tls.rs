@@ -15,6 +15,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 pub struct Pki {
     pub ca_pem: String,
     pub ca_der: Vec<u8>,
+    pub ca_key_pem: String,
     pub cert_der: CertificateDer<'static>,
     pub key_der: Vec<u8>,
     /// The client certificate the server presents to kubelets (`pods/log`).
@@ -106,6 +107,7 @@ pub fn make_pki(sans: &[String], dir: Option<&Path>) -> anyhow::Result<Pki> {
         .signed_by(&client_key, &issuer)
         .context("signing kubelet client certificate")?;
     Ok(Pki {
+        ca_key_pem: ca_key.serialize_pem(),
         ca_pem,
         ca_der,
         cert_der: cert.der().clone(),

@@ -187,6 +187,9 @@ pub struct WatchRequest {
     pub params: WatchParams,
 }
 
+/// How long before a watch's timeout its last BOOKMARK is sent (upstream's `cacheWatcher`).
+const PRE_TIMEOUT_BOOKMARK: Duration = Duration::from_secs(2);
+
 /// Runs one watch: registers it, then pumps events into `out` until the client goes away, the
 /// timeout passes, the server stops, or the watcher is dropped for falling behind.
 pub async fn run(
@@ -215,13 +218,25 @@ pub async fn run(
     if p.initial_events_end && out.send(enc.bookmark(reg.start_rv, true)).await.is_err() {
         return;
     }
-    let deadline = tokio::time::sleep(p.timeout);
-    tokio::pin!(deadline);
+    // As the watch cache (`nextBookmarkTime`): a watch that allows bookmarks gets one 2 s
+    // before its timeout (none when the timeout is shorter), so the client resumes exactly
+    // where this stream ends; then the stream ends at the timeout.
+    let deadline = tokio::time::Instant::now() + p.timeout;
+    let pre_timeout =
+        (p.bookmarks && p.timeout > PRE_TIMEOUT_BOOKMARK).then(|| deadline - PRE_TIMEOUT_BOOKMARK);
+    let mut bookmark_due = pre_timeout.is_some();
+    let bookmark_at = tokio::time::sleep_until(pre_timeout.unwrap_or(deadline));
+    let timed_out = tokio::time::sleep_until(deadline);
+    tokio::pin!(bookmark_at, timed_out);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = out.closed() => return,
-            _ = &mut deadline => break,
+            _ = &mut timed_out => break,
+            _ = &mut bookmark_at, if bookmark_due => {
+                bookmark_due = false;
+                guard.request_bookmark();
+            }
             item = rx.recv() => match item {
                 Some(item) => {
                     if out.send(enc.item(&item)).await.is_err() {
@@ -230,26 +245,6 @@ pub async fn run(
                 }
                 // Dropped for falling behind: end the stream; the client re-watches.
                 None => return,
-            }
-        }
-    }
-    // Timed out: a last bookmark lets the client resume exactly where this stream ended.
-    if p.bookmarks {
-        guard.request_bookmark();
-        let wait = tokio::time::sleep(Duration::from_millis(500));
-        tokio::pin!(wait);
-        loop {
-            tokio::select! {
-                _ = &mut wait => break,
-                item = rx.recv() => match item {
-                    Some(item) => {
-                        let is_bookmark = matches!(item, WatchItem::Bookmark(_));
-                        if out.send(enc.item(&item)).await.is_err() || is_bookmark {
-                            break;
-                        }
-                    }
-                    None => break,
-                }
             }
         }
     }

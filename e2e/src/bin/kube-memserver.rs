@@ -40,6 +40,10 @@ struct Args {
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 60)]
     bookmark_interval: u64,
+    /// Check kubelets' serving certificates against the cluster CA (kube-apiserver's
+    /// --kubelet-certificate-authority); by default any is accepted, as upstream.
+    #[arg(long)]
+    verify_kubelet_certificates: bool,
 }
 
 #[tokio::main]
@@ -61,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         history_limit: args.history.max(1),
         bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
         node_monitor_grace_period: Duration::from_secs(args.node_monitor_grace_period.max(1)),
+        verify_kubelet_certificates: args.verify_kubelet_certificates,
         ..Config::default()
     };
     let server = ApiServer::start(config).await?;

@@ -3,8 +3,9 @@
 //! Today it starts the container runtime side — a private containerd with the locally built
 //! busybox and pause images and a local registry (`e2e::containerd`) — the in-memory API server
 //! (with a kubeconfig for kubectl), cloudcore (cloudhub, edge controllers and the stream tunnel)
-//! and edgecore for node `edge-demo`; runs a sample pod there, shows it Running and its
-//! `kubectl logs`, and tears it all down on Ctrl-C or SIGTERM.
+//! and edgecore for node `edge-demo` at the test node address (`e2e::node_address`: not
+//! loopback, so the API server's node proxy reaches it); runs a sample pod there, shows it
+//! Running and its `kubectl logs`, and tears it all down on Ctrl-C or SIGTERM.
 //!
 //! Run with `bash scripts/demo.sh` (installs the packages, then
 //! `cargo run --release -p e2e --bin local-demo`). Needs root.
@@ -19,7 +20,8 @@ use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;
 use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE, PAUSE_IMAGE};
-use e2e::stream_client::loopback_settings;
+use e2e::node_address::NodeAddress;
+use e2e::stream_client::node_facing_settings;
 use edgecore::app::EdgeCore;
 use edgecore::config::EdgeCoreConfig;
 use edgecore::edged::EdgedConfig;
@@ -126,9 +128,16 @@ async fn main() -> anyhow::Result<()> {
             .map(rustls_pki_types::CertificateDer::from)
             .collect(),
     );
-    let stream = CloudStream::start(loopback_settings(&pki, client_auth), api.client()?)
-        .await
-        .context("starting cloudstream")?;
+    // The node's address, where the API server finds its "kubelet" (the stream server): not
+    // loopback, which an API server refuses to proxy to (`kubectl get --raw
+    // /api/v1/nodes/edge-demo/proxy/stats/summary` answers "address not allowed").
+    let node_address = NodeAddress::ensure().map_err(anyhow::Error::msg)?;
+    let stream = CloudStream::start(
+        node_facing_settings(&pki, client_auth, node_address.ip, None),
+        api.client()?,
+    )
+    .await
+    .context("starting cloudstream")?;
     println!(
         "    cloudstream    https://{} (kubelet API), tunnel wss://{}",
         stream.stream_addr(),
@@ -151,7 +160,7 @@ async fn main() -> anyhow::Result<()> {
          \x20   websocket:\n      server: {server}\n\
          \x20 edgeStream:\n    enable: true\n    server: {tunnel}\n    tlsTunnelCAFile: {ca}\n\
          \x20   tlsTunnelCertFile: {crt}\n    tlsTunnelPrivateKeyFile: {key}\n\
-         \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
+         \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
         db = demo_dir.join("edgecore.db").display(),
         ca = demo_dir.join("rootCA.crt").display(),
@@ -159,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
         key = demo_dir.join("edge.key").display(),
         server = cloud.hub.local_addr(),
         tunnel = stream.tunnel_addr(),
+        node_ip = node_address.ip,
         endpoint = containerd.endpoint(),
         pause = PAUSE_IMAGE,
         root = demo_dir.join("edged").display(),
@@ -172,6 +182,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("starting edgecore")?;
     println!("    config         {}", config_path.display());
+    println!(
+        "    node address   {}  (stats: kubectl get --raw /api/v1/nodes/{node}/proxy/stats/summary)",
+        node_address.ip
+    );
 
     step(5, "sample pod `hello` on the edge node");
     let client = api.client()?;
@@ -247,6 +261,7 @@ async fn main() -> anyhow::Result<()> {
     stream.shutdown();
     cloud.shutdown().await;
     api.shutdown().await;
+    node_address.remove_if_added();
     let _ = std::fs::remove_dir_all(&demo_dir);
     tokio::task::spawn_blocking(move || drop(containerd))
         .await

@@ -2,7 +2,9 @@
 //!
 //! Runs against the in-memory API server by default, or a real cluster when `E2E_KUBECONFIG` is
 //! set. Tests that need in-memory-only knobs (short node grace period, forced compaction) say so
-//! and skip on a real cluster.
+//! and skip on a real cluster. Comparisons look only at the test's own objects (a real cluster
+//! adds `kube-root-ca.crt` ConfigMaps, `default` ServiceAccounts and events of its own), waits
+//! have deadlines, and nothing relies on a bookmark the real server sends only once a minute.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -678,18 +680,24 @@ async fn watch_from_a_resource_version_sees_later_events_in_order() {
     let wp = WatchParams::default().timeout(10);
     let mut stream = api.watch(&wp, &rv).await.unwrap().boxed();
     let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
     while seen.len() < 3 {
-        let ev = tokio::time::timeout(WAIT, stream.try_next())
+        let ev = tokio::time::timeout_at(deadline, stream.try_next())
             .await
-            .expect("event in time")
+            .unwrap_or_else(|_| panic!("three events within {WAIT:?}, saw {seen:?}"))
             .unwrap()
             .expect("stream open");
-        match ev {
-            WatchEvent::Added(o) => seen.push(format!("ADDED {}", o.metadata.name.unwrap())),
-            WatchEvent::Modified(o) => seen.push(format!("MODIFIED {}", o.metadata.name.unwrap())),
-            WatchEvent::Deleted(o) => seen.push(format!("DELETED {}", o.metadata.name.unwrap())),
-            WatchEvent::Bookmark(_) => {}
+        let (what, o) = match ev {
+            WatchEvent::Added(o) => ("ADDED", o),
+            WatchEvent::Modified(o) => ("MODIFIED", o),
+            WatchEvent::Deleted(o) => ("DELETED", o),
+            WatchEvent::Bookmark(_) => continue,
             WatchEvent::Error(e) => panic!("watch error {e:?}"),
+        };
+        // A real cluster's own (kube-root-ca.crt) may come in between.
+        let name = o.metadata.name.unwrap_or_default();
+        if ["before", "after"].contains(&name.as_str()) {
+            seen.push(format!("{what} {name}"));
         }
     }
     assert_eq!(seen, vec!["ADDED after", "MODIFIED after", "DELETED after"]);
@@ -705,13 +713,16 @@ async fn watch_with_bookmarks_reports_the_current_resource_version() {
         .await
         .unwrap();
     let last_rv: u64 = last.metadata.resource_version.unwrap().parse().unwrap();
-    // The real apiserver sends a bookmark shortly before the watch times out.
+    // Periodic bookmarks come about once a minute, but the watch cache also sends one 2 s
+    // before a watch's timeout (`cacheWatcher.nextBookmarkTime`), so the client resumes where
+    // the stream ended: with a 5 s timeout, about 3 s in, on any server.
     let wp = WatchParams::default().timeout(5);
     let mut stream = api.watch(&wp, &last_rv.to_string()).await.unwrap().boxed();
     let mut bookmark = None;
-    while let Ok(Some(ev)) = tokio::time::timeout(WAIT, stream.try_next())
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, stream.try_next())
         .await
-        .expect("stream in time")
+        .expect("the stream ends in time")
     {
         if let WatchEvent::Bookmark(b) = ev {
             bookmark = Some(b.metadata.resource_version.parse::<u64>().unwrap());
@@ -726,6 +737,11 @@ async fn watch_with_bookmarks_reports_the_current_resource_version() {
 #[tokio::test]
 async fn watch_list_streams_initial_state_then_an_initial_events_end_bookmark() {
     let (c, ns) = setup("watchlist").await;
+    if let Some(why) = streaming_lists_unsupported(&c, &ns).await {
+        println!("SKIPPED: this server does not serve streaming lists: {why}");
+        c.delete_namespace(&ns).await;
+        return;
+    }
     let api: Api<ConfigMap> = Api::namespaced(c.client(), &ns);
     for n in ["a", "b"] {
         api.create(&PostParams::default(), &cm(n, &[("wl", "1")]))
@@ -735,10 +751,11 @@ async fn watch_list_streams_initial_state_then_an_initial_events_end_bookmark() 
     let wp = WatchParams::streaming_lists().labels("wl=1").timeout(10);
     let mut stream = api.watch(&wp, "").await.unwrap().boxed();
     let mut added = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match tokio::time::timeout(WAIT, stream.try_next())
+        match tokio::time::timeout_at(deadline, stream.try_next())
             .await
-            .expect("event in time")
+            .unwrap_or_else(|_| panic!("no initial-events-end bookmark within {WAIT:?}"))
             .unwrap()
             .expect("open")
         {
@@ -780,10 +797,11 @@ async fn an_object_leaving_a_watched_selector_is_deleted_for_that_watch() {
         .patch("a", &PatchParams::default(), &Patch::Merge(&p))
         .await
         .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match tokio::time::timeout(WAIT, stream.try_next())
+        match tokio::time::timeout_at(deadline, stream.try_next())
             .await
-            .expect("event in time")
+            .unwrap_or_else(|_| panic!("no DELETED within {WAIT:?}"))
             .unwrap()
             .expect("open")
         {
@@ -848,18 +866,68 @@ where
     S: futures::Stream<Item = Result<watcher::Event<ConfigMap>, watcher::Error>> + Unpin,
 {
     let mut names = Vec::new();
+    let mut errors = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let ev = tokio::time::timeout(WAIT, stream.next())
+        // A watcher retries failures at once: the deadline bounds the whole wait.
+        let ev = tokio::time::timeout_at(deadline, stream.next())
             .await
-            .expect("watcher event in time")
+            .unwrap_or_else(|_| panic!("watcher not listed within {WAIT:?}; errors: {errors:?}"))
             .expect("watcher open");
         match ev {
             Ok(watcher::Event::Init) => names.clear(),
             Ok(watcher::Event::InitApply(o)) => names.extend(o.metadata.name),
             Ok(watcher::Event::InitDone) => return names,
-            Ok(_) | Err(_) => {}
+            Ok(_) => {}
+            Err(e) => errors.push(e.to_string()),
         }
     }
+}
+
+/// Why this server cannot serve streaming lists, if it cannot: a raw watch with
+/// `sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true` must
+/// deliver the `k8s.io/initial-events-end` bookmark within [`WAIT`]. Servers without the
+/// feature refuse the request, answer with an ERROR event (an apiserver on etcd 3.4:
+/// "RequestWatchProgress is disabled"), or never send that bookmark.
+async fn streaming_lists_unsupported(c: &TestCluster, ns: &str) -> Option<String> {
+    let req = http::Request::get(format!(
+        "/api/v1/namespaces/{ns}/configmaps?watch=1&sendInitialEvents=true\
+         &resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=30"
+    ))
+    .body(Vec::new())
+    .expect("request");
+    let client = c.client();
+    let probe = async {
+        let events = match client.request_events::<ConfigMap>(req).await {
+            Ok(s) => s,
+            Err(e) => return Some(format!("it refused the request: {e}")),
+        };
+        let mut events = std::pin::pin!(events);
+        loop {
+            match events.try_next().await {
+                Ok(Some(WatchEvent::Bookmark(b)))
+                    if b.metadata
+                        .annotations
+                        .get("k8s.io/initial-events-end")
+                        .is_some_and(|v| v == "true") =>
+                {
+                    return None;
+                }
+                Ok(Some(WatchEvent::Error(e))) => {
+                    return Some(format!(
+                        "it sent an ERROR event: {} ({})",
+                        e.message, e.code
+                    ));
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Some("the watch ended without initial-events-end".into()),
+                Err(e) => return Some(format!("the watch failed: {e}")),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, probe)
+        .await
+        .unwrap_or_else(|_| Some(format!("no initial-events-end bookmark within {WAIT:?}")))
 }
 
 #[tokio::test]
@@ -899,6 +967,12 @@ async fn kube_watcher_relists_after_410_without_losing_objects() {
 #[tokio::test]
 async fn kube_watcher_with_streaming_lists_sees_existing_and_new_objects() {
     let (c, ns) = setup("streamlist").await;
+    // Without the feature kube's watcher would retry forever: probe first.
+    if let Some(why) = streaming_lists_unsupported(&c, &ns).await {
+        println!("SKIPPED: this server does not serve streaming lists: {why}");
+        c.delete_namespace(&ns).await;
+        return;
+    }
     let api: Api<ConfigMap> = Api::namespaced(c.client(), &ns);
     api.create(&PostParams::default(), &cm("old", &[]))
         .await
@@ -909,10 +983,11 @@ async fn kube_watcher_with_streaming_lists_sees_existing_and_new_objects() {
     api.create(&PostParams::default(), &cm("new", &[]))
         .await
         .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match tokio::time::timeout(WAIT, stream.next())
+        match tokio::time::timeout_at(deadline, stream.next())
             .await
-            .expect("event in time")
+            .unwrap_or_else(|_| panic!("\"new\" not seen within {WAIT:?}"))
             .expect("open")
         {
             Ok(watcher::Event::Apply(o)) if o.metadata.name.as_deref() == Some("new") => break,
@@ -1590,10 +1665,11 @@ async fn kubectl_get_watch_streams_changes() {
         .await
         .unwrap();
     let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
     while !seen.iter().any(|l: &String| l.starts_with("DELETED")) {
-        let line = tokio::time::timeout(WAIT, lines.next_line())
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
             .await
-            .expect("kubectl output in time")
+            .unwrap_or_else(|_| panic!("no DELETED line within {WAIT:?}: {seen:?}"))
             .unwrap()
             .expect("kubectl still running");
         if line.contains("watched") {
@@ -1751,10 +1827,18 @@ async fn service_endpoints_follow_ready_pods() {
     }))
     .unwrap();
     svcs.create(&PostParams::default(), &svc).await.unwrap();
+    // The EndpointSlice controller leaves out pods whose node does not exist.
+    let node_name = unique("e2e-node");
+    let nodes: Api<Node> = Api::all(c.client());
+    let node: Node = serde_json::from_value(
+        json!({"metadata": {"name": node_name, "labels": {"e2e.kubeedge-rs/test": "true"}}}),
+    )
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
     let p: Pod = serde_json::from_value(json!({
         "metadata": {"name": "web-1", "labels": {"app": "web"}},
-        "spec": {"nodeName": unique("e2e-node"), "containers": [{"name": "c", "image": "busybox:1.36", "ports": [{"name": "http", "containerPort": 8080}]}]}
+        "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "busybox:1.36", "ports": [{"name": "http", "containerPort": 8080}]}]}
     }))
     .unwrap();
     pods.create(&PostParams::default(), &p).await.unwrap();
@@ -1815,6 +1899,10 @@ async fn service_endpoints_follow_ready_pods() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     c.delete_namespace(&ns).await;
+    nodes
+        .delete(&node_name, &DeleteParams::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -1917,8 +2005,11 @@ async fn custom_resources_are_pruned_defaulted_and_validated_by_their_schema() {
 
 #[tokio::test]
 async fn data_dir_keeps_objects_and_resource_versions_across_restarts() {
-    if std::env::var_os(cluster::KUBECONFIG_ENV).is_some_and(|v| !v.is_empty()) {
-        println!("SKIPPED on a real cluster: this test restarts the in-memory server");
+    if cluster::real_cluster_configured() {
+        println!(
+            "SKIPPED on a real cluster ({} is set): this test restarts the in-memory server",
+            cluster::KUBECONFIG_ENV
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -2017,26 +2108,39 @@ async fn owner_references_cascade_with_each_propagation_policy() {
     c.delete_namespace(&ns).await;
 }
 
-/// A kubelet stand-in: HTTPS, requires a client certificate from the cluster CA, answers
-/// `/containerLogs/...` with two lines and records the request path.
+/// A kubelet stand-in on `ip`: HTTPS with a serving certificate for `ip` from the cluster CA
+/// (`ca_files`: its certificate and key, as `cloudcore stream-certificate` takes them),
+/// requires a client certificate from the cluster CA, answers `/containerLogs/...` with two
+/// lines and records the request path.
 async fn fake_kubelet(
-    ca_pem: &str,
+    ca_files: (std::path::PathBuf, std::path::PathBuf),
+    ip: std::net::IpAddr,
+) -> (
+    u16,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let ca = cloudcore::cloudstream::certificate::load_ca(&ca_files.0, &ca_files.1).unwrap();
+    let client_ca = ca.cert.cert_der.clone();
+    fake_kubelet_with(&ca, client_ca, ip).await
+}
+
+/// [`fake_kubelet`] with its serving certificate from `serving_ca` and client certificates
+/// checked against `client_ca`.
+async fn fake_kubelet_with(
+    serving_ca: &kubeedge_shared::pki::CertificateAuthority,
+    client_ca: rustls_pki_types::CertificateDer<'static>,
+    ip: std::net::IpAddr,
 ) -> (
     u16,
     std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     tokio::task::JoinHandle<()>,
 ) {
     use std::sync::{Arc, Mutex};
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
+    let cert = serving_ca.issue_server(&[&ip.to_string()], 1).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
-    for der in rustls_pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(der.unwrap()).unwrap();
-    }
+    roots.add(client_ca).unwrap();
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
         provider.clone(),
@@ -2047,15 +2151,10 @@ async fn fake_kubelet(
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_client_cert_verifier(verifier)
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls_pki_types::PrivateKeyDer::Pkcs8(rustls_pki_types::PrivatePkcs8KeyDer::from(
-                key.serialize_der(),
-            )),
-        )
+        .with_single_cert(vec![cert.cert_der.clone()], cert.key_der())
         .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen2 = seen.clone();
@@ -2084,28 +2183,36 @@ async fn fake_kubelet(
     (port, seen, task)
 }
 
-#[tokio::test]
-async fn kubectl_logs_reach_the_node_kubelet_endpoint() {
-    let Some(c) =
-        cluster::connect_in_memory_only(Config::for_tests(), "a kubelet stand-in on 127.0.0.1")
-            .await
-            .unwrap()
-    else {
-        return;
-    };
-    let srv = c.in_memory().unwrap();
-    let (port, seen, kubelet) = fake_kubelet(srv.ca_pem()).await;
-    let ns = c.temp_namespace("logs").await.unwrap();
-    let node_name = unique("edge");
+/// A Node (without a kubelet) whose InternalIP is `ip` and kubelet port `port`.
+async fn node_at(c: &TestCluster, ip: &str, port: u16) -> String {
+    let name = unique("e2e-node");
     let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": node_name},
-        "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}], "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}
+        "metadata": {"name": name, "labels": {"e2e.kubeedge-rs/test": "true"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}], "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}
     }))
     .unwrap();
     Api::<Node>::all(c.client())
         .create(&PostParams::default(), &node)
         .await
         .unwrap();
+    name
+}
+
+#[tokio::test]
+async fn kubectl_logs_reach_the_node_kubelet_endpoint() {
+    if cluster::skip_without_cluster_ca_key(
+        "a kubelet stand-in with a serving certificate from the cluster CA",
+    ) {
+        return;
+    }
+    let c = cluster::connect().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_files = c.cluster_ca_files(dir.path()).unwrap().expect("checked");
+    // On the test node address: not loopback, as for the edges.
+    let ip = e2e::node_address::node_ip();
+    let (port, seen, kubelet) = fake_kubelet(ca_files, ip).await;
+    let ns = c.temp_namespace("logs").await.unwrap();
+    let node_name = node_at(&c, &ip.to_string(), port).await;
     let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
     let p: Pod = serde_json::from_value(json!({"metadata": {"name": "talker"}, "spec": {"nodeName": node_name, "containers": [{"name": "main", "image": "busybox:1.36"}]}})).unwrap();
     pods.create(&PostParams::default(), &p).await.unwrap();
@@ -2126,4 +2233,106 @@ async fn kubectl_logs_reach_the_node_kubelet_endpoint() {
     let logs = pods.logs("talker", &Default::default()).await.unwrap();
     assert!(logs.contains("line two"));
     kubelet.abort();
+    c.delete_namespace(&ns).await;
+    let _ = Api::<Node>::all(c.client())
+        .delete(&node_name, &DeleteParams::default())
+        .await;
+}
+
+#[tokio::test]
+async fn a_kubelet_certificate_from_another_ca_is_refused_unless_the_client_skips_the_check() {
+    let Some(c) = cluster::connect_in_memory_only(
+        Config::for_tests(),
+        "an apiserver known to verify kubelets (--kubelet-certificate-authority)",
+    )
+    .await
+    .unwrap() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rogue = kubeedge_shared::pki::CertificateAuthority::generate().unwrap();
+    let (rogue_crt, rogue_key) = (dir.path().join("rogue.crt"), dir.path().join("rogue.key"));
+    std::fs::write(&rogue_crt, &rogue.cert.cert_pem).unwrap();
+    std::fs::write(&rogue_key, &rogue.cert.key_pem).unwrap();
+    let ip = e2e::node_address::node_ip();
+    // Serving certificate from the rogue CA; client certificates still from the cluster CA.
+    let (port, seen, kubelet) =
+        fake_kubelet_with(&rogue, c.cluster_ca().first().unwrap().clone(), ip).await;
+    let ns = c.temp_namespace("roguekubelet").await.unwrap();
+    let node_name = node_at(&c, &ip.to_string(), port).await;
+    let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
+    let p: Pod = serde_json::from_value(json!({"metadata": {"name": "talker"}, "spec": {"nodeName": node_name, "containers": [{"name": "main", "image": "busybox:1.36"}]}})).unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let out = c
+        .kubectl_run(&["-n", &ns, "logs", "talker"], None)
+        .await
+        .unwrap();
+    assert!(
+        !out.success && out.stderr.contains("certificate"),
+        "{out:?}"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "no request got through");
+    let out = c
+        .kubectl_run(
+            &[
+                "-n",
+                &ns,
+                "logs",
+                "talker",
+                "--insecure-skip-tls-verify-backend",
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        out.success && out.stdout == "line one\nline two\n",
+        "{out:?}"
+    );
+    kubelet.abort();
+}
+
+#[tokio::test]
+async fn node_proxy_refuses_loopback_and_link_local_node_addresses() {
+    let (c, ns) = setup("proxyaddr").await;
+    // A port nothing listens on: no request may get that far anyway.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut made = Vec::new();
+    for ip in ["127.0.0.1", "169.254.10.1", "::1"] {
+        let node = node_at(&c, ip, port).await;
+        made.push(node.clone());
+        for path in [
+            format!("/api/v1/nodes/{node}/proxy/stats/summary"),
+            format!("/api/v1/nodes/{node}:{port}/proxy/metrics"),
+        ] {
+            let req = http::Request::get(&path).body(Vec::new()).unwrap();
+            let err = api_error(c.client().request_text(req).await.unwrap_err());
+            assert_eq!(
+                (err.code, err.reason.as_str(), err.message.as_str()),
+                (400, "BadRequest", "address not allowed"),
+                "{ip}: {path}"
+            );
+        }
+        // pods/log is not checked (upstream's LogLocation does not): the apiserver tries the
+        // node and fails to connect instead.
+        let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
+        let name = format!("on-{}", made.len());
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox:1.36"}]}})).unwrap();
+        pods.create(&PostParams::default(), &p).await.unwrap();
+        let err = pods.logs(&name, &Default::default()).await.unwrap_err();
+        assert!(
+            !err.to_string().contains("address not allowed"),
+            "{ip}: {err}"
+        );
+    }
+    c.delete_namespace(&ns).await;
+    for node in made {
+        let _ = Api::<Node>::all(c.client())
+            .delete(&node, &DeleteParams::default())
+            .await;
+    }
 }

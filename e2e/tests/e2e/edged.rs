@@ -11,6 +11,7 @@ use e2e::edge::{
     wait_for,
 };
 use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE};
+use e2e::node_address::node_ip;
 use edgecore::cri::api;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -41,7 +42,7 @@ async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
         s["addresses"]
             .as_array()
             .unwrap()
-            .contains(&json!({"type": "InternalIP", "address": "127.0.0.1"})),
+            .contains(&json!({"type": "InternalIP", "address": node_ip().to_string()})),
         "{s:#}"
     );
     assert_eq!(s["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10350);
@@ -162,7 +163,7 @@ async fn a_pod_runs_with_its_env_and_configmap_volume_and_deletion_removes_it() 
         c["imageID"].as_str().is_some_and(|i| !i.is_empty()),
         "{c:#}"
     );
-    assert_eq!(s["hostIP"], "127.0.0.1");
+    assert_eq!(s["hostIP"], node_ip().to_string());
     assert!(s["startTime"].is_string());
     let pod_ip: std::net::Ipv4Addr = s["podIP"].as_str().unwrap().parse().unwrap();
     let subnet = shared_containerd().pod_subnet();
@@ -522,8 +523,8 @@ async fn a_host_network_pod_uses_the_node_network() {
     }))
     .await;
     let pod = env.wait_running("hostnet").await;
-    assert_eq!(pod["status"]["podIP"], "127.0.0.1");
-    assert_eq!(pod["status"]["hostIP"], "127.0.0.1");
+    assert_eq!(pod["status"]["podIP"], node_ip().to_string());
+    assert_eq!(pod["status"]["hostIP"], node_ip().to_string());
     let cri = env.cri().await;
     let (_, hostname) = exec(&cri, &container_id(&pod, 0), &["hostname"]).await;
     let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();

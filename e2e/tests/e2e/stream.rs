@@ -1,15 +1,19 @@
 //! `kubectl logs` for pods on an edge node through KubeEdge's stream tunnel: kubectl → the
 //! API server (`pods/<name>/log`, which calls the node's kubelet endpoint) → cloudcore's
 //! stream server → the WSS tunnel → edgecore's edgestream → the container's CRI log file on
-//! the real containerd. The node reports the stream server's port as its kubelet port (on a
-//! real multi-host cluster an iptables DNAT makes `<node IP>:<port>` reach cloudcore).
+//! the real containerd. The node reports the stream server's port as its kubelet port and the
+//! test node address (not loopback, which the apiserver refuses) as its IP, where the stream
+//! server listens with a certificate from the cluster CA, as an apiserver with
+//! `--kubelet-certificate-authority` requires (on a real multi-host cluster an iptables DNAT
+//! makes `<node IP>:<port>` reach cloudcore).
 
 use cloudcore::cloudstream::CloudStream;
 use cloudcore::cloudstream::client_auth::ClientAuth;
 use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
 use e2e::stream_client::{
-    self, dial_tunnel, loopback_settings, next_message, read_response_head, send_raw,
+    self, dial_tunnel, loopback_settings, next_message, node_facing_settings, read_at_least,
+    read_response_head, send_raw,
 };
 use edgecore::app::EdgeCore;
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader};
@@ -19,14 +23,24 @@ use std::process::Stdio;
 use std::time::Instant;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// An edge node whose edgecore runs edgestream against an in-process cloudstream.
-pub(crate) async fn stream_env(prefix: &str) -> (EdgeEnv, CloudStream) {
+/// An edge node whose edgecore runs edgestream against an in-process cloudstream that the
+/// apiserver reaches at the node's address; `None` (after printing why) on a real cluster
+/// without the cluster CA key.
+pub(crate) async fn stream_env(prefix: &str) -> Option<(EdgeEnv, CloudStream)> {
+    if e2e::cluster::skip_without_cluster_ca_key(
+        "a stream server certificate from the cluster CA (an apiserver with \
+         --kubelet-certificate-authority checks it)",
+    ) {
+        return None;
+    }
     let mut env = EdgeEnv::start_with(EdgeOptions::new(prefix)).await;
     env.stop_edge().await;
+    let node_ip = e2e::node_address::node_ip();
+    let cert = stream_client::cluster_stream_certificate(&env.cluster, env.dir.path(), node_ip)?;
     // The apiserver's kubelet client certificate is signed by the cluster CA.
     let client_auth = ClientAuth::Verify(env.cluster.cluster_ca());
     let stream = CloudStream::start(
-        loopback_settings(&env.pki, client_auth),
+        node_facing_settings(&env.pki, client_auth, node_ip, Some(cert)),
         env.cluster.client(),
     )
     .await
@@ -61,7 +75,7 @@ pub(crate) async fn stream_env(prefix: &str) -> (EdgeEnv, CloudStream) {
         stream.is_connected(&env.node).then_some(())
     })
     .await;
-    (env, stream)
+    Some((env, stream))
 }
 
 async fn logs(env: &EdgeEnv, args: &[&str]) -> String {
@@ -78,7 +92,9 @@ async fn logs(env: &EdgeEnv, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_logs_reach_edge_containers_through_the_tunnel() {
-    let (env, stream) = stream_env("stream-logs").await;
+    let Some((env, stream)) = stream_env("stream-logs").await else {
+        return;
+    };
     env.create_pod(json!({
         "metadata": {"name": "talker", "namespace": env.ns},
         "spec": {
@@ -165,7 +181,9 @@ async fn kubectl_logs_reach_edge_containers_through_the_tunnel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_of_a_container_not_started_yet_say_so() {
-    let (env, _stream) = stream_env("stream-missing").await;
+    let Some((env, _stream)) = stream_env("stream-missing").await else {
+        return;
+    };
     env.create_pod(json!({
         "metadata": {"name": "blocked", "namespace": env.ns},
         "spec": {
@@ -234,7 +252,10 @@ async fn stream_get(
         .header("user-agent", "kube-apiserver-test")
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .expect("request");
-    let resp = send.send_request(req).await.expect("response");
+    let resp = tokio::time::timeout(WAIT, send.send_request(req))
+        .await
+        .expect("a response in time")
+        .expect("response");
     (resp.status(), resp.into_body())
 }
 
@@ -243,6 +264,10 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     e2e::edge::init_logs();
     let cluster = e2e::cluster::connect().await.expect("cluster");
     let pki = e2e::channel::Pki::new().expect("pki");
+    // The apiserver calls the stream server with its kubelet client certificate.
+    let Some(apiserver) = cluster.apiserver_stream_tls(&pki.ca.cert.cert_der) else {
+        return;
+    };
     let stream = CloudStream::start(
         loopback_settings(&pki, ClientAuth::Verify(cluster.cluster_ca())),
         cluster.client(),
@@ -262,8 +287,6 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         .await
         .expect("pod created");
 
-    // The apiserver calls the stream server with its kubelet client certificate.
-    let apiserver = cluster.apiserver_stream_tls(&pki.ca.cert.cert_der);
     // The edge dials with its certificate and KubeEdge's headers.
     let io = dial_tunnel(&stream, &pki, &node, "10.9.8.7").await;
     let (r, mut w) = tokio::io::split(io);
@@ -408,12 +431,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         Some("v4.channel.k8s.io")
     );
     use tokio::io::AsyncReadExt;
-    while after.len() < 8 {
-        let mut b = [0u8; 64];
-        let n = client.read(&mut b).await.expect("read");
-        assert!(n > 0, "connection ended after {after:?}");
-        after.extend_from_slice(&b[..n]);
-    }
+    read_at_least(&mut client, &mut after, 8).await;
     assert_eq!(after, b"\x80\x03\x00\x04spdy");
     // Client bytes go to the edge as DATA; REMOVE_CONNECT from the edge ends the client's.
     client.write_all(b"\x00\xffclient-bytes").await.unwrap();
@@ -457,12 +475,7 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         .unwrap();
     let (head, mut body) = read_response_head(&mut client).await;
     assert_eq!(head.status, 404);
-    while body.len() < 18 {
-        let mut b = [0u8; 64];
-        let n = client.read(&mut b).await.expect("read");
-        assert!(n > 0, "body ended after {body:?}");
-        body.extend_from_slice(&b[..n]);
-    }
+    read_at_least(&mut client, &mut body, 18).await;
     assert_eq!(body, b"pod does not exist");
     let removed = next_message(&mut reader).await;
     assert_eq!(
@@ -486,7 +499,11 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
     )
     .await;
     assert_eq!(status, http::StatusCode::INTERNAL_SERVER_ERROR);
-    let text = body.collect().await.expect("body").to_bytes();
+    let text = tokio::time::timeout(WAIT, body.collect())
+        .await
+        .expect("the body in time")
+        .expect("body")
+        .to_bytes();
     assert!(
         String::from_utf8_lossy(&text).contains("no stream tunnel from edge node no-tunnel-node"),
         "{text:?}"
@@ -506,21 +523,19 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         .header("content-length")
         .and_then(|l| l.parse().ok())
         .expect("a length");
-    while body.len() < len {
-        let mut b = [0u8; 256];
-        let n = client.read(&mut b).await.expect("read");
-        assert!(n > 0, "body ended after {body:?}");
-        body.extend_from_slice(&b[..n]);
-    }
+    read_at_least(&mut client, &mut body, len).await;
     assert!(
         String::from_utf8_lossy(&body).contains("no stream tunnel from edge node no-tunnel-node"),
         "{body:?}"
     );
+    cluster.delete_namespace(&ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn previous_shows_the_instance_before_the_restart() {
-    let (env, _stream) = stream_env("stream-previous").await;
+    let Some((env, _stream)) = stream_env("stream-previous").await else {
+        return;
+    };
     env.create_pod(json!({
         "metadata": {"name": "restarter", "namespace": env.ns},
         "spec": {
@@ -564,7 +579,9 @@ async fn previous_shows_the_instance_before_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_continues_across_log_rotation() {
     // The test edge rotates container logs above 16 KiB every 0.5 s.
-    let (env, _stream) = stream_env("stream-rotate").await;
+    let Some((env, _stream)) = stream_env("stream-rotate").await else {
+        return;
+    };
     env.create_pod(json!({
         "metadata": {"name": "chatty", "namespace": env.ns},
         "spec": {
@@ -699,7 +716,9 @@ async fn kubectl_exit(env: &EdgeEnv, args: &[&str], stdin: Option<&[u8]>) -> (St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_and_attach_reach_edge_containers_through_the_tunnel() {
-    let (env, stream) = stream_env("stream-exec").await;
+    let Some((env, stream)) = stream_env("stream-exec").await else {
+        return;
+    };
     env.create_pod(json!({
         "metadata": {"name": "shell", "namespace": env.ns},
         "spec": {
@@ -814,7 +833,9 @@ async fn kubectl_exec_and_attach_reach_edge_containers_through_the_tunnel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_into_a_container_not_running_says_so() {
-    let (env, stream) = stream_env("stream-exec-missing").await;
+    let Some((env, stream)) = stream_env("stream-exec-missing").await else {
+        return;
+    };
     env.create_pod(json!({
         "metadata": {"name": "blocked", "namespace": env.ns},
         "spec": {
@@ -876,14 +897,19 @@ impl GoCloud {
             .await
             .expect("the edge dials the tunnel")
             .expect("accept");
-        let mut io = tokio_rustls::TlsAcceptor::from(tls)
-            .accept(tcp)
-            .await
-            .expect("TLS");
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            head.push(io.read_u8().await.expect("handshake"));
-        }
+        let (mut io, head) = tokio::time::timeout(WAIT, async {
+            let mut io = tokio_rustls::TlsAcceptor::from(tls)
+                .accept(tcp)
+                .await
+                .expect("TLS");
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                head.push(io.read_u8().await.expect("handshake"));
+            }
+            (io, head)
+        })
+        .await
+        .expect("the edge's TLS and WebSocket handshake in time");
         let text = String::from_utf8_lossy(&head).into_owned();
         let key = text
             .lines()
@@ -911,10 +937,11 @@ impl GoCloud {
             .expect("send");
     }
 
-    /// The edge's next tunnel message, pings answered.
+    /// The edge's next tunnel message (within [`WAIT`]), pings answered.
     async fn next(&mut self) -> TunnelMessage {
+        let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            match tokio::time::timeout(WAIT, self.reader.next()).await {
+            match tokio::time::timeout_at(deadline, self.reader.next()).await {
                 Ok(Ok(Some(WsEvent::Data { payload, .. }))) => {
                     return TunnelMessage::decode(&payload).expect("a tunnel message");
                 }
@@ -933,7 +960,12 @@ impl GoCloud {
         id: u64,
     ) -> (kubeedge_shared::stream::http::ResponseHead, Vec<u8>) {
         let mut buf = Vec::new();
+        let deadline = tokio::time::Instant::now() + WAIT;
         loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no response head within {WAIT:?}: {buf:?}"
+            );
             let m = self.next().await;
             assert_eq!((m.connect_id, m.kind), (id, MessageType::Data), "{buf:?}");
             buf.extend(m.data);
@@ -1026,24 +1058,27 @@ async fn edgestream_serves_exec_for_a_kubeedge_cloud() {
             connect(8, "GET", path, "output=1"),
         ))
         .await;
-    let (head, mut body) = loop {
-        // Leftover DATA of the ended exec stream may still arrive first.
+    // Leftover DATA of the ended exec stream may still arrive first: skipped, for [`WAIT`].
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut next_of_8 = async || loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "connection 8 not answered within {WAIT:?}"
+        );
         let m = cloud.next().await;
-        if m.connect_id == 7 {
-            continue;
+        if m.connect_id != 7 {
+            return m;
         }
-        assert_eq!((m.connect_id, m.kind), (8, MessageType::Data));
-        let (head, used) = kubeedge_shared::stream::http::parse_response_head(&m.data)
-            .expect("HTTP")
-            .expect("one frame holds the error");
-        break (head, m.data[used..].to_vec());
     };
+    let m = next_of_8().await;
+    assert_eq!((m.connect_id, m.kind), (8, MessageType::Data));
+    let (head, used) = kubeedge_shared::stream::http::parse_response_head(&m.data)
+        .expect("HTTP")
+        .expect("one frame holds the error");
+    let mut body = m.data[used..].to_vec();
     assert_eq!(head.status, 500);
     loop {
-        let m = cloud.next().await;
-        if m.connect_id == 7 {
-            continue;
-        }
+        let m = next_of_8().await;
         assert_eq!(m.connect_id, 8);
         if m.kind == MessageType::RemoveConnect {
             break;

@@ -50,6 +50,10 @@ async fn the_stream_server_serves_only_clients_with_a_certificate_from_the_strea
     e2e::edge::init_logs();
     let cluster = e2e::cluster::connect().await.expect("cluster");
     let pki = e2e::channel::Pki::new().expect("pki");
+    // The apiserver's kubelet client certificate (from the cluster CA).
+    let Some(apiserver) = cluster.apiserver_stream_tls(&pki.ca.cert.cert_der) else {
+        return;
+    };
     let metrics = StreamMetrics::default();
     let stream = CloudStream::start(
         StreamSettings {
@@ -136,7 +140,6 @@ async fn the_stream_server_serves_only_clients_with_a_certificate_from_the_strea
 
     // The apiserver (its kubelet client certificate) gets through: the first thing the edge
     // hears is its request, none of the refused ones.
-    let apiserver = cluster.apiserver_stream_tls(&pki.ca.cert.cert_der);
     let stats = "GET /stats/summary HTTP/1.1\r\nHost: 10.9.8.7:10350\r\n\r\n";
     let _client = send_raw(&stream, &apiserver, stats).await;
     let first = next_message(&mut reader).await;
