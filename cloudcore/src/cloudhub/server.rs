@@ -21,7 +21,7 @@ pub(super) type Ws = WebSocketStream<TlsStream<TcpStream>>;
 /// Small buffers: an idle session must stay cheap (≤ 50 KB target); they grow when needed.
 pub(crate) fn ws_config(max_frame_bytes: usize) -> WebSocketConfig {
     WebSocketConfig::default()
-        .read_buffer_size(4 * 1024)
+        .read_buffer_size(1024)
         .write_buffer_size(16 * 1024)
         .max_write_buffer_size(max_frame_bytes.saturating_mul(2).max(64 * 1024))
         .max_message_size(Some(max_frame_bytes))
@@ -53,8 +53,11 @@ pub(super) async fn accept_loop(
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let timeout = inner.config.handshake_timeout;
-            match tokio::time::timeout(timeout, handshake(&inner, acceptor, tcp, peer)).await {
-                Ok(Ok((ws, accepted))) => session::run(inner, ws, accepted, peer).await,
+            // Boxed: the handshake's state (TLS and HTTP buffers) would otherwise stay part of
+            // this task for the life of the session.
+            let handshake = Box::pin(handshake(&inner, acceptor, tcp, peer));
+            match tokio::time::timeout(timeout, handshake).await {
+                Ok(Ok((ws, accepted))) => Box::pin(session::run(inner, ws, accepted, peer)).await,
                 Ok(Err(reason)) => tracing::debug!(%peer, %reason, "handshake refused"),
                 Err(_) => {
                     refused(&inner, "handshake_timeout");

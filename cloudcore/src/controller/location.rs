@@ -110,11 +110,26 @@ impl LocationCache {
         released
     }
 
-    /// Forgets every pod of a deleted node.
-    pub fn remove_node(&mut self, node: &str) {
-        for p in self.by_node.remove(node).unwrap_or_default() {
-            self.remove_pod(&p);
+    /// Forgets every pod of a deleted node; returns them.
+    pub fn remove_node(&mut self, node: &str) -> Vec<ObjectKey> {
+        let pods: Vec<ObjectKey> = self
+            .by_node
+            .remove(node)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        for p in &pods {
+            self.remove_pod(p);
         }
+        pods
+    }
+
+    /// The pods on an edge node.
+    pub fn pods_of(&self, node: &str) -> Vec<ObjectKey> {
+        self.by_node
+            .get(node)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The edge node a pod is bound to, if it is on one.

@@ -25,6 +25,9 @@ pub enum Fetch {
     /// Every pod bound to `node` (it just became an edge node). Retried until it succeeds;
     /// answered with [`Input::PodsListed`].
     PodsOf { node: String, generation: u64 },
+    /// The current copies of these pods of `node`, for a resync; answered with
+    /// [`Input::PodsFetched`] (the pods of the node among `keys` that exist).
+    Pods { node: String, keys: Vec<ObjectKey> },
     /// The current copies of these objects, for a resync of `node`; answered with
     /// [`Input::ConfigsFetched`].
     Configs {
@@ -81,6 +84,21 @@ async fn perform(client: &kube::Client, fetch: Fetch) -> Input {
             node,
             generation,
         },
+        Fetch::Pods { node, keys } => {
+            let wanted: std::collections::HashSet<&ObjectKey> = keys.iter().collect();
+            let pods = pods_of(client, &node)
+                .await
+                .into_iter()
+                .filter(|p| {
+                    let key = (
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone().unwrap_or_default(),
+                    );
+                    wanted.contains(&key)
+                })
+                .collect();
+            Input::PodsFetched { node, keys, pods }
+        }
         Fetch::Configs { node, keys } => {
             let mut objects = Vec::with_capacity(keys.len());
             for (kind, key) in keys {

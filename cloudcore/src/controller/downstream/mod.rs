@@ -110,6 +110,12 @@ pub enum Input {
         generation: u64,
         pods: Vec<Pod>,
     },
+    /// The answer to [`Fetch::Pods`].
+    PodsFetched {
+        node: String,
+        keys: Vec<ObjectKey>,
+        pods: Vec<Pod>,
+    },
     /// The answer to [`Fetch::Configs`].
     ConfigsFetched {
         node: String,
@@ -297,6 +303,7 @@ impl Downstream {
                 generation,
                 pods,
             } => self.pods_listed(&node, generation, pods),
+            Input::PodsFetched { node, keys, pods } => self.pods_fetched(&node, &keys, pods),
             Input::ConfigsFetched { node, objects } => self.configs_fetched(&node, objects),
         }
     }

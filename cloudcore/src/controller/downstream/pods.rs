@@ -23,22 +23,23 @@ use std::time::{Duration, Instant};
 const DELETED_KEPT: usize = 20_000;
 const DELETED_FOR: Duration = Duration::from_secs(300);
 
+/// What the actor keeps of a pod on an edge node: not the object (a million pods would cost
+/// gigabytes), only what tells whether an edge's copy is current. A resync that must send
+/// pods fetches them (`resync.rs`); deletes carry the pod's identity only.
 pub(super) struct EdgePod {
-    pub node: String,
+    /// Shared with every pod of the node (`EdgePods::edge_nodes`).
+    pub node: Arc<str>,
     pub uid: String,
     pub rv: u64,
     /// Hash of metadata (minus volatile fields) and spec: status-only changes are not sent.
     fingerprint: u64,
-    /// Compact JSON (a `serde_json::Value` costs several times its text in memory).
-    pub object: Arc<str>,
 }
 
 /// What the actor knows about edge nodes and their pods.
 #[derive(Default)]
 pub(super) struct EdgePods {
-    pub edge_nodes: HashSet<String>,
+    pub edge_nodes: HashSet<Arc<str>>,
     pub pods: HashMap<ObjectKey, EdgePod>,
-    pub by_node: HashMap<String, HashSet<ObjectKey>>,
     /// Edge nodes whose pods are all known (see the module doc).
     pub known: HashSet<String>,
     /// Edge nodes whose pod list was asked for: the generation of the list that will make
@@ -95,7 +96,7 @@ impl Downstream {
                 if let Some(seen) = self.relisting.get_mut(&Watched::Nodes) {
                     seen.insert((String::new(), name.clone()));
                 }
-                if self.pods.edge_nodes.insert(name.clone()) {
+                if self.pods.edge_nodes.insert(Arc::from(name.as_str())) {
                     self.edge_node_added(name);
                 }
             }
@@ -108,8 +109,8 @@ impl Downstream {
                     .pods
                     .edge_nodes
                     .iter()
-                    .filter(|n| !seen.contains(&(String::new(), (*n).clone())))
-                    .cloned()
+                    .filter(|n| !seen.contains(&(String::new(), n.to_string())))
+                    .map(|n| n.to_string())
                     .collect();
                 for n in gone {
                     self.remove_edge_node(&n);
@@ -137,8 +138,8 @@ impl Downstream {
         if let Some(records) = &self.records {
             records.node_deleted(node);
         }
-        self.location.write().remove_node(node);
-        for key in self.pods.by_node.remove(node).unwrap_or_default() {
+        let keys = self.location.write().remove_node(node);
+        for key in keys {
             self.pods.pods.remove(&key);
         }
         self.pods.known.remove(node);
@@ -196,7 +197,7 @@ impl Downstream {
                 for k in gone {
                     if let Some((p, released)) = self.remove_pod_entry(&k) {
                         self.pods.deleted.insert(&p.uid);
-                        self.send_pod(&p.node, Operation::Delete, &expand(&p.object));
+                        self.send_pod(&p.node, Operation::Delete, &pod_stub(&k, &p.uid));
                         self.send_released(released);
                     }
                 }
@@ -206,7 +207,8 @@ impl Downstream {
                     // Every edge node known now had its pods in this list, except those whose
                     // pods were passed over before the node list named the node.
                     let skipped = std::mem::take(&mut self.pods.skipped_before_sync);
-                    let nodes: Vec<String> = self.pods.edge_nodes.iter().cloned().collect();
+                    let nodes: Vec<String> =
+                        self.pods.edge_nodes.iter().map(|n| n.to_string()).collect();
                     for node in nodes {
                         if skipped.contains(&node) {
                             self.list_pods_of(node);
@@ -241,21 +243,16 @@ impl Downstream {
         {
             return; // a stale copy of a deleted pod (a list that answered late)
         }
-        if !self.pods.edge_nodes.contains(&node) {
+        let Some(node) = self.pods.edge_nodes.get(node.as_str()).cloned() else {
             if !self.synced.contains(&Watched::Pods) {
                 self.pods.skipped_before_sync.insert(node);
             }
             return;
-        }
+        };
         let refs = pod_refs(&pod);
-        let Ok(value) = serde_json::to_value(&pod) else {
+        let Some(value) = pod_value(&pod) else {
             return;
         };
-        let mut value = with_type_meta(value, Kind::Pod);
-        // The edge has no use for field-manager bookkeeping; it is often the largest part.
-        if let Some(m) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("managedFields");
-        }
         let fingerprint = fingerprint(&value);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let rv = parse_rv(pod.metadata.resource_version.as_deref());
@@ -267,10 +264,8 @@ impl Downstream {
         let op = match previous {
             Some(prev) if prev.uid == uid && prev.fingerprint == fingerprint => {
                 // Status-only change: the edge owns pod status.
-                let object = compact(&value);
                 if let Some(p) = self.pods.pods.get_mut(&key) {
                     p.rv = rv;
-                    p.object = object;
                 }
                 return;
             }
@@ -284,18 +279,12 @@ impl Downstream {
             // nodeName never changes, but a pod recreated under the same name (its delete
             // missed while the watcher relisted) can land on another node.
             self.pods.deleted.insert(&old.uid);
-            self.send_pod(&old.node, Operation::Delete, &expand(&old.object));
+            self.send_pod(&old.node, Operation::Delete, &pod_stub(&key, &old.uid));
             self.send_released(released);
         }
         let released = self.location.write().set_pod(key.clone(), &node, refs);
         self.send_pod(&node, op, &value);
         self.send_released(released);
-        let object = compact(&value);
-        self.pods
-            .by_node
-            .entry(node.clone())
-            .or_default()
-            .insert(key.clone());
         self.pods.pods.insert(
             key,
             EdgePod {
@@ -303,7 +292,6 @@ impl Downstream {
                 uid,
                 rv,
                 fingerprint,
-                object,
             },
         );
     }
@@ -315,7 +303,7 @@ impl Downstream {
         };
         let object = serde_json::to_value(pod)
             .map(|v| with_type_meta(v, Kind::Pod))
-            .unwrap_or_else(|_| expand(&p.object));
+            .unwrap_or_else(|_| pod_stub(&key, &p.uid));
         self.send_pod(&p.node, Operation::Delete, &object);
         self.send_released(released);
     }
@@ -323,12 +311,6 @@ impl Downstream {
     fn remove_pod_entry(&mut self, key: &ObjectKey) -> Option<(EdgePod, Released)> {
         let p = self.pods.pods.remove(key)?;
         let released = self.location.write().remove_pod(key);
-        if let Some(keys) = self.pods.by_node.get_mut(&p.node) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.pods.by_node.remove(&p.node);
-            }
-        }
         Some((p, released))
     }
 
@@ -341,12 +323,20 @@ impl Downstream {
     }
 }
 
-pub(super) fn compact(v: &Value) -> Arc<str> {
-    Arc::from(v.to_string())
+/// A pod as sent to an edge: with its type, without field-manager bookkeeping (the edge has
+/// no use for it; it is often the largest part).
+pub(super) fn pod_value(pod: &Pod) -> Option<Value> {
+    let value = serde_json::to_value(pod).ok()?;
+    let mut value = with_type_meta(value, Kind::Pod);
+    if let Some(m) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
+    Some(value)
 }
 
-pub(super) fn expand(s: &str) -> Value {
-    serde_json::from_str(s).unwrap_or(Value::Null)
+/// A pod delete's content: its identity only.
+pub(super) fn pod_stub(key: &ObjectKey, uid: &str) -> Value {
+    super::configs::stub(Kind::Pod, key, uid)
 }
 
 /// Hash of what the edge acts on: metadata without volatile fields, and spec.

@@ -14,6 +14,7 @@ use super::configs::stub;
 use super::{ConfigKind, Downstream, Fetch, Fetched, HeldObject};
 use crate::controller::location::ObjectKey;
 use crate::controller::rest::Kind;
+use k8s_openapi::api::core::v1::Pod;
 use kubeedge_shared::{Operation, ResourceType};
 use std::collections::{HashMap, HashSet};
 
@@ -33,7 +34,15 @@ pub(super) struct Resyncs {
     pending: HashMap<String, Held>,
     /// node → objects a [`Fetch::Configs`] is getting for it.
     fetching: HashMap<String, HashSet<(ConfigKind, ObjectKey)>>,
+    /// node → pods a [`Fetch::Pods`] is getting for it.
+    fetching_pods: HashMap<String, HashSet<ObjectKey>>,
+    /// Pods fetched again because a list answered from behind the watcher, and how often.
+    refetched: HashMap<(String, ObjectKey), u8>,
 }
+
+/// Times a pod is fetched again when the apiserver's list is behind the watcher (a consistent
+/// list never is): then it is left to the next resync.
+const MAX_REFETCHES: u8 = 3;
 
 impl Resyncs {
     /// A fetch answered: its objects are no longer under way.
@@ -52,7 +61,6 @@ impl Resyncs {
 /// What one resync did, for the log.
 #[derive(Default)]
 struct Tally {
-    sent: usize,
     deleted: usize,
     /// Held objects newer than this cloudcore's view: left alone.
     unsure: usize,
@@ -129,6 +137,83 @@ impl Downstream {
         }
     }
 
+    /// Asks for the current copies of `keys` (pods on `node`) unless already under way.
+    fn fetch_pods(&mut self, node: &str, keys: Vec<ObjectKey>, tally: &mut Tally) {
+        let under_way = self
+            .resyncs
+            .fetching_pods
+            .entry(node.to_string())
+            .or_default();
+        let keys: Vec<ObjectKey> = keys
+            .into_iter()
+            .filter(|k| under_way.insert(k.clone()))
+            .collect();
+        if under_way.is_empty() {
+            self.resyncs.fetching_pods.remove(node);
+        }
+        if keys.is_empty() {
+            return;
+        }
+        tally.fetching += keys.len();
+        let fetch = Fetch::Pods {
+            node: node.to_string(),
+            keys,
+        };
+        if self.fetch.send(fetch).is_err() {
+            tracing::debug!("fetcher gone (shutting down)");
+        }
+    }
+
+    /// Sends `node` the fetched pods it asked for that are still bound to it, of the same
+    /// incarnation and at least as new as what the watcher delivered.
+    pub(super) fn pods_fetched(&mut self, node: &str, keys: &[ObjectKey], pods: Vec<Pod>) {
+        if let Some(under_way) = self.resyncs.fetching_pods.get_mut(node) {
+            for k in keys {
+                under_way.remove(k);
+            }
+            if under_way.is_empty() {
+                self.resyncs.fetching_pods.remove(node);
+            }
+        }
+        let mut sent = 0usize;
+        let mut behind = Vec::new();
+        for pod in pods {
+            let key = super::object_key(&pod.metadata);
+            let Some(known) = self.pods.pods.get(&key) else {
+                continue; // gone meanwhile: its delete was sent
+            };
+            if &*known.node != node || pod.metadata.uid.as_deref() != Some(known.uid.as_str()) {
+                continue;
+            }
+            let rv = super::parse_rv(pod.metadata.resource_version.as_deref());
+            let refetch_key = (node.to_string(), key.clone());
+            if rv < known.rv {
+                // The list answered from behind the watcher: ask again, a few times.
+                let n = self.resyncs.refetched.entry(refetch_key).or_default();
+                *n += 1;
+                if *n <= MAX_REFETCHES {
+                    behind.push(key);
+                } else {
+                    tracing::warn!(node, pod = ?key, "the apiserver keeps answering an older copy of a pod than it watched; left to the next resync");
+                    self.resyncs.refetched.remove(&(node.to_string(), key));
+                }
+                continue;
+            }
+            self.resyncs.refetched.remove(&refetch_key);
+            if let Some(value) = super::pods::pod_value(&pod) {
+                self.send(node, Operation::Update, "pod", &key.0, &key.1, value);
+                sent += 1;
+            }
+        }
+        if !behind.is_empty() {
+            let mut tally = Tally::default();
+            self.fetch_pods(node, behind, &mut tally);
+        }
+        if sent > 0 {
+            tracing::debug!(node, sent, "sent pods fetched for a resync");
+        }
+    }
+
     /// Sends `node` the difference between what it holds and what it should hold.
     fn resync(&mut self, node: &str, held: Held) {
         let held = match held {
@@ -153,37 +238,35 @@ impl Downstream {
             .collect();
         let mut tally = Tally::default();
 
-        // Pods the node should run.
-        let mine: Vec<(ObjectKey, u64, String, std::sync::Arc<str>)> = self
-            .pods
-            .by_node
-            .get(node)
+        // Pods the node should run: those it lacks or holds stale are fetched off the loop
+        // and sent when the answer comes (`pods_fetched`).
+        let mine: Vec<(ObjectKey, u64, String)> = self
+            .location
+            .read()
+            .pods_of(node)
             .into_iter()
-            .flatten()
             .filter_map(|k| {
-                let p = self.pods.pods.get(k)?;
-                Some((k.clone(), p.rv, p.uid.clone(), p.object.clone()))
+                let p = self.pods.pods.get(&k)?;
+                let (rv, uid) = (p.rv, p.uid.clone());
+                Some((k, rv, uid))
             })
             .collect();
         let mut wanted: HashSet<(&str, &str)> = HashSet::new();
-        for (key, rv, uid, obj) in &mine {
+        let mut pods_to_send = Vec::new();
+        for (key, rv, uid) in &mine {
             wanted.insert((key.0.as_str(), key.1.as_str()));
-            let object = || super::pods::expand(obj);
             match held_by_key.get(&("pod", key.0.as_str(), key.1.as_str())) {
                 Some(h) if h.uid == *uid && h.resource_version >= *rv => {}
                 Some(h) if h.uid != *uid => {
                     let old = stub(Kind::Pod, key, &h.uid);
                     self.send(node, Operation::Delete, "pod", &key.0, &key.1, old);
-                    self.send(node, Operation::Update, "pod", &key.0, &key.1, object());
-                    tally.sent += 1;
                     tally.deleted += 1;
+                    pods_to_send.push(key.clone());
                 }
-                _ => {
-                    self.send(node, Operation::Update, "pod", &key.0, &key.1, object());
-                    tally.sent += 1;
-                }
+                _ => pods_to_send.push(key.clone()),
             }
         }
+        self.fetch_pods(node, pods_to_send, &mut tally);
         // Pods the node holds but should not.
         let mut pods_unsure = false;
         for h in held.iter().filter(|h| h.resource_type == ResourceType::Pod) {
@@ -266,11 +349,10 @@ impl Downstream {
                 tracing::debug!("fetcher gone (shutting down)");
             }
         }
-        if tally.sent + tally.deleted + tally.fetching + tally.unsure > 0 {
+        if tally.deleted + tally.fetching + tally.unsure > 0 {
             tracing::info!(
                 node,
                 held = held.len(),
-                sent = tally.sent,
                 deleted = tally.deleted,
                 fetching = tally.fetching,
                 unsure = tally.unsure,

@@ -174,6 +174,23 @@ impl Cluster {
                 node,
                 generation,
             },
+            Fetch::Pods { node, keys } => Input::PodsFetched {
+                pods: self
+                    .pods
+                    .iter()
+                    .filter(|p| {
+                        let k = (
+                            p.metadata.namespace.clone().unwrap_or_default(),
+                            p.metadata.name.clone().unwrap_or_default(),
+                        );
+                        p.spec.as_ref().unwrap().node_name.as_deref() == Some(&node)
+                            && keys.contains(&k)
+                    })
+                    .cloned()
+                    .collect(),
+                node,
+                keys,
+            },
             Fetch::Configs { node, keys } => Input::ConfigsFetched {
                 objects: keys
                     .into_iter()
@@ -682,7 +699,7 @@ fn a_deferred_resync_ends_with_its_session() {
 }
 
 /// A fetched copy older than what the watcher delivered is not sent (it would undo an
-/// update), nor one a node no longer uses.
+/// update): a configmap is left to the watch event that was sent, a pod is fetched again.
 #[test]
 fn fetched_copies_older_than_the_watch_are_not_sent() {
     let (mut rig, cluster) = synced_rig(true, EdgeDb::new());
@@ -690,13 +707,23 @@ fn fetched_copies_older_than_the_watch_are_not_sent() {
         node: NODE.into(),
         held: Vec::new(),
     });
-    let fetch = rig
-        .fetches
-        .try_recv()
-        .expect("configs fetched for the resync");
-    // Meanwhile x changes.
+    let mut pods_fetch = None;
+    let mut configs_fetch = None;
+    while let Ok(f) = rig.fetches.try_recv() {
+        match f {
+            Fetch::Pods { .. } => pods_fetch = Some(f),
+            Fetch::Configs { .. } => configs_fetch = Some(f),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Meanwhile x changes, and so does pod a1 (a label).
     rig.apply(Input::ConfigMap(Event::Apply(configmap("x", 50))));
-    let Input::ConfigsFetched { node, objects } = cluster.answer(fetch) else {
+    let mut a1 = cluster.pod("a1");
+    a1.metadata.labels = Some([("v".to_string(), "2".to_string())].into());
+    a1.metadata.resource_version = Some("60".into());
+    rig.apply(Input::Pod(Event::Apply(a1)));
+    let Input::ConfigsFetched { node, objects } = cluster.answer(configs_fetch.expect("configs"))
+    else {
         panic!()
     };
     let mark = rig.log.len();
@@ -711,5 +738,24 @@ fn fetched_copies_older_than_the_watch_are_not_sent() {
         rig.log[mark..].iter().any(|l| l.contains("secret/s")),
         "{}",
         rig.log.join("\n")
+    );
+    // The pod list answers with a1 as it was (rv 20 < 60): not sent, asked for again.
+    let mark = rig.log.len();
+    let answer = cluster.answer(pods_fetch.expect("pods"));
+    rig.apply(answer);
+    assert!(
+        !rig.log[mark..].iter().any(|l| l.contains("pod/a1")),
+        "{}",
+        rig.log.join("\n")
+    );
+    assert!(
+        rig.log[mark..].iter().any(|l| l.contains("pod/a2")),
+        "{}",
+        rig.log.join("\n")
+    );
+    let again = rig.fetches.try_recv().expect("a1 fetched again");
+    assert!(
+        matches!(&again, Fetch::Pods { keys, .. } if keys == &vec![("ns".to_string(), "a1".to_string())]),
+        "{again:?}"
     );
 }

@@ -48,6 +48,11 @@ struct Args {
     /// Run the reconnect storm after the other phases (`--storm false` to skip it).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     storm: bool,
+    /// More edge nodes, with `--pods-per-node` pods each, that never connect: cloudcore holds
+    /// their pods all the same (for the memory of a million pods where one process cannot hold
+    /// that many connections: this machine allows 20,000 open files per process).
+    #[arg(long, default_value_t = 0)]
+    offline_nodes: usize,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -297,6 +302,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         (rss_pods.saturating_sub(rss_start)) as f64 / n as f64
     );
 
+    if args.offline_nodes > 0 {
+        offline_phase(&client, args.offline_nodes, args.pods_per_node, pid).await?;
+    }
+
     // Latency: creation → arrival, 20 creations in flight.
     let mut lat = Vec::with_capacity(args.latency_pods);
     let sem = Arc::new(Semaphore::new(20));
@@ -367,6 +376,81 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     drop(cc);
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// Edge nodes that never connect, with their pods: what cloudcore's memory is with them all.
+async fn offline_phase(
+    client: &kube::Client,
+    nodes: usize,
+    pods_per_node: usize,
+    pid: u32,
+) -> anyhow::Result<()> {
+    let rss_before = rss_kb(pid);
+    let node_api: Api<Node> = Api::all(client.clone());
+    let sem = Arc::new(Semaphore::new(64));
+    let t = Instant::now();
+    let mut tasks = Vec::with_capacity(nodes);
+    for i in 0..nodes {
+        let api = node_api.clone();
+        let permit = sem.clone().acquire_owned().await?;
+        tasks.push(tokio::spawn(async move {
+            let node: Node =
+                serde_json::from_value(json!({"metadata": {"name": format!("off-{i}"),
+                "labels": {"node-role.kubernetes.io/edge": ""}}}))
+                .unwrap_or_default();
+            let r = api.create(&PostParams::default(), &node).await;
+            drop(permit);
+            r.map(|_| ())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let total = nodes * pods_per_node;
+    let mut tasks = Vec::with_capacity(4096);
+    for i in 0..total {
+        let pods = pods.clone();
+        let permit = sem.clone().acquire_owned().await?;
+        tasks.push(tokio::spawn(async move {
+            let p = pod(&format!("q-{i}"), &format!("off-{}", i % nodes));
+            let r = pods.create(&PostParams::default(), &p).await;
+            drop(permit);
+            r.map(|_| ())
+        }));
+        if tasks.len() == 4096 {
+            for t in tasks.drain(..) {
+                t.await??;
+            }
+            if (i + 1) % 100_000 < 4096 {
+                println!("  … {} offline pods created", i + 1);
+            }
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    println!(
+        "  {nodes} offline edge nodes and their {total} pods created in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    // cloudcore's watcher catches up: wait until its RSS settles.
+    let mut last = rss_kb(pid);
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = rss_kb(pid);
+        if now.abs_diff(last) * 100 < last {
+            last = now;
+            break;
+        }
+        last = now;
+    }
+    println!(
+        "  cloudcore RSS with the offline nodes' pods as well: {last} KB ({:.2} GB; {:.2} KB per offline pod)",
+        last as f64 / 1e6,
+        (last.saturating_sub(rss_before)) as f64 / total as f64
+    );
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
