@@ -630,9 +630,8 @@ async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
         ds.apply(input);
     }
     let resource = format!("{ns}/pod/late");
-    let mut first_update = String::new();
     let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let first_update = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let m = edge
             .recv(left.max(Duration::from_millis(1)))
@@ -650,10 +649,9 @@ async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
             // Acknowledged, as an edge does; copies sent again before the ACK arrived are
             // not new messages.
             edge.ack(&m).await.expect("ack");
-            first_update = m.header.id.clone();
-            break;
+            break m.header.id.clone();
         }
-    }
+    };
 
     // The pod goes; a node's pod list that answers after the delete event (a stale copy)
     // must not bring it back: the next resync sends the edge nothing about it but the delete.
