@@ -1,6 +1,7 @@
 //! End-to-end harness for kubeedge-rs: fixtures, local control plane, runtime, benchmarks.
 
-pub mod apiserver;
+/// The in-memory Kubernetes API server (its own crate, `kube-memserver`).
+pub use kube_memserver as apiserver;
 pub mod channel;
 pub mod cloud;
 pub mod cluster;

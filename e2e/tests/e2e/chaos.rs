@@ -14,72 +14,33 @@
 //! with its current configmap and secret content in its mounted files; the runtime runs
 //! nothing else of the node; the node is Ready.
 //!
-//! `CHAOS_SEED` replays a schedule (the seed is printed; timing still varies), `CHAOS_SECS`
-//! sets the length of the chaos phase (default 60). `E2E_LOG=edgecore=debug,cloudcore=debug`
-//! shows the components' logs.
+//! The churn and the fault schedule come from the shared engine (`churn.rs`); `CHAOS_SEED`
+//! replays a schedule, `CHAOS_SECS` sets the chaos phase (default 60).
+//! `E2E_LOG=edgecore=debug,cloudcore=debug` shows the components' logs.
 
+use crate::churn::{self, Churn, Fault, FaultTarget, uses};
 use e2e::edge::{EdgeEnv, is_running_and_ready};
 use e2e::images::BUSYBOX_IMAGE;
 use edgecore::cri::{CriClient, api};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use kube::api::ListParams;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Write as _;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Configmaps and secrets the pods pick from: few, so pods share them.
-pub(crate) const CONFIGS: usize = 3;
-/// Pods alive (terminating ones included) at most.
-const MAX_PODS: usize = 6;
 /// Longest delay of a list after a `CloudRestartSlowLists`.
 const SLOW_LISTS: Duration = Duration::from_millis(1500);
 /// How long the edge has to converge once everything healed.
 const CONVERGE: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    /// Every open connection closed; both ends see it.
-    Cut,
-    /// Nothing forwarded, nothing closed, for this long.
-    Blackhole(Duration),
-    /// This much added in each direction, for this long.
-    Latency(Duration, Duration),
-    /// cloudcore down for this long, then a new one.
-    CloudRestart(Duration),
-    /// The same, and the new cloudcore's first lists answer slowly and in random order (on
-    /// the in-memory apiserver), and edgecore restarts with it: the edge reconnects and sends
-    /// its inventory while the cloudcore does not yet know all of the node's pods.
-    CloudRestartSlowLists(Duration),
-    /// edgecore down for this long, then started again on the same database.
-    EdgeRestart(Duration),
-}
-
-impl Fault {
-    fn duration(self) -> Duration {
-        match self {
-            Fault::Cut => Duration::ZERO,
-            Fault::Blackhole(d)
-            | Fault::Latency(_, d)
-            | Fault::CloudRestart(d)
-            | Fault::CloudRestartSlowLists(d)
-            | Fault::EdgeRestart(d) => d,
-        }
-    }
-}
-
-fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
-    Duration::from_millis(rng.random_range(lo..=hi))
-}
-
-/// The faults, shuffled, one per equal slot of `total`, each at a random point of its slot.
-fn schedule(rng: &mut StdRng, total: Duration) -> Vec<(Duration, Fault)> {
-    let mut faults = vec![
+/// The faults of one run: the link's, cloudcore restarts (one into the window where the new
+/// cloudcore does not yet know the node's pods) and an edgecore restart.
+fn faults(rng: &mut rand::rngs::StdRng) -> Vec<Fault> {
+    let ms = churn::ms;
+    vec![
         Fault::Cut,
         Fault::Cut,
         Fault::Blackhole(ms(rng, 3000, 6000)),
@@ -89,270 +50,44 @@ fn schedule(rng: &mut StdRng, total: Duration) -> Vec<(Duration, Fault)> {
         Fault::CloudRestart(ms(rng, 500, 4000)),
         Fault::CloudRestartSlowLists(ms(rng, 500, 2000)),
         Fault::EdgeRestart(ms(rng, 500, 4000)),
-    ];
-    for i in (1..faults.len()).rev() {
-        faults.swap(i, rng.random_range(0..=i));
-    }
-    let slot = total / faults.len() as u32;
-    faults
-        .into_iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let room = slot.saturating_sub(f.duration()).as_millis() as u64;
-            (
-                slot * i as u32 + Duration::from_millis(rng.random_range(0..=room)),
-                f,
-            )
-        })
-        .collect()
+    ]
 }
 
-pub(crate) fn configmap(name: &str, v: &str) -> ConfigMap {
-    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": v}})).unwrap()
-}
-
-pub(crate) fn secret(name: &str, v: &str) -> Secret {
-    Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.to_string()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "v".to_string(),
-            ByteString(v.as_bytes().to_vec()),
-        )])),
-        ..Default::default()
-    }
-}
-
-/// The configmap/secret part of one random change (rolls 0–48 of 100): update or create, or
-/// delete, one of `CONFIGS` configmaps or secrets; None for other rolls. Shared by both chaos
-/// tests so that they churn the same way.
-pub(crate) async fn change_config(
-    roll: usize,
-    rng: &mut StdRng,
-    cms: &Api<ConfigMap>,
-    secrets: &Api<Secret>,
-    step: &str,
-) -> Option<&'static str> {
-    let pp = PostParams::default();
-    let mut pick = || rng.random_range(0..CONFIGS);
-    Some(match roll {
-        0..=24 => {
-            let cm = format!("cm-{}", pick());
-            let patch = json!({"data": {"v": step}});
-            let r = cms
-                .patch(&cm, &PatchParams::default(), &Patch::Merge(&patch))
-                .await;
-            if r.is_err() {
-                let _ = cms.create(&pp, &configmap(&cm, step)).await;
-                "configmap created"
-            } else {
-                "configmap updated"
-            }
-        }
-        25..=29 => {
-            let cm = format!("cm-{}", pick());
-            let _ = cms.delete(&cm, &DeleteParams::default()).await;
-            "configmap deleted"
-        }
-        30..=44 => {
-            let s = format!("sec-{}", pick());
-            if secrets.replace(&s, &pp, &secret(&s, step)).await.is_err() {
-                let _ = secrets.create(&pp, &secret(&s, step)).await;
-                "secret created"
-            } else {
-                "secret updated"
-            }
-        }
-        45..=48 => {
-            let s = format!("sec-{}", pick());
-            let _ = secrets.delete(&s, &DeleteParams::default()).await;
-            "secret deleted"
-        }
-        _ => return None,
-    })
-}
-
-fn chaos_pod(name: &str, cm: usize, sec: usize, env_sec: usize, generation: u64) -> Value {
-    json!({
-        "metadata": {"name": name, "labels": {"chaos": "yes", "gen": generation.to_string()}},
-        "spec": {"terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"],
-                "env": [{"name": "SEC", "valueFrom":
-                    {"secretKeyRef": {"name": format!("sec-{env_sec}"), "key": "v"}}}],
-                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"},
-                    {"name": "sec", "mountPath": "/etc/sec"}]}],
-            "volumes": [{"name": "cfg", "configMap": {"name": format!("cm-{cm}")}},
-                {"name": "sec", "secret": {"secretName": format!("sec-{sec}")}}]},
-    })
-}
-
-/// The configmaps and secrets a pod (JSON) uses: volumes, projected sources, env, envFrom.
-pub(crate) fn uses(pod: &Value, cms: &mut BTreeSet<String>, secrets: &mut BTreeSet<String>) {
-    let name = |v: &Value| v.as_str().map(str::to_string);
-    let spec = &pod["spec"];
-    for v in spec["volumes"].as_array().into_iter().flatten() {
-        cms.extend(name(&v["configMap"]["name"]));
-        secrets.extend(name(&v["secret"]["secretName"]));
-        for s in v["projected"]["sources"].as_array().into_iter().flatten() {
-            cms.extend(name(&s["configMap"]["name"]));
-            secrets.extend(name(&s["secret"]["name"]));
+impl FaultTarget for EdgeEnv {
+    async fn begin(&mut self, f: Fault) {
+        match f {
+            Fault::Cut => self.link.cut(),
+            Fault::Blackhole(_) => self.link.freeze(),
+            Fault::Latency(l, _) => self.link.set_latency(l),
+            Fault::CloudRestart(_) | Fault::CloudRestartSlowLists(_) => self.stop_cloud(),
+            Fault::EdgeRestart(_) => self.stop_edge().await,
         }
     }
-    let containers = spec["containers"].as_array().into_iter().flatten();
-    let init = spec["initContainers"].as_array().into_iter().flatten();
-    for c in containers.chain(init) {
-        for e in c["env"].as_array().into_iter().flatten() {
-            cms.extend(name(&e["valueFrom"]["configMapKeyRef"]["name"]));
-            secrets.extend(name(&e["valueFrom"]["secretKeyRef"]["name"]));
-        }
-        for e in c["envFrom"].as_array().into_iter().flatten() {
-            cms.extend(name(&e["configMapRef"]["name"]));
-            secrets.extend(name(&e["secretRef"]["name"]));
-        }
-    }
-}
 
-/// The test's side: the cluster's APIs and a counter for fresh values and names.
-struct Driver {
-    rng: StdRng,
-    cms: Api<ConfigMap>,
-    secrets: Api<Secret>,
-    step: u64,
-    ops: BTreeMap<&'static str, usize>,
-}
-
-impl Driver {
-    fn pick(&mut self, n: usize) -> usize {
-        self.rng.random_range(0..n)
-    }
-
-    async fn live_pods(env: &EdgeEnv) -> Vec<Pod> {
-        env.pods()
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-    }
-
-    /// One random change in the cluster. API errors (a conflict, a name in use) are fine:
-    /// the cluster is the truth the edge must converge to, whatever it became.
-    async fn change(&mut self, env: &EdgeEnv) {
-        self.step += 1;
-        let step = self.step.to_string();
-        let pods = Self::live_pods(env).await;
-        let names: Vec<String> = pods
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| p.metadata.name.clone())
-            .collect();
-        let roll = self.pick(100);
-        let pp = PostParams::default();
-        let config = change_config(roll, &mut self.rng, &self.cms, &self.secrets, &step).await;
-        let op = match config {
-            Some(op) => op,
-            None => match roll {
-                49..=66 if pods.len() < MAX_PODS => {
-                    let (cm, sec, env_sec) =
-                        (self.pick(CONFIGS), self.pick(CONFIGS), self.pick(CONFIGS));
-                    let spec = chaos_pod(&format!("pod-{step}"), cm, sec, env_sec, self.step);
-                    env.create_pod(spec).await;
-                    "pod created"
+    async fn end(&mut self, f: Fault) {
+        match f {
+            Fault::Cut => {}
+            Fault::Blackhole(_) => self.link.thaw(),
+            Fault::Latency(..) => self.link.set_latency(Duration::ZERO),
+            Fault::CloudRestart(_) => self.start_cloud().await,
+            Fault::CloudRestartSlowLists(_) => {
+                // A real apiserver's lists are slow enough by themselves.
+                if let Some(server) = self.cluster.in_memory() {
+                    let delay = server.list_delay();
+                    delay.set(SLOW_LISTS);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(SLOW_LISTS * 3).await;
+                        delay.set(Duration::ZERO);
+                    });
                 }
-                67..=79 if !names.is_empty() => {
-                    let name = names[self.pick(names.len())].clone();
-                    let patch = json!({"metadata": {"labels": {"gen": step}}});
-                    let _ = env
-                        .pods()
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await;
-                    "pod relabelled"
-                }
-                80..=89 if !names.is_empty() => {
-                    let name = names[self.pick(names.len())].clone();
-                    let _ = env.pods().delete(&name, &DeleteParams::default()).await;
-                    "pod deleted"
-                }
-                90..=99 if !names.is_empty() => {
-                    // Gone from the API at once, back under the same name with a new UID and
-                    // other references: the edge must not confuse the two.
-                    let name = names[self.pick(names.len())].clone();
-                    let _ = env
-                        .pods()
-                        .delete(
-                            &name,
-                            &DeleteParams {
-                                grace_period_seconds: Some(0),
-                                ..Default::default()
-                            },
-                        )
-                        .await;
-                    let (cm, sec, env_sec) =
-                        (self.pick(CONFIGS), self.pick(CONFIGS), self.pick(CONFIGS));
-                    let mut spec = chaos_pod(&name, cm, sec, env_sec, self.step);
-                    spec["apiVersion"] = json!("v1");
-                    spec["kind"] = json!("Pod");
-                    spec["spec"]["nodeName"] = json!(env.node);
-                    let pod: Pod = serde_json::from_value(spec).expect("a Pod");
-                    let _ = env.pods().create(&pp, &pod).await;
-                    "pod force-replaced"
-                }
-                _ => "nothing",
-            },
-        };
-        *self.ops.entry(op).or_default() += 1;
-    }
-
-    /// Makes every configmap and secret a pod may use exist again (pods wait for them).
-    async fn recreate_missing(&mut self) {
-        let pp = PostParams::default();
-        for i in 0..CONFIGS {
-            let (cm, s) = (format!("cm-{i}"), format!("sec-{i}"));
-            if self.cms.get_opt(&cm).await.ok().flatten().is_none() {
-                let _ = self.cms.create(&pp, &configmap(&cm, "healed")).await;
+                self.start_cloud_at_once().await;
+                // A fresh edgecore dials at once (a long-failing one may be in a 30 s back-off):
+                // its inventory arrives while the lists are still under way.
+                self.stop_edge().await;
+                self.start_edge().await;
             }
-            if self.secrets.get_opt(&s).await.ok().flatten().is_none() {
-                let _ = self.secrets.create(&pp, &secret(&s, "healed")).await;
-            }
+            Fault::EdgeRestart(_) => self.start_edge().await,
         }
-    }
-}
-
-async fn apply_fault(env: &mut EdgeEnv, f: Fault) {
-    match f {
-        Fault::Cut => env.link.cut(),
-        Fault::Blackhole(_) => env.link.freeze(),
-        Fault::Latency(l, _) => env.link.set_latency(l),
-        Fault::CloudRestart(_) | Fault::CloudRestartSlowLists(_) => env.stop_cloud(),
-        Fault::EdgeRestart(_) => env.stop_edge().await,
-    }
-}
-
-async fn end_fault(env: &mut EdgeEnv, f: Fault) {
-    match f {
-        Fault::Cut => {}
-        Fault::Blackhole(_) => env.link.thaw(),
-        Fault::Latency(..) => env.link.set_latency(Duration::ZERO),
-        Fault::CloudRestart(_) => env.start_cloud().await,
-        Fault::CloudRestartSlowLists(_) => {
-            // A real apiserver's lists are slow enough by themselves.
-            if let Some(server) = env.cluster.in_memory() {
-                let delay = server.list_delay();
-                delay.set(SLOW_LISTS);
-                tokio::spawn(async move {
-                    tokio::time::sleep(SLOW_LISTS * 3).await;
-                    delay.set(Duration::ZERO);
-                });
-            }
-            env.start_cloud_at_once().await;
-            // A fresh edgecore dials at once (a long-failing one may be in a 30 s back-off):
-            // its inventory arrives while the lists are still under way.
-            env.stop_edge().await;
-            env.start_edge().await;
-        }
-        Fault::EdgeRestart(_) => env.start_edge().await,
     }
 }
 
@@ -647,69 +382,13 @@ async fn differences(env: &EdgeEnv, cri: &CriClient) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_update_is_lost_between_cluster_and_edge_under_link_faults() {
-    let seed = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    let secs = std::env::var("CHAOS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60u64);
-    println!("chaos: CHAOS_SEED={seed} CHAOS_SECS={secs}");
+    let (seed, total) = churn::seed_and_length("chaos", 60);
     let mut env = EdgeEnv::start("chaos").await;
     let client = env.cluster.client();
-    let mut rng = StdRng::seed_from_u64(seed);
-    let total = Duration::from_secs(secs);
-    let faults = schedule(&mut rng, total);
-    println!("chaos: faults {faults:?}");
-
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &env.ns);
-    let secrets: Api<Secret> = Api::namespaced(client, &env.ns);
-    let pp = PostParams::default();
-    for i in 0..CONFIGS {
-        cms.create(&pp, &configmap(&format!("cm-{i}"), "initial"))
-            .await
-            .expect("configmap created");
-        secrets
-            .create(&pp, &secret(&format!("sec-{i}"), "initial"))
-            .await
-            .expect("secret created");
-    }
-    let mut d = Driver {
-        rng,
-        cms: cms.clone(),
-        secrets,
-        step: 0,
-        ops: BTreeMap::new(),
-    };
-    let start = Instant::now();
-    let mut pending = faults.into_iter().peekable();
-    let mut active: Option<(Instant, Fault)> = None;
-    while start.elapsed() < total || active.is_some() {
-        if let Some((until, f)) = active
-            && Instant::now() >= until
-        {
-            println!("chaos: {:?} end {f:?}", start.elapsed());
-            end_fault(&mut env, f).await;
-            active = None;
-        }
-        if active.is_none()
-            && let Some((at, f)) = pending.peek().copied()
-            && start.elapsed() >= at
-        {
-            pending.next();
-            println!("chaos: {:?} {f:?}", start.elapsed());
-            apply_fault(&mut env, f).await;
-            active = Some((Instant::now() + f.duration(), f));
-        }
-        if start.elapsed() < total {
-            d.change(&env).await;
-            let pause = ms(&mut d.rng, 100, 500);
-            tokio::time::sleep(pause).await;
-        } else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    let mut churn = Churn::start("chaos", client, &env.ns, &env.node, BUSYBOX_IMAGE, seed).await;
+    let faults = faults(&mut churn.rng);
+    let faults = churn::schedule(&mut churn.rng, total, faults);
+    churn.run(total, faults, (100, 500), &mut env).await;
 
     // Heal: the link is clean, both sides run, every referenced object exists.
     env.link.thaw();
@@ -720,41 +399,21 @@ async fn no_update_is_lost_between_cluster_and_edge_under_link_faults() {
     if env.edge.is_none() {
         env.start_edge().await;
     }
-    d.recreate_missing().await;
-    let ops = std::mem::take(&mut d.ops);
-    println!("chaos: {} changes {ops:?}", d.step);
-    let healed = Instant::now();
+    churn.heal().await;
     let cri = env.cri().await;
-    let mut diff;
-    let mut first = true;
-    loop {
-        diff = differences(&env, &cri).await;
-        if first {
-            println!(
-                "chaos: at healing {} differences, e.g. {:?}",
-                diff.len(),
-                diff.iter().take(3).collect::<Vec<_>>()
-            );
-            first = false;
-        }
-        if diff.is_empty() || healed.elapsed() > CONVERGE {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let (diff, took) = churn::converge("chaos", CONVERGE, Duration::from_millis(500), || {
+        differences(&env, &cri)
+    })
+    .await;
     if !diff.is_empty() {
-        let mut text = String::new();
-        for line in &diff {
-            let _ = writeln!(text, "  {line}");
-        }
         panic!(
-            "CHAOS_SEED={seed}: the edge did not converge within {CONVERGE:?} after healing:\n{text}"
+            "CHAOS_SEED={seed}: the edge did not converge within {CONVERGE:?} after healing:\n{}",
+            churn::listing(&diff)
         );
     }
     let pods = env.pods().list(&ListParams::default()).await.expect("pods");
     println!(
-        "chaos: converged {:?} after healing (seed {seed}), {} pods running",
-        healed.elapsed(),
+        "chaos: converged {took:?} after healing (seed {seed}), {} pods running",
         pods.items.len()
     );
     env.finish().await;

@@ -20,15 +20,15 @@
 //! lists answer slowly and in random order). After healing, the edge must hold exactly the
 //! cluster's pods (same UID, labels and spec), the configmaps and secrets they use, every configmap/secret it holds at the cluster's UID, resourceVersion and
 //! data, and the node's ObjectSync records must name exactly what it holds, at the held
-//! version. `CHAOS_SEED` replays a schedule (printed), `CHAOS_SECS` sets the chaos phase
-//! (default 40).
+//! version. The churn and the fault schedule come from the shared engine (`churn.rs`);
+//! `CHAOS_SEED` replays a schedule (printed), `CHAOS_SECS` sets the chaos phase (default 40).
 //!
 //! Logs of cloudcore and of the edge model (`E2E_LOG`, default `cloudcore=trace,e2e=debug`:
 //! every downstream message and ACK) are kept in memory for this test alone (its runtime's
 //! threads, whatever subscriber other tests installed) and, on failure, the lines naming a
 //! differing object are printed with connects, disconnects and resyncs.
 
-use crate::chaos::{CONFIGS, change_config, configmap, secret, uses};
+use crate::churn::{self, Churn, Fault, FaultTarget, uses};
 use e2e::apiserver::Config;
 use e2e::channel::{FaultProxy, Pki, RawEdge};
 use e2e::cloud::{CloudFixture, test_sync_options};
@@ -37,19 +37,15 @@ use e2e::reliablesyncs;
 use e2e::sim_edge::{edge_node, unique};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::ListParams;
 use kubeedge_shared::content::content_json;
 use kubeedge_shared::{Group, Message, Operation};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-const MAX_PODS: usize = 6;
 const CONVERGE: Duration = Duration::from_secs(15);
 /// A send the link does not take within this is a dead connection (the edge's own timeout).
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -243,153 +239,19 @@ async fn run_edge(
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    Cut,
-    Blackhole(Duration),
-    Latency(Duration, Duration),
-    CloudRestart(Duration),
-}
-
-impl Fault {
-    fn duration(self) -> Duration {
-        match self {
-            Fault::Cut => Duration::ZERO,
-            Fault::Blackhole(d) | Fault::Latency(_, d) | Fault::CloudRestart(d) => d,
-        }
-    }
-}
-
-fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
-    Duration::from_millis(rng.random_range(lo..=hi))
-}
-
-fn schedule(rng: &mut StdRng, total: Duration) -> Vec<(Duration, Fault)> {
-    let mut faults = vec![
+/// The faults of one run: the link's and a cloudcore restart into the window where the new
+/// cloudcore does not yet know the node's pods (a KubeEdge edge is not restarted: it holds no
+/// state this test models beyond its table).
+fn faults(rng: &mut rand::rngs::StdRng) -> Vec<Fault> {
+    let ms = churn::ms;
+    vec![
         Fault::Cut,
         Fault::Cut,
         Fault::Blackhole(ms(rng, 1500, 4000)),
         Fault::Blackhole(ms(rng, 1500, 4000)),
         Fault::Latency(ms(rng, 50, 300), ms(rng, 2000, 4000)),
-        Fault::CloudRestart(ms(rng, 300, 2500)),
-    ];
-    for i in (1..faults.len()).rev() {
-        faults.swap(i, rng.random_range(0..=i));
-    }
-    let slot = total / faults.len() as u32;
-    faults
-        .into_iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let room = slot.saturating_sub(f.duration()).as_millis() as u64;
-            let at = slot * i as u32 + Duration::from_millis(rng.random_range(0..=room));
-            (at, f)
-        })
-        .collect()
-}
-
-fn chaos_pod(name: &str, node: &str, rng: &mut StdRng, generation: u64) -> Pod {
-    let mut pick = || rng.random_range(0..CONFIGS);
-    let (cm, sec, env_sec) = (pick(), pick(), pick());
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"gen": generation.to_string()}},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": "busybox",
-                "env": [{"name": "SEC", "valueFrom":
-                    {"secretKeyRef": {"name": format!("sec-{env_sec}"), "key": "v"}}}],
-                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"},
-                    {"name": "sec", "mountPath": "/etc/sec"}]}],
-            "volumes": [{"name": "cfg", "configMap": {"name": format!("cm-{cm}")}},
-                {"name": "sec", "secret": {"secretName": format!("sec-{sec}")}}]},
-    }))
-    .expect("a Pod")
-}
-
-struct Driver {
-    rng: StdRng,
-    node: String,
-    pods: Api<Pod>,
-    cms: Api<ConfigMap>,
-    secrets: Api<Secret>,
-    step: u64,
-    ops: BTreeMap<&'static str, usize>,
-}
-
-impl Driver {
-    fn pick(&mut self, n: usize) -> usize {
-        self.rng.random_range(0..n)
-    }
-
-    /// One random change; API errors are fine (the cluster is the truth, whatever it became).
-    async fn change(&mut self) {
-        self.step += 1;
-        let step = self.step.to_string();
-        let pods = self
-            .pods
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-        let names: Vec<String> = pods
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| p.metadata.name.clone())
-            .collect();
-        let pp = PostParams::default();
-        let roll = self.pick(100);
-        let config = change_config(roll, &mut self.rng, &self.cms, &self.secrets, &step).await;
-        let op = match config {
-            Some(op) => op,
-            None => match roll {
-                49..=66 if pods.len() < MAX_PODS => {
-                    let pod =
-                        chaos_pod(&format!("pod-{step}"), &self.node, &mut self.rng, self.step);
-                    let _ = self.pods.create(&pp, &pod).await;
-                    "pod created"
-                }
-                67..=79 if !names.is_empty() => {
-                    let name = names[self.pick(names.len())].clone();
-                    let patch = json!({"metadata": {"labels": {"gen": step}}});
-                    let _ = self
-                        .pods
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await;
-                    "pod relabelled"
-                }
-                80..=89 if !names.is_empty() => {
-                    let name = names[self.pick(names.len())].clone();
-                    let _ = self.pods.delete(&name, &DeleteParams::default()).await;
-                    "pod deleted"
-                }
-                90..=99 if !names.is_empty() => {
-                    let name = names[self.pick(names.len())].clone();
-                    let dp = DeleteParams {
-                        grace_period_seconds: Some(0),
-                        ..Default::default()
-                    };
-                    let _ = self.pods.delete(&name, &dp).await;
-                    let pod = chaos_pod(&name, &self.node, &mut self.rng, self.step);
-                    let _ = self.pods.create(&pp, &pod).await;
-                    "pod force-replaced"
-                }
-                _ => "nothing",
-            },
-        };
-        *self.ops.entry(op).or_default() += 1;
-    }
-
-    async fn recreate_missing(&mut self) {
-        let pp = PostParams::default();
-        for i in 0..CONFIGS {
-            let (cm, s) = (format!("cm-{i}"), format!("sec-{i}"));
-            if self.cms.get_opt(&cm).await.ok().flatten().is_none() {
-                let _ = self.cms.create(&pp, &configmap(&cm, "healed")).await;
-            }
-            if self.secrets.get_opt(&s).await.ok().flatten().is_none() {
-                let _ = self.secrets.create(&pp, &secret(&s, "healed")).await;
-            }
-        }
-    }
+        Fault::CloudRestartSlowLists(ms(rng, 300, 2500)),
+    ]
 }
 
 /// cloudcore behind the proxy, restartable.
@@ -433,6 +295,40 @@ impl Cloud {
             fx.shutdown().await;
         }
         self.link.cut();
+    }
+}
+
+impl FaultTarget for Cloud {
+    async fn begin(&mut self, f: Fault) {
+        match f {
+            Fault::Cut => self.link.cut(),
+            Fault::Blackhole(_) => self.link.freeze(),
+            Fault::Latency(l, _) => self.link.set_latency(l),
+            Fault::CloudRestart(_) | Fault::CloudRestartSlowLists(_) => self.stop().await,
+            Fault::EdgeRestart(_) => {}
+        }
+    }
+
+    async fn end(&mut self, f: Fault) {
+        match f {
+            Fault::Cut | Fault::EdgeRestart(_) => {}
+            Fault::Blackhole(_) => self.link.thaw(),
+            Fault::Latency(..) => self.link.set_latency(Duration::ZERO),
+            Fault::CloudRestart(_) => self.start().await,
+            Fault::CloudRestartSlowLists(_) => {
+                // The new cloudcore's first lists answer slowly and in random order: the edge
+                // reconnects while it does not yet know all of the node's pods.
+                if let Some(server) = self.cluster.in_memory() {
+                    let delay = server.list_delay();
+                    delay.set(Duration::from_millis(1500));
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(4500)).await;
+                        delay.set(Duration::ZERO);
+                    });
+                }
+                self.start_at_once().await
+            }
+        }
     }
 }
 
@@ -697,15 +593,7 @@ async fn chaos(logs: LogBuf) {
     .expect("cluster") else {
         return;
     };
-    let seed = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    let secs = std::env::var("CHAOS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(40u64);
-    println!("chaos-kubeedge: CHAOS_SEED={seed} CHAOS_SECS={secs}");
+    let (seed, total) = churn::seed_and_length("chaos-kubeedge", 40);
     let ns = c.temp_namespace("kechaos").await.expect("namespace");
     reliablesyncs::install(&c.client()).await.expect("CRDs");
     let node = unique("ke-chaos");
@@ -727,30 +615,9 @@ async fn chaos(logs: LogBuf) {
     };
     cloud.start().await;
 
-    let mut rng = StdRng::seed_from_u64(seed);
-    let total = Duration::from_secs(secs);
-    let faults = schedule(&mut rng, total);
-    println!("chaos-kubeedge: faults {faults:?}");
-    let mut d = Driver {
-        rng,
-        node: node.clone(),
-        pods: Api::namespaced(client.clone(), &ns),
-        cms: Api::namespaced(client.clone(), &ns),
-        secrets: Api::namespaced(client.clone(), &ns),
-        step: 0,
-        ops: BTreeMap::new(),
-    };
-    let pp = PostParams::default();
-    for i in 0..CONFIGS {
-        d.cms
-            .create(&pp, &configmap(&format!("cm-{i}"), "initial"))
-            .await
-            .expect("configmap");
-        d.secrets
-            .create(&pp, &secret(&format!("sec-{i}"), "initial"))
-            .await
-            .expect("secret");
-    }
+    let mut churn = Churn::start("chaos-kubeedge", client, &ns, &node, "busybox", seed).await;
+    let faults = faults(&mut churn.rng);
+    let faults = churn::schedule(&mut churn.rng, total, faults);
 
     let db: Db = Arc::default();
     let stop = CancellationToken::new();
@@ -763,105 +630,37 @@ async fn chaos(logs: LogBuf) {
         stop.clone(),
     ));
 
-    let start = Instant::now();
-    let mut pending = faults.into_iter().peekable();
-    let mut active: Option<(Instant, Fault)> = None;
-    while start.elapsed() < total || active.is_some() {
-        if let Some((until, f)) = active
-            && Instant::now() >= until
-        {
-            println!("chaos-kubeedge: {:?} end {f:?}", start.elapsed());
-            match f {
-                Fault::Cut => {}
-                Fault::Blackhole(_) => cloud.link.thaw(),
-                Fault::Latency(..) => cloud.link.set_latency(Duration::ZERO),
-                Fault::CloudRestart(_) => {
-                    // The new cloudcore's first lists answer slowly and in random order: the
-                    // edge reconnects while it does not yet know all of the node's pods.
-                    if let Some(server) = cloud.cluster.in_memory() {
-                        let delay = server.list_delay();
-                        delay.set(Duration::from_millis(1500));
-                        tokio::spawn(async move {
-                            tokio::time::sleep(Duration::from_millis(4500)).await;
-                            delay.set(Duration::ZERO);
-                        });
-                    }
-                    cloud.start_at_once().await
-                }
-            }
-            active = None;
-        }
-        if active.is_none()
-            && let Some((at, f)) = pending.peek().copied()
-            && start.elapsed() >= at
-        {
-            pending.next();
-            println!("chaos-kubeedge: {:?} {f:?}", start.elapsed());
-            match f {
-                Fault::Cut => cloud.link.cut(),
-                Fault::Blackhole(_) => cloud.link.freeze(),
-                Fault::Latency(l, _) => cloud.link.set_latency(l),
-                Fault::CloudRestart(_) => cloud.stop().await,
-            }
-            active = Some((Instant::now() + f.duration(), f));
-        }
-        if start.elapsed() < total {
-            d.change().await;
-            let pause = ms(&mut d.rng, 50, 300);
-            tokio::time::sleep(pause).await;
-        } else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+    churn.run(total, faults, (50, 300), &mut cloud).await;
 
     cloud.link.thaw();
     cloud.link.set_latency(Duration::ZERO);
     if cloud.fx.is_none() {
         cloud.start().await;
     }
-    d.recreate_missing().await;
-    println!(
-        "chaos-kubeedge: {} changes {:?}, {} connections",
-        d.step,
-        d.ops,
-        lock(&db).connects
-    );
-    let healed = Instant::now();
-    let mut first = true;
-    let diff = loop {
-        let diff = differences(&cloud.cluster, &ns, &node, &db).await;
-        if first {
-            println!(
-                "chaos-kubeedge: at healing {} differences, e.g. {:?}",
-                diff.len(),
-                diff.iter().take(3).collect::<Vec<_>>()
-            );
-            first = false;
-        }
-        if diff.is_empty() || healed.elapsed() > CONVERGE {
-            break diff;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    churn.heal().await;
+    println!("chaos-kubeedge: {} connections", lock(&db).connects);
+    let (diff, took) = churn::converge(
+        "chaos-kubeedge",
+        CONVERGE,
+        Duration::from_millis(250),
+        || differences(&cloud.cluster, &ns, &node, &db),
+    )
+    .await;
     stop.cancel();
     let _ = edge.await;
     if !diff.is_empty() {
-        let mut text = String::new();
-        for line in &diff {
-            let _ = writeln!(text, "  {line}");
-        }
         println!("chaos-kubeedge: logs naming the differing objects (and connects/resyncs):");
         for line in logs.relevant(&names_in(&diff)) {
             println!("  {line}");
         }
         panic!(
-            "CHAOS_SEED={seed}: the KubeEdge edge did not converge within {CONVERGE:?} after healing:\n{text}"
+            "CHAOS_SEED={seed}: the KubeEdge edge did not converge within {CONVERGE:?} after healing:\n{}",
+            churn::listing(&diff)
         );
     }
     let held = lock(&db).rows.len();
     println!(
-        "chaos-kubeedge: converged {:?} after healing (seed {seed}), edge holds {held} objects",
-        healed.elapsed()
+        "chaos-kubeedge: converged {took:?} after healing (seed {seed}), edge holds {held} objects"
     );
     cloud.stop().await;
 }

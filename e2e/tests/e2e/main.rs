@@ -1,10 +1,10 @@
 //! The one integration-test binary of the e2e crate.
 
-mod apiserver_conformance;
 mod autonomy;
 mod channel;
 mod chaos;
 mod chaos_kubeedge;
+mod churn;
 mod containerd_smoke;
 mod controllers;
 mod edged;

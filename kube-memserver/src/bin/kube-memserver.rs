@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use e2e::apiserver::{ApiServer, Config};
+use kube_memserver::{ApiServer, Config};
 
 /// In-memory Kubernetes API server (HTTPS, bearer token) for tests and the local demo.
 #[derive(Parser, Debug)]

@@ -974,7 +974,7 @@ pub fn established_crd_status(crd: &Value, now: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::resources::Registry;
+    use crate::resources::Registry;
 
     #[test]
     fn pod_create_defaults_and_status_reset() {

@@ -4,11 +4,12 @@
 //! aggregated), core/v1 and a few other built-in kinds, CRDs and their custom resources, with
 //! the real apiserver's semantics for resourceVersions, watches (bookmarks, 410 Gone), selectors,
 //! pagination, patches, status subresources, graceful deletion and finalizers. See
-//! `e2e/APISERVER.md` for what it supports and how it differs from the real one.
+//! `APISERVER.md` (next to this crate's manifest) for what it supports and how it differs from
+//! the real one.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! use e2e::apiserver::{ApiServer, Config};
+//! use kube_memserver::{ApiServer, Config};
 //! let srv = ApiServer::start(Config::default()).await?;
 //! let client = srv.client()?;
 //! println!("kubectl --kubeconfig {}", srv.kubeconfig_path().display());

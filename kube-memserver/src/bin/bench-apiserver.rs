@@ -7,20 +7,19 @@
 //! server's RSS.
 //!
 //! ```text
-//! cargo run --profile bench-fast -p e2e --bin bench-apiserver -- --nodes 10000 --pods 100000
+//! cargo run --profile bench-fast -p kube-memserver --bin bench-apiserver -- --nodes 10000 --pods 100000
 //! ```
 
-use e2e::procfs::rss_kb;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use e2e::apiserver::{ApiServer, Config};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube_memserver::{ApiServer, Config};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -349,10 +348,26 @@ async fn main() -> anyhow::Result<()> {
         args.pods,
         rss_loaded / 1024,
         rss_kb(pid) / 1024,
-        e2e::procfs::status_kb(pid, "VmHWM:").unwrap_or(0) / 1024
+        status_kb(pid, "VmHWM:").unwrap_or(0) / 1024
     );
     drop(child.stdin.take());
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// A `kB` field of `/proc/<pid>/status`.
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    status_kb(pid, "VmRSS:").unwrap_or(0)
 }
