@@ -98,7 +98,7 @@ pub enum Action {
     KillContainer {
         id: String,
         name: String,
-        why: String,
+        why: KillReason,
     },
     RemoveContainer {
         id: String,
@@ -108,17 +108,95 @@ pub enum Action {
     },
 }
 
+/// Why the plan stops a running container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// Its spec (the container's hash) changed: it is replaced.
+    SpecChanged,
+    /// Its liveness or startup probe failed.
+    ProbeFailed,
+    /// It was created but never ran: it is replaced.
+    NotRunning,
+}
+
+impl KillReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KillReason::SpecChanged => "its spec changed",
+            KillReason::ProbeFailed => "its liveness probe failed",
+            KillReason::NotRunning => "it was created but is not running",
+        }
+    }
+
+    /// The message of the kubelet's `Killing` event for container `name`.
+    pub fn event_message(self, name: &str) -> String {
+        match self {
+            KillReason::SpecChanged => {
+                format!("Container {name} definition changed, will be restarted")
+            }
+            KillReason::ProbeFailed => {
+                format!("Container {name} failed liveness probe, will be restarted")
+            }
+            KillReason::NotRunning => format!("Stopping container {name}"),
+        }
+    }
+}
+
+impl std::fmt::Display for KillReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kubelet's reasons for a waiting container (`state.waiting.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitingReason {
+    ContainerCreating,
+    PodInitializing,
+    CrashLoopBackOff,
+    CreateContainerConfigError,
+    CreateContainerError,
+    RunContainerError,
+    PostStartHookError,
+    ErrImagePull,
+    ErrImageNeverPull,
+    ImagePullBackOff,
+}
+
+impl WaitingReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitingReason::ContainerCreating => "ContainerCreating",
+            WaitingReason::PodInitializing => "PodInitializing",
+            WaitingReason::CrashLoopBackOff => "CrashLoopBackOff",
+            WaitingReason::CreateContainerConfigError => "CreateContainerConfigError",
+            WaitingReason::CreateContainerError => "CreateContainerError",
+            WaitingReason::RunContainerError => "RunContainerError",
+            WaitingReason::PostStartHookError => "PostStartHookError",
+            WaitingReason::ErrImagePull => "ErrImagePull",
+            WaitingReason::ErrImageNeverPull => "ErrImageNeverPull",
+            WaitingReason::ImagePullBackOff => "ImagePullBackOff",
+        }
+    }
+}
+
+impl std::fmt::Display for WaitingReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why a container is not running (shown as its `waiting` state).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiting {
-    pub reason: String,
+    pub reason: WaitingReason,
     pub message: String,
 }
 
 impl Waiting {
-    pub fn new(reason: &str, message: impl Into<String>) -> Self {
+    pub fn new(reason: WaitingReason, message: impl Into<String>) -> Self {
         Waiting {
-            reason: reason.into(),
+            reason,
             message: message.into(),
         }
     }
@@ -345,7 +423,7 @@ pub fn plan(input: &PlanInput<'_>) -> Decision {
                     d.actions.push(Action::KillContainer {
                         id: info.id.clone(),
                         name: c.name.clone(),
-                        why: "its spec changed".into(),
+                        why: KillReason::SpecChanged,
                     });
                     d.actions.push(Action::StartContainer {
                         kind: ContainerKind::App,
@@ -357,7 +435,7 @@ pub fn plan(input: &PlanInput<'_>) -> Decision {
                     d.actions.push(Action::KillContainer {
                         id: info.id.clone(),
                         name: c.name.clone(),
-                        why: "its liveness probe failed".into(),
+                        why: KillReason::ProbeFailed,
                     });
                 }
             }
@@ -371,7 +449,7 @@ pub fn plan(input: &PlanInput<'_>) -> Decision {
                 d.actions.push(Action::KillContainer {
                     id: info.id.clone(),
                     name: c.name.clone(),
-                    why: "it was created but is not running".into(),
+                    why: KillReason::NotRunning,
                 });
                 d.actions.push(Action::StartContainer {
                     kind: ContainerKind::App,
@@ -406,7 +484,7 @@ fn restart_exited(
             d.waiting.insert(
                 c.name.clone(),
                 Waiting::new(
-                    "CrashLoopBackOff",
+                    WaitingReason::CrashLoopBackOff,
                     format!(
                         "back-off {} restarting failed container={} pod={}_{}({})",
                         crate::config::format_go_duration(delay),
@@ -613,7 +691,7 @@ mod tests {
         };
         let d = plan_for(&p, &rt, &b, 5);
         assert_eq!(d.actions, [Action::RemoveContainer { id: "a-0".into() }]);
-        assert_eq!(d.waiting["a"].reason, "CrashLoopBackOff");
+        assert_eq!(d.waiting["a"].reason, WaitingReason::CrashLoopBackOff);
         assert!(
             d.waiting["a"]
                 .message
@@ -808,9 +886,13 @@ mod tests {
             unhealthy: &unhealthy,
             keep_exited: 1,
         });
-        assert!(
-            matches!(&d.actions[..], [Action::KillContainer { why, .. }] if why.contains("liveness"))
-        );
+        assert!(matches!(
+            &d.actions[..],
+            [Action::KillContainer {
+                why: KillReason::ProbeFailed,
+                ..
+            }]
+        ));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! state, restart count, image, image ID, `containerd://` IDs, ready/started), IPs and start
 //! time. Built as JSON; patched only when it differs from what was last sent.
 
-use super::lifecycle::{Phase, Waiting, current, initialized};
+use super::lifecycle::{Phase, Waiting, WaitingReason, current, initialized};
 use super::runtime::{ContainerInfo, PodRuntime};
 use super::spec::{Container, Pod};
 use super::time;
@@ -54,7 +54,7 @@ fn terminated(info: &ContainerInfo, runtime: &str) -> Value {
 }
 
 fn waiting(w: &Waiting) -> Value {
-    let mut v = json!({"reason": w.reason});
+    let mut v = json!({"reason": w.reason.as_str()});
     if !w.message.is_empty() {
         v["message"] = json!(w.message);
     }
@@ -64,7 +64,7 @@ fn waiting(w: &Waiting) -> Value {
 fn container_status(
     input: &StatusInput<'_>,
     c: &Container,
-    default_waiting: &str,
+    default_waiting: WaitingReason,
     is_init: bool,
 ) -> (Value, bool) {
     let rt = input.rt;
@@ -90,7 +90,7 @@ fn container_status(
             None => (terminated(i, runtime), last_exit(Some(&i.id)), None),
         },
         Some(i) => (
-            waiting(note.unwrap_or(&Waiting::new("ContainerCreating", ""))),
+            waiting(note.unwrap_or(&Waiting::new(WaitingReason::ContainerCreating, ""))),
             last_exit(Some(&i.id)),
             None,
         ),
@@ -166,7 +166,7 @@ pub fn pod_status(input: &StatusInput<'_>) -> Value {
     let mut init_statuses = Vec::new();
     let mut incomplete = Vec::new();
     for c in &pod.spec.init_containers {
-        let (s, _) = container_status(input, c, "PodInitializing", true);
+        let (s, _) = container_status(input, c, WaitingReason::PodInitializing, true);
         let done = inits_done || s["state"]["terminated"]["exitCode"] == json!(0);
         if !done {
             incomplete.push(c.name.clone());
@@ -176,9 +176,9 @@ pub fn pod_status(input: &StatusInput<'_>) -> Value {
     let mut statuses = Vec::new();
     let mut unready = Vec::new();
     let app_default = if inits_done {
-        "ContainerCreating"
+        WaitingReason::ContainerCreating
     } else {
-        "PodInitializing"
+        WaitingReason::PodInitializing
     };
     for c in &pod.spec.containers {
         let (s, ready) = container_status(input, c, app_default, false);
@@ -322,7 +322,7 @@ pub fn reported_fields(status: &Value) -> Value {
 /// The status of a pod whose spec cannot run: Pending, every container waiting with `reason`.
 pub fn unrunnable_status(
     raw: &Value,
-    reason: &str,
+    reason: WaitingReason,
     message: &str,
     host_ip: &str,
     previous: &Value,
@@ -336,7 +336,7 @@ pub fn unrunnable_status(
             .map(|c| {
                 json!({
                     "name": c["name"].as_str().unwrap_or_default(),
-                    "state": {"waiting": {"reason": reason, "message": message}},
+                    "state": {"waiting": {"reason": reason.as_str(), "message": message}},
                     "lastState": {},
                     "ready": false,
                     "restartCount": 0,
@@ -353,8 +353,8 @@ pub fn unrunnable_status(
         "conditions": [
             condition(previous, now, "PodReadyToStartContainers", false, None, None),
             condition(previous, now, "Initialized", init.is_empty(), None, None),
-            condition(previous, now, "Ready", false, Some(reason), Some(message.to_string())),
-            condition(previous, now, "ContainersReady", false, Some(reason), Some(message.to_string())),
+            condition(previous, now, "Ready", false, Some(reason.as_str()), Some(message.to_string())),
+            condition(previous, now, "ContainersReady", false, Some(reason.as_str()), Some(message.to_string())),
             condition(previous, now, "PodScheduled", true, None, None),
         ],
         "containerStatuses": names("containers"),
@@ -507,7 +507,7 @@ mod tests {
         ]);
         let waiting = HashMap::from([(
             "a".to_string(),
-            Waiting::new("CrashLoopBackOff", "back-off 40s"),
+            Waiting::new(WaitingReason::CrashLoopBackOff, "back-off 40s"),
         )]);
         let s = status(&p, &rt, Phase::Running, &waiting, &Value::Null);
         let c = &s["containerStatuses"][0];
@@ -531,7 +531,7 @@ mod tests {
         let raw = json!({"spec": {"containers": [{"name": "a", "image": "busybox"}]}});
         let s = unrunnable_status(
             &raw,
-            "CreateContainerConfigError",
+            WaitingReason::CreateContainerConfigError,
             "no",
             "1.2.3.4",
             &Value::Null,
