@@ -23,6 +23,8 @@ pub mod api {
     tonic::include_proto!("runtime.v1");
 }
 
+pub mod runtime;
+
 pub use api::image_service_client::ImageServiceClient;
 pub use api::runtime_service_client::RuntimeServiceClient;
 
@@ -144,6 +146,9 @@ fn unix_endpoint(socket: &Path) -> Result<Endpoint, CriError> {
     })?;
     Ok(endpoint.connect_timeout(CONNECT_TIMEOUT))
 }
+
+#[cfg(test)]
+pub(crate) mod fake;
 
 #[cfg(test)]
 mod tests {

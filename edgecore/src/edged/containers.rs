@@ -5,14 +5,14 @@
 
 use super::env::{ConfigError, expand};
 use super::quantity;
-use super::runtime::{
-    ANNOTATION_CONTAINER_HASH, ANNOTATION_CONTAINER_KIND, ANNOTATION_GRACE_PERIOD,
-    ANNOTATION_RESTART_COUNT, LABEL_CONTAINER_NAME, image_spec,
-};
 use super::sandbox::{namespace_options, pod_labels, seccomp};
 use super::spec::{Container, Pod};
 use super::volumes::HostVolume;
 use crate::cri::api;
+use crate::cri::runtime::{
+    ANNOTATION_CONTAINER_HASH, ANNOTATION_CONTAINER_KIND, ANNOTATION_GRACE_PERIOD,
+    ANNOTATION_RESTART_COUNT, LABEL_CONTAINER_NAME, image_spec,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -495,7 +495,7 @@ mod tests {
         assert_eq!(cfg.log_path, "main/3.log");
         assert_eq!(cfg.metadata.unwrap().attempt, 3);
         assert_eq!(cfg.labels[LABEL_CONTAINER_NAME], "main");
-        assert_eq!(cfg.labels[super::super::runtime::LABEL_POD_UID], "u-1");
+        assert_eq!(cfg.labels[crate::cri::runtime::LABEL_POD_UID], "u-1");
         assert_eq!(cfg.annotations[ANNOTATION_RESTART_COUNT], "3");
         assert_eq!(
             cfg.annotations[ANNOTATION_CONTAINER_HASH],

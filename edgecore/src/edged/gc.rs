@@ -4,7 +4,7 @@
 //! are never touched, nor those another edge node created (see [`LABEL_NODE`]).
 
 use super::pod_worker::Shared;
-use super::runtime::{ANNOTATION_GRACE_PERIOD, LABEL_NODE, LABEL_POD_UID, RuntimeError};
+use crate::cri::runtime::{ANNOTATION_GRACE_PERIOD, LABEL_NODE, LABEL_POD_UID, RuntimeError};
 use std::collections::HashMap;
 use std::time::Duration;
 

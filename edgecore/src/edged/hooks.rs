@@ -3,8 +3,8 @@
 //! inside its grace period. Handlers: `exec` (through `ExecSync`), `httpGet`, `sleep`.
 
 use super::probes::{http_get, resolve_port};
-use super::runtime::Runtime;
 use super::spec::{Container, LifecycleHandler};
+use crate::cri::runtime::Runtime;
 use std::time::{Duration, Instant};
 
 /// The kubelet never stops a container with less than this after a preStop hook.

@@ -19,9 +19,9 @@
 use super::EdgedConfig;
 use super::events::{EventType, ObjectRef};
 use super::pod_worker::Shared;
-use super::runtime::RuntimeError;
 use super::stats::host;
 use crate::cri::api;
+use crate::cri::runtime::RuntimeError;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -7,9 +7,9 @@
 
 use super::backoff::Backoff;
 use super::containers::ContainerKind;
-use super::runtime::{ContainerInfo, PodRuntime};
 use super::spec::{Container, Pod, RestartPolicy};
 use crate::cri::api::ContainerState;
+use crate::cri::runtime::{ContainerInfo, PodRuntime};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -546,7 +546,7 @@ fn prune(input: &PlanInput<'_>, actions: &mut Vec<Action>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::edged::runtime::SandboxInfo;
+    use crate::cri::runtime::SandboxInfo;
     use serde_json::json;
 
     fn pod(spec: serde_json::Value) -> Pod {

@@ -3,8 +3,8 @@
 //! reopen it (`ReopenContainerLog`); at most `containerLogMaxFiles` files are kept per
 //! container. An edge disk must not fill up with one chatty container's output.
 
-use super::runtime::{LABEL_NODE, Runtime, RuntimeError};
 use crate::cri::api;
+use crate::cri::runtime::{LABEL_NODE, Runtime, RuntimeError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;

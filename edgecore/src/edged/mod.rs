@@ -33,7 +33,6 @@ pub mod pod_worker;
 pub mod probes;
 pub mod pull_secrets;
 pub mod quantity;
-pub mod runtime;
 pub mod sandbox;
 pub mod settings;
 pub mod spec;
@@ -45,11 +44,11 @@ pub mod volumes;
 
 pub use settings::EdgedConfig;
 
+use crate::cri::runtime::{LABEL_NODE, LABEL_POD_UID, Runtime};
 use crate::cri::{CriClient, CriError};
 use crate::edgehub::LinkEvent;
 use crate::metamanager::{ChangeAction, MetaClient, ObjectChange, ObjectKind};
 use pod_worker::{PodIntent, PodWorker, Shared};
-use runtime::{LABEL_NODE, LABEL_POD_UID, Runtime};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};

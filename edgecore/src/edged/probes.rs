@@ -3,9 +3,9 @@
 //! liveness or startup probe marks the container unhealthy (the pod worker restarts it);
 //! readiness feeds the container's `ready` and the pod's Ready condition.
 
-use super::runtime::{PodRuntime, Runtime};
 use super::spec::{Container, HttpGetAction, Pod, Probe};
 use crate::cri::api::ContainerState;
+use crate::cri::runtime::{PodRuntime, Runtime};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};

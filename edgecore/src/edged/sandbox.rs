@@ -3,10 +3,10 @@
 //! own), DNS, host ports, the kubelet's labels, the log directory, security context and
 //! sysctls.
 
-use super::runtime::{LABEL_NODE, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID};
 use super::settings::EdgedConfig;
 use super::spec::{Pod, SeccompProfile};
 use crate::cri::api;
+use crate::cri::runtime::{LABEL_NODE, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID};
 use std::collections::HashMap;
 use std::path::PathBuf;
 

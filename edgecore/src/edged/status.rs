@@ -4,10 +4,10 @@
 //! time. Built as JSON; patched only when it differs from what was last sent.
 
 use super::lifecycle::{Phase, Waiting, WaitingReason, current, initialized};
-use super::runtime::{ContainerInfo, PodRuntime};
 use super::spec::{Container, Pod};
 use super::time;
 use crate::cri::api::ContainerState;
+use crate::cri::runtime::{ContainerInfo, PodRuntime};
 use serde_json::{Map, Value, json};
 use std::collections::{HashMap, HashSet};
 
@@ -373,7 +373,7 @@ pub fn unrunnable_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::edged::runtime::SandboxInfo;
+    use crate::cri::runtime::SandboxInfo;
 
     fn pod(spec: Value) -> Pod {
         Pod::from_value(&json!({

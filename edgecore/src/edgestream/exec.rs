@@ -8,7 +8,7 @@
 
 use super::tunnel::TunnelSender;
 use crate::cri::api;
-use crate::edged::runtime::{
+use crate::cri::runtime::{
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime,
 };
 use kubeedge_shared::stream::http::request_head;

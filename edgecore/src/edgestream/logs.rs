@@ -7,7 +7,7 @@
 use super::crilog::{Decoder, LogOptions, tail_start};
 use super::tunnel::TunnelSender;
 use crate::cri::api;
-use crate::edged::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, Runtime};
+use crate::cri::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, Runtime};
 use kubeedge_shared::stream::Connector;
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};

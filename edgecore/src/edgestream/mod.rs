@@ -16,8 +16,8 @@ pub mod tunnel;
 
 use crate::app::{StartError, load_err};
 use crate::config::EdgeCoreConfig;
+use crate::cri::runtime::Runtime;
 use crate::edged::EdgedConfig;
-use crate::edged::runtime::Runtime;
 use kubeedge_shared::tls::{self, TlsError};
 use std::path::Path;
 use std::sync::Arc;
@@ -105,7 +105,7 @@ impl EdgeStream {
         })?;
         let cri = crate::cri::CriClient::connect_lazy(&edged.runtime_endpoint)
             .map_err(|e| StartError::Edged(crate::edged::EdgedError::Runtime(e)))?;
-        let runtime = crate::edged::runtime::Runtime::new(cri, edged.runtime_request_timeout);
+        let runtime = crate::cri::runtime::Runtime::new(cri, edged.runtime_request_timeout);
         let settings = EdgeStreamSettings {
             server: s.server.clone(),
             node_name: edged.node_name.clone(),

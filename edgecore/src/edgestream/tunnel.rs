@@ -3,7 +3,7 @@
 //! 5 s pings, and dispatch of tunnel messages to the local connections.
 
 use super::EdgeStreamSettings;
-use crate::edged::runtime::Runtime;
+use crate::cri::runtime::Runtime;
 use crate::edged::stats::StatsProvider;
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader, WsWriter};
 use kubeedge_shared::stream::{self, Connector, MessageType, TunnelMessage};

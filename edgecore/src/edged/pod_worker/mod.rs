@@ -15,7 +15,6 @@ use super::env::{ObjectSource, PodContext, container_env};
 use super::events::{EventType, ObjectRef};
 use super::lifecycle::{self, Action, Phase, PlanInput, PodState, Waiting, WaitingReason};
 use super::probes::Probes;
-use super::runtime::{PodRuntime, Runtime};
 use super::sandbox::{log_directory, sandbox_config};
 use super::settings::EdgedConfig;
 use super::spec::{Pod, PullPolicy, metadata_of};
@@ -23,6 +22,7 @@ use super::status::{StatusInput, pod_status, unrunnable_status};
 use super::status_report::{ListForm, Outcome, status_patch};
 use super::time;
 use super::volumes::{self, HostVolume, TokenCache};
+use crate::cri::runtime::{PodRuntime, Runtime};
 use crate::metamanager::{MetaClient, MetaError};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
@@ -37,6 +37,8 @@ mod images;
 mod report;
 mod start;
 mod terminate;
+#[cfg(test)]
+mod tests;
 
 use report::RefusedStatus;
 

@@ -12,11 +12,11 @@ pub mod sample;
 pub mod summary;
 
 use self::sample::{ContainerSample, Cpu, Memory, NodeSample, PodSample, Snapshot};
-use super::runtime::{
-    LABEL_CONTAINER_NAME, LABEL_NODE, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime,
-};
 use super::status_report::StatusReports;
 use crate::cri::api;
+use crate::cri::runtime::{
+    LABEL_CONTAINER_NAME, LABEL_NODE, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime,
+};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
