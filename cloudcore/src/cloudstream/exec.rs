@@ -8,7 +8,7 @@
 //! connection and from then on bytes are relayed both ways; any other status is answered
 //! with its headers and body. Either side ending ends both (as the apiserver's proxy does).
 
-use super::server::{Body, ConnGuard, connect, session_for_pod, text};
+use super::relay::{Body, ConnGuard, connect, session_for_pod, text};
 use super::session::Sessions;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};

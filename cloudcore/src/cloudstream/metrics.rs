@@ -9,7 +9,7 @@
 //! within [`FIRST_DATA_TIMEOUT`] gets a 504, and the body is cut at [`MAX_BODY`] bytes or
 //! after [`IDLE_TIMEOUT`] of silence.
 
-use super::server::{Body, ConnGuard, connect, text};
+use super::relay::{Body, ConnGuard, connect, text};
 use super::session::{Session, Sessions};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};

@@ -12,6 +12,7 @@ pub mod exec;
 pub mod iptables;
 pub mod metrics;
 pub mod node_port;
+pub mod relay;
 pub mod server;
 pub mod session;
 pub mod tunnel;

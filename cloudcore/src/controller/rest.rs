@@ -1,30 +1,89 @@
-//! Plain REST calls to the apiserver with the exact paths, verbs and patch types KubeEdge's
-//! upstream controller uses, so edge-supplied objects pass through field for field.
+//! The apiserver calls of the upstream controller and the resyncs, with the verbs and patch
+//! types KubeEdge's upstream controller uses. Requests are built by kube's dynamic API (an
+//! [`ApiResource`] per [`Kind`], `kube::core::Request`, [`Patch`]) and answered as plain JSON,
+//! so edge-supplied objects pass through field for field.
 
-use http::{Method, Request};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GetParams, Patch, PatchParams};
+use kube::api::{PostParams, Resource};
 use kubeedge_shared::StatusError;
 use serde_json::Value;
 use std::time::Duration;
 
-/// The REST path of a core/v1 or coordination/v1 object.
-pub fn path(kind: Kind, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>) -> String {
-    let (prefix, plural) = kind.group_plural();
-    let mut p = prefix.to_string();
-    if let Some(ns) = namespace.filter(|_| kind.namespaced()) {
-        p.push_str("/namespaces/");
-        p.push_str(ns);
-    }
-    p.push('/');
-    p.push_str(plural);
-    if let Some(n) = name {
-        p.push('/');
-        p.push_str(n);
-    }
-    if let Some(s) = sub {
-        p.push('/');
-        p.push_str(s);
-    }
-    p
+/// A built request: method, path with query, headers and body.
+pub type ApiRequest = http::Request<Vec<u8>>;
+
+/// Requests for objects of `kind` in `namespace` (ignored for cluster-scoped kinds).
+pub fn requests(kind: Kind, namespace: Option<&str>) -> kube::core::Request {
+    let ns = namespace.filter(|_| kind.namespaced());
+    kube::core::Request::new(DynamicObject::url_path(&kind.api_resource(), ns))
+}
+
+fn built(r: Result<ApiRequest, kube::core::request::Error>) -> Result<ApiRequest, kube::Error> {
+    r.map_err(kube::Error::BuildRequest)
+}
+
+fn json_bytes(body: &Value) -> Vec<u8> {
+    body.to_string().into_bytes()
+}
+
+/// `GET` one object.
+pub fn get(kind: Kind, ns: Option<&str>, name: &str) -> Result<ApiRequest, kube::Error> {
+    built(requests(kind, ns).get(name, &GetParams::default()))
+}
+
+/// `POST` an object to its collection.
+pub fn create(kind: Kind, ns: Option<&str>, body: &Value) -> Result<ApiRequest, kube::Error> {
+    built(requests(kind, ns).create(&PostParams::default(), json_bytes(body)))
+}
+
+/// `PUT` an object.
+pub fn replace(
+    kind: Kind,
+    ns: Option<&str>,
+    name: &str,
+    body: &Value,
+) -> Result<ApiRequest, kube::Error> {
+    built(requests(kind, ns).replace(name, &PostParams::default(), json_bytes(body)))
+}
+
+/// `PATCH` an object, or its subresource `sub`.
+pub fn patch(
+    kind: Kind,
+    ns: Option<&str>,
+    name: &str,
+    sub: Option<&str>,
+    patch: &Patch<&Value>,
+) -> Result<ApiRequest, kube::Error> {
+    let pp = PatchParams::default();
+    let r = requests(kind, ns);
+    built(match sub {
+        Some(sub) => r.patch_subresource(sub, name, &pp, patch),
+        None => r.patch(name, &pp, patch),
+    })
+}
+
+/// `POST` to subresource `sub` of an object (e.g. a service account's `token`).
+pub fn create_subresource(
+    kind: Kind,
+    ns: Option<&str>,
+    name: &str,
+    sub: &str,
+    body: &Value,
+) -> Result<ApiRequest, kube::Error> {
+    let r = requests(kind, ns);
+    built(r.create_subresource(sub, name, &PostParams::default(), json_bytes(body)))
+}
+
+/// `DELETE` an object with the edge's `DeleteOptions` as the body, as sent.
+pub fn delete(
+    kind: Kind,
+    ns: Option<&str>,
+    name: &str,
+    options: &Value,
+) -> Result<ApiRequest, kube::Error> {
+    let req = built(requests(kind, ns).delete(name, &DeleteParams::default()))?;
+    let (parts, _) = req.into_parts();
+    Ok(http::Request::from_parts(parts, json_bytes(options)))
 }
 
 /// Why `s` may not be a namespace or name in a REST path: client-go's
@@ -67,6 +126,19 @@ impl Kind {
         {
             Some(group) => format!("{plural}.{group}"),
             None => plural.to_string(),
+        }
+    }
+
+    /// The resource as kube's dynamic API describes it.
+    pub fn api_resource(self) -> ApiResource {
+        let (api_version, kind) = self.type_meta();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: api_version.into(),
+            kind: kind.into(),
+            plural: self.group_plural().1.into(),
         }
     }
 
@@ -146,42 +218,36 @@ pub fn with_type_meta(mut obj: Value, kind: Kind) -> Value {
     obj
 }
 
-pub const MERGE_PATCH: &str = "application/merge-patch+json";
-pub const STRATEGIC_PATCH: &str = "application/strategic-merge-patch+json";
+/// A copy of `req` to send again.
+fn copy(req: &ApiRequest) -> ApiRequest {
+    let mut out = http::Request::new(req.body().clone());
+    *out.method_mut() = req.method().clone();
+    *out.uri_mut() = req.uri().clone();
+    *out.headers_mut() = req.headers().clone();
+    out
+}
 
 /// Sends one request; apiserver errors come back as `kube::Error::Api`.
-pub async fn call(
-    client: &kube::Client,
-    method: Method,
-    path: &str,
-    content_type: &str,
-    body: Option<&Value>,
-) -> Result<Value, kube::Error> {
-    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::CONTENT_TYPE, content_type)
-        .header(http::header::ACCEPT, "application/json")
-        .body(bytes)
-        .map_err(kube::Error::HttpError)?;
+pub async fn call(client: &kube::Client, mut req: ApiRequest) -> Result<Value, kube::Error> {
+    req.headers_mut()
+        .entry(http::header::ACCEPT)
+        .or_insert(http::HeaderValue::from_static("application/json"));
     client.request::<Value>(req).await
 }
 
 /// `call`, retried with backoff on errors worth retrying (429, 5xx, transport).
 pub async fn call_retrying(
     client: &kube::Client,
-    method: Method,
-    path: &str,
-    content_type: &str,
-    body: Option<&Value>,
+    req: Result<ApiRequest, kube::Error>,
 ) -> Result<Value, kube::Error> {
+    let req = req?;
     let mut delay = Duration::from_millis(100);
     let mut attempt = 0;
     loop {
-        match call(client, method.clone(), path, content_type, body).await {
+        match call(client, copy(&req)).await {
             Err(e) if attempt < 4 && retriable(&e) => {
                 attempt += 1;
+                let path = req.uri().path();
                 tracing::debug!(%path, error = %e, attempt, "apiserver call failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay *= 2;
@@ -221,6 +287,7 @@ pub fn is_not_found(e: &kube::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn names_that_would_change_the_path_are_invalid() {
@@ -249,32 +316,73 @@ mod tests {
         }
     }
 
+    fn target(r: Result<ApiRequest, kube::Error>) -> String {
+        let r = r.unwrap();
+        format!("{} {}", r.method(), r.uri())
+    }
+
     #[test]
-    fn paths_follow_the_rest_layout() {
+    fn requests_follow_the_rest_layout() {
+        let p = json!({"status": {}});
         assert_eq!(
-            path(Kind::Pod, Some("ns"), Some("p"), Some("status")),
-            "/api/v1/namespaces/ns/pods/p/status"
+            target(patch(
+                Kind::Pod,
+                Some("ns"),
+                "p",
+                Some("status"),
+                &Patch::Strategic(&p)
+            )),
+            "PATCH /api/v1/namespaces/ns/pods/p/status?"
         );
         assert_eq!(
-            path(Kind::Node, Some("default"), Some("edge-1"), None),
-            "/api/v1/nodes/edge-1"
+            target(get(Kind::Node, Some("default"), "edge-1")),
+            "GET /api/v1/nodes/edge-1"
         );
         assert_eq!(
-            path(Kind::Lease, Some("kube-node-lease"), Some("e"), None),
-            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/e"
+            target(replace(Kind::Lease, Some("kube-node-lease"), "e", &p)),
+            "PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/e?"
         );
         assert_eq!(
-            path(Kind::VolumeAttachment, None, Some("va"), None),
-            "/apis/storage.k8s.io/v1/volumeattachments/va"
+            target(get(Kind::VolumeAttachment, None, "va")),
+            "GET /apis/storage.k8s.io/v1/volumeattachments/va"
         );
         assert_eq!(
-            path(
+            target(create_subresource(
                 Kind::ServiceAccount,
                 Some("ns"),
-                Some("default"),
-                Some("token")
-            ),
-            "/api/v1/namespaces/ns/serviceaccounts/default/token"
+                "default",
+                "token",
+                &p
+            )),
+            "POST /api/v1/namespaces/ns/serviceaccounts/default/token?"
         );
+        assert_eq!(
+            target(create(Kind::EndpointSlice, Some("ns"), &p)),
+            "POST /apis/discovery.k8s.io/v1/namespaces/ns/endpointslices?"
+        );
+    }
+
+    #[test]
+    fn patches_carry_their_content_type_and_deletes_the_edge_options() {
+        let p = json!({"status": {}});
+        let r = patch(Kind::Node, None, "n", None, &Patch::Merge(&p)).unwrap();
+        assert_eq!(
+            r.headers()[http::header::CONTENT_TYPE],
+            "application/merge-patch+json"
+        );
+        let r = patch(Kind::Node, None, "n", None, &Patch::Strategic(&p)).unwrap();
+        assert_eq!(
+            r.headers()[http::header::CONTENT_TYPE],
+            "application/strategic-merge-patch+json"
+        );
+        let options = json!({"gracePeriodSeconds": 0, "preconditions": {"uid": "u-1"}});
+        let r = delete(Kind::Pod, Some("ns"), "p", &options).unwrap();
+        assert_eq!(r.method(), http::Method::DELETE);
+        assert_eq!(serde_json::from_slice::<Value>(r.body()).unwrap(), options);
+    }
+
+    #[test]
+    fn an_empty_name_is_refused_before_any_request() {
+        assert!(get(Kind::Pod, Some("ns"), "").is_err());
     }
 }

@@ -3,13 +3,11 @@
 use super::location::SharedLocation;
 use super::node_fields;
 use super::node_restriction::{self, Verdict};
-use super::rest::{
-    self, Kind, MERGE_PATCH, STRATEGIC_PATCH, call_retrying, status_error, with_type_meta,
-};
+use super::rest::{self, ApiRequest, Kind, call_retrying, status_error, with_type_meta};
 use super::services::ServiceCache;
 use crate::cloudhub::{CloudHub, Upstream};
 use crate::metrics::{ControllerMetrics, OperationLabel};
-use http::Method;
+use kube::api::Patch;
 use kubeedge_shared::ResourceType as RT;
 use kubeedge_shared::content::{self, ObjectResp, StatusError};
 use kubeedge_shared::operation::source;
@@ -230,16 +228,13 @@ impl UpstreamHandler {
             Verdict::Deny(why) => Err(why.clone()),
             Verdict::PodOnNode {
                 namespace, name, ..
-            } => {
-                let p = rest::path(Kind::Pod, Some(namespace), Some(name), None);
-                match self.api(Method::GET, &p, "application/json", None).await {
-                    Ok(pod) => node_restriction::pod_verdict(&up.node, &verdict, Some(&pod)),
-                    Err(e) if rest::is_not_found(&e) => {
-                        node_restriction::pod_verdict(&up.node, &verdict, None)
-                    }
-                    Err(e) => Err(format!("pod {namespace}/{name} could not be checked: {e}")),
+            } => match self.api(rest::get(Kind::Pod, Some(namespace), name)).await {
+                Ok(pod) => node_restriction::pod_verdict(&up.node, &verdict, Some(&pod)),
+                Err(e) if rest::is_not_found(&e) => {
+                    node_restriction::pod_verdict(&up.node, &verdict, None)
                 }
-            }
+                Err(e) => Err(format!("pod {namespace}/{name} could not be checked: {e}")),
+            },
         }
     }
 
@@ -264,14 +259,8 @@ impl UpstreamHandler {
     }
 
     /// One apiserver call (retried on transient errors), errors counted by code.
-    async fn api(
-        &self,
-        method: Method,
-        path: &str,
-        content_type: &str,
-        body: Option<&Value>,
-    ) -> Result<Value, kube::Error> {
-        let r = call_retrying(&self.client, method, path, content_type, body).await;
+    async fn api(&self, req: Result<ApiRequest, kube::Error>) -> Result<Value, kube::Error> {
+        let r = call_retrying(&self.client, req).await;
         if let Err(e) = &r {
             let code = match e {
                 kube::Error::Api(s) => s.code.to_string(),
@@ -301,11 +290,7 @@ impl UpstreamHandler {
         if let Some(name) = name {
             set_name(&mut body, name);
         }
-        let p = rest::path(kind, ns, None, None);
-        match self
-            .api(Method::POST, &p, "application/json", Some(&body))
-            .await
-        {
+        match self.api(rest::create(kind, ns, &body)).await {
             Ok(obj) => Reply::object(with_type_meta(obj, kind)),
             Err(e) => Reply::object_err(status_error(&e)),
         }
@@ -319,8 +304,7 @@ impl UpstreamHandler {
                 None,
             );
         };
-        let p = rest::path(kind, ns, Some(name), None);
-        match self.api(Method::GET, &p, "application/json", None).await {
+        match self.api(rest::get(kind, ns, name)).await {
             Ok(obj) => {
                 let rv = resource_version(&obj);
                 Reply::bare(with_type_meta(obj, kind), rv)
@@ -390,11 +374,8 @@ impl UpstreamHandler {
         if kind == Kind::Node {
             node_fields::strip_from_patch(&mut patch);
         }
-        let p = rest::path(kind, ns, Some(name), Some("status"));
-        match self
-            .api(Method::PATCH, &p, STRATEGIC_PATCH, Some(&patch))
-            .await
-        {
+        let req = rest::patch(kind, ns, name, Some("status"), &Patch::Strategic(&patch));
+        match self.api(req).await {
             Ok(obj) => {
                 let rv = resource_version(&obj);
                 Reply::object(with_type_meta(obj, kind)).with_rv(rv)
@@ -410,11 +391,8 @@ impl UpstreamHandler {
             return Reply::bare(json!("node update is not JSON"), None);
         };
         let patch = label_merge_patch(&node);
-        let p = rest::path(Kind::Node, None, Some(name), None);
-        match self
-            .api(Method::PATCH, &p, STRATEGIC_PATCH, Some(&patch))
-            .await
-        {
+        let req = rest::patch(Kind::Node, None, name, None, &Patch::Strategic(&patch));
+        match self.api(req).await {
             Ok(obj) => Reply::ok().with_rv(resource_version(&obj)),
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
         }
@@ -432,16 +410,15 @@ impl UpstreamHandler {
             .cloned()
             .unwrap_or(Value::Null);
         node_fields::strip_from_status(&mut status);
-        let p = rest::path(Kind::Node, None, Some(name), Some("status"));
-        match self
-            .api(
-                Method::PATCH,
-                &p,
-                MERGE_PATCH,
-                Some(&json!({"status": status})),
-            )
-            .await
-        {
+        let patch = json!({"status": status});
+        let req = rest::patch(
+            Kind::Node,
+            None,
+            name,
+            Some("status"),
+            &Patch::Merge(&patch),
+        );
+        match self.api(req).await {
             Ok(obj) => Reply::ok().with_rv(resource_version(&obj)),
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
         }
@@ -468,11 +445,7 @@ impl UpstreamHandler {
                 tracing::warn!(node, %why, "legacy pod status for an invalid pod name skipped");
                 continue;
             }
-            let p = rest::path(Kind::Pod, Some(ns), Some(name), Some("status"));
-            let named = rest::path(Kind::Pod, Some(ns), Some(name), None);
-            let current = self
-                .api(Method::GET, &named, "application/json", None)
-                .await;
+            let current = self.api(rest::get(Kind::Pod, Some(ns), name)).await;
             let stale = match &current {
                 Ok(pod) => pod["metadata"]["uid"].as_str() != Some(uid),
                 Err(e) => rest::is_not_found(e),
@@ -505,7 +478,14 @@ impl UpstreamHandler {
                 continue;
             }
             let patch = json!({"metadata": {"uid": uid}, "status": item["Status"]});
-            if let Err(e) = self.api(Method::PATCH, &p, MERGE_PATCH, Some(&patch)).await {
+            let req = rest::patch(
+                Kind::Pod,
+                Some(ns),
+                name,
+                Some("status"),
+                &Patch::Merge(&patch),
+            );
+            if let Err(e) = self.api(req).await {
                 tracing::debug!(node, pod = name, error = %e, "legacy pod status update failed");
             }
         }
@@ -536,11 +516,7 @@ impl UpstreamHandler {
                 content::content_json(other).unwrap_or_else(|_| json!({"gracePeriodSeconds": 0}))
             }
         };
-        let p = rest::path(Kind::Pod, ns, Some(name), None);
-        match self
-            .api(Method::DELETE, &p, "application/json", Some(&options))
-            .await
-        {
+        match self.api(rest::delete(Kind::Pod, ns, name, &options)).await {
             Ok(_) => Reply::ok(),
             Err(e) if rest::is_not_found(&e) => Reply::ok(),
             // A UID precondition failing means the pod was recreated: nothing to delete.
@@ -561,11 +537,7 @@ impl UpstreamHandler {
             Ok(b) => b,
             Err(e) => return Reply::object_err(*e),
         };
-        let p = rest::path(Kind::Lease, ns, Some(name), None);
-        match self
-            .api(Method::PUT, &p, "application/json", Some(&body))
-            .await
-        {
+        match self.api(rest::replace(Kind::Lease, ns, name, &body)).await {
             Ok(obj) => Reply::object(with_type_meta(obj, Kind::Lease)),
             Err(e) => Reply::object_err(status_error(&e)),
         }
@@ -585,11 +557,8 @@ impl UpstreamHandler {
         } else {
             json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}})
         };
-        let p = rest::path(Kind::ServiceAccount, ns, Some(name), Some("token"));
-        match self
-            .api(Method::POST, &p, "application/json", Some(&body))
-            .await
-        {
+        let req = rest::create_subresource(Kind::ServiceAccount, ns, name, "token", &body);
+        match self.api(req).await {
             Ok(tr) => Reply::bare(tr, None),
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
         }
@@ -640,29 +609,23 @@ impl UpstreamHandler {
         if let Some(m) = event["metadata"].as_object_mut() {
             m.remove("resourceVersion");
         }
-        let named = rest::path(Kind::Event, Some(&ns), Some(&name), None);
-        let collection = rest::path(Kind::Event, Some(&ns), None, None);
+        let namespace = ns;
+        let ns = Some(namespace.as_str());
         let written = match (op, patch) {
             (Operation::Patch, Some(patch)) => {
-                match self
-                    .api(Method::PATCH, &named, STRATEGIC_PATCH, Some(&patch))
-                    .await
-                {
+                let req = rest::patch(Kind::Event, ns, &name, None, &Patch::Strategic(&patch));
+                match self.api(req).await {
                     Err(kube::Error::Api(s)) if s.code == 404 => {
-                        self.api(Method::POST, &collection, "application/json", Some(&event))
-                            .await
+                        self.api(rest::create(Kind::Event, ns, &event)).await
                     }
                     r => r,
                 }
             }
             (Operation::Update, _) => {
-                self.api(Method::PUT, &named, "application/json", Some(&event))
+                self.api(rest::replace(Kind::Event, ns, &name, &event))
                     .await
             }
-            _ => match self
-                .api(Method::POST, &collection, "application/json", Some(&event))
-                .await
-            {
+            _ => match self.api(rest::create(Kind::Event, ns, &event)).await {
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Value::Null),
                 r => r,
             },
@@ -670,7 +633,7 @@ impl UpstreamHandler {
         match written {
             Ok(_) => Reply::ok(),
             Err(e) => {
-                tracing::debug!(event = %name, namespace = %ns, error = %e, "event not recorded");
+                tracing::debug!(event = %name, %namespace, error = %e, "event not recorded");
                 Reply::bare(status_error(&e).to_value(), None)
             }
         }

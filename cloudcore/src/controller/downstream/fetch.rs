@@ -102,16 +102,8 @@ async fn perform(client: &kube::Client, fetch: Fetch) -> Input {
         Fetch::Configs { node, keys } => {
             let mut objects = Vec::with_capacity(keys.len());
             for (kind, key) in keys {
-                let path = rest::path(kind.rest_kind(), Some(&key.0), Some(&key.1), None);
-                let object = match rest::call_retrying(
-                    client,
-                    http::Method::GET,
-                    &path,
-                    "application/json",
-                    None,
-                )
-                .await
-                {
+                let req = rest::get(kind.rest_kind(), Some(&key.0), &key.1);
+                let object = match rest::call_retrying(client, req).await {
                     Ok(obj) => Some(with_type_meta(obj, kind.rest_kind())),
                     Err(e) if rest::is_not_found(&e) => None,
                     Err(e) => {
