@@ -8,34 +8,16 @@ use crate::edged::{Edged, EdgedConfig};
 use crate::edgehub::{EdgeHub, EdgeHubConfig};
 use crate::metamanager::MetaManagerConfig;
 use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, StoreError};
-use kubeedge_shared::tls::{self, TlsError};
-use std::path::Path;
+pub use crate::tls_files::load_tls;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error(
-        "cannot load {field} ({path}): {source}\n  \
-         This edge has no usable certificate yet: set modules.edgeHub.token (from \
-         `keadm gettoken`) and modules.edgeHub.httpServer to obtain one, run `edgecore join`, \
-         or point {field} in the config at the right file."
-    )]
-    TlsFile {
-        field: &'static str,
-        path: String,
-        source: TlsError,
-    },
-    #[error(
-        "TLS setup with {cert} / {key}: {source}\n  \
-         Check that modules.edgeHub.tlsCertFile and tlsPrivateKeyFile belong together and \
-         that tlsCaFile is the cloud's CA."
-    )]
-    Tls {
-        cert: String,
-        key: String,
-        source: TlsError,
-    },
+    #[error(transparent)]
+    Tls(#[from] crate::tls_files::TlsFileError),
+    #[error(transparent)]
+    Stream(#[from] crate::edgestream::EdgeStreamError),
     #[error(
         "cannot open the edge database (database.dataSource = {path}): {source}\n  \
          Check the directory exists and is writable, and that no other edgecore uses the file."
@@ -59,34 +41,6 @@ pub struct EdgeCore {
     /// Stops certificate rotation.
     rotation: tokio_util::sync::CancellationToken,
     stream: Option<crate::edgestream::EdgeStream>,
-}
-
-/// The error for a TLS file of config `field` that could not be loaded.
-pub(crate) fn load_err(field: &'static str, path: &str) -> impl FnOnce(TlsError) -> StartError {
-    let path = path.to_string();
-    move |source| StartError::TlsFile {
-        field,
-        path,
-        source,
-    }
-}
-
-/// Loads the client TLS configuration from the files `modules.edgeHub` names.
-pub fn load_tls(config: &EdgeCoreConfig) -> Result<Arc<rustls::ClientConfig>, StartError> {
-    let hub = &config.modules.edge_hub;
-    let ca = tls::load_certs(Path::new(&hub.tls_ca_file))
-        .map_err(load_err("modules.edgeHub.tlsCaFile", &hub.tls_ca_file))?;
-    let chain = tls::load_certs(Path::new(&hub.tls_cert_file))
-        .map_err(load_err("modules.edgeHub.tlsCertFile", &hub.tls_cert_file))?;
-    let key = tls::load_key(Path::new(&hub.tls_private_key_file)).map_err(load_err(
-        "modules.edgeHub.tlsPrivateKeyFile",
-        &hub.tls_private_key_file,
-    ))?;
-    tls::client_config(&ca, chain, key).map_err(|source| StartError::Tls {
-        cert: hub.tls_cert_file.clone(),
-        key: hub.tls_private_key_file.clone(),
-        source,
-    })
 }
 
 impl EdgeCore {
@@ -153,7 +107,7 @@ impl EdgeCore {
                         meta.shutdown().await;
                         hub.shutdown();
                         store.close().await;
-                        return Err(err);
+                        return Err(err.into());
                     }
                 }
             }

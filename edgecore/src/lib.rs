@@ -8,3 +8,4 @@ pub mod edged;
 pub mod edgehub;
 pub mod edgestream;
 pub mod metamanager;
+pub mod tls_files;

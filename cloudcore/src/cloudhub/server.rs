@@ -2,7 +2,7 @@
 
 use super::Inner;
 use super::handshake::{Accepted, check_request};
-use super::session;
+use super::session::{self, Ws};
 use crate::metrics::ReasonLabel;
 use http::StatusCode;
 use kubeedge_shared::tls::common_name;
@@ -11,12 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-
-pub(super) type Ws = WebSocketStream<TlsStream<TcpStream>>;
 
 /// Small buffers: an idle session must stay cheap (≤ 50 KB target); they grow when needed.
 pub(crate) fn ws_config(max_frame_bytes: usize) -> WebSocketConfig {

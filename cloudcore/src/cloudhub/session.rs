@@ -2,7 +2,6 @@
 
 use super::handshake::Accepted;
 use super::queue::NodeQueue;
-use super::server::Ws;
 use super::{Inner, NodeEvent, SessionHandle, Upstream};
 use crate::metrics::HubMetrics;
 use dashmap::mapref::entry::Entry;
@@ -17,6 +16,10 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
+
+/// An edge's connection: WebSocket over TLS over TCP.
+pub(super) type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>;
 
 pub(super) async fn run(inner: Arc<Inner>, ws: Ws, accepted: Accepted, peer: SocketAddr) {
     let node = accepted.node.clone();

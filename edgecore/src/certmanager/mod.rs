@@ -380,7 +380,7 @@ pub fn spawn_rotation(config: &EdgeCoreConfig, hub: EdgeHub, shutdown: Cancellat
                     }
                 }
             }
-            match crate::app::load_tls(&config) {
+            match crate::tls_files::load_tls(&config) {
                 Ok(tls) => {
                     tracing::info!(cert = %paths.cert_file, "rotated the edge certificate; reconnecting with it");
                     hub.set_tls_config(tls);

@@ -6,7 +6,7 @@
 //! first, as KubeEdge's edge relays edged's. REMOVE_CONNECT from the cloud or the end of
 //! the runtime's connection ends it. Errors are sent as the kubelet's HTTP error response.
 
-use super::tunnel::TunnelSender;
+use super::sender::TunnelSender;
 use crate::cri::api;
 use crate::cri::runtime::{
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime,

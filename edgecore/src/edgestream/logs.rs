@@ -5,7 +5,7 @@
 //! kubelet's HTTP error body would be through KubeEdge's tunnel.
 
 use super::crilog::{Decoder, LogOptions, tail_start};
-use super::tunnel::TunnelSender;
+use super::sender::TunnelSender;
 use crate::cri::api;
 use crate::cri::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, Runtime};
 use kubeedge_shared::stream::Connector;

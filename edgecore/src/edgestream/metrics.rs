@@ -5,7 +5,7 @@
 //! REMOVE_CONNECT. The body is produced in-process here and sent the same way, several
 //! lines per DATA frame.
 
-use super::tunnel::TunnelSender;
+use super::sender::TunnelSender;
 use crate::edged::stats::StatsProvider;
 use crate::edged::stats::resource;
 use kubeedge_shared::stream::{self, Connector};

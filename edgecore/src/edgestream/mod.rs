@@ -12,17 +12,27 @@ pub mod crilog;
 pub mod exec;
 pub mod logs;
 pub mod metrics;
+pub mod sender;
 pub mod tunnel;
 
-use crate::app::{StartError, load_err};
 use crate::config::EdgeCoreConfig;
 use crate::cri::runtime::Runtime;
 use crate::edged::EdgedConfig;
+use crate::tls_files::{TlsFileError, load_err};
 use kubeedge_shared::tls::{self, TlsError};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// Why edgestream cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeStreamError {
+    #[error(transparent)]
+    Tls(#[from] TlsFileError),
+    #[error("edgestream cannot use the container runtime: {0}")]
+    Runtime(crate::cri::CriError),
+}
 
 /// Between tunnel attempts (KubeEdge's ticker).
 pub const RETRY: Duration = Duration::from_secs(2);
@@ -84,7 +94,7 @@ impl EdgeStream {
         config: &EdgeCoreConfig,
         edged: &EdgedConfig,
         status_reports: Arc<crate::edged::status_report::StatusReports>,
-    ) -> Result<EdgeStream, StartError> {
+    ) -> Result<EdgeStream, EdgeStreamError> {
         let s = &config.modules.edge_stream;
         let ca = tls::load_certs(Path::new(&s.tls_tunnel_ca_file)).map_err(load_err(
             "modules.edgeStream.tlsTunnelCAFile",
@@ -98,13 +108,13 @@ impl EdgeStream {
             "modules.edgeStream.tlsTunnelPrivateKeyFile",
             &s.tls_tunnel_private_key_file,
         ))?;
-        let tls = tunnel::tunnel_tls(&ca, chain, key).map_err(|e| StartError::Tls {
+        let tls = tunnel::tunnel_tls(&ca, chain, key).map_err(|e| TlsFileError::Pair {
             cert: s.tls_tunnel_cert_file.clone(),
             key: s.tls_tunnel_private_key_file.clone(),
             source: TlsError::Config(e.to_string()),
         })?;
         let cri = crate::cri::CriClient::connect_lazy(&edged.runtime_endpoint)
-            .map_err(|e| StartError::Edged(crate::edged::EdgedError::Runtime(e)))?;
+            .map_err(EdgeStreamError::Runtime)?;
         let runtime = crate::cri::runtime::Runtime::new(cri, edged.runtime_request_timeout);
         let settings = EdgeStreamSettings {
             server: s.server.clone(),
