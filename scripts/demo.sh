@@ -5,6 +5,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+case "${1:-}" in
+  -h|--help)
+    cat <<'USAGE'
+Usage: sudo bash scripts/demo.sh
+
+Runs the local demo: installs the packages it needs (scripts/setup.sh), builds the release
+binaries, then starts an in-memory control plane, cloudcore, edgecore (node edge-demo) and a
+private containerd, runs a sample pod and shows kubectl working against it. Ctrl-C stops it
+and removes everything it started. Needs root.
+USAGE
+    exit 0
+    ;;
+esac
+
 if [ "$(id -u)" -ne 0 ]; then
   echo "scripts/demo.sh needs root (it installs packages and runs containerd). Run it as:" >&2
   echo "    sudo bash scripts/demo.sh" >&2

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use clap::Parser;
 use cloudcore::cloudstream::CloudStream;
 use cloudcore::cloudstream::client_auth::ClientAuth;
 use e2e::apiserver::{ApiServer, Config as ApiConfig};
@@ -29,8 +30,16 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use tokio::signal::unix::{SignalKind, signal};
 
+/// The local demo: an in-memory control plane, cloudcore and edgecore for node `edge-demo` on
+/// this machine, a private containerd and a sample pod; Ctrl-C or SIGTERM stops it and removes
+/// everything it started. Needs root; `bash scripts/demo.sh` installs the packages first.
+#[derive(Parser)]
+#[command(name = "local-demo", version)]
+struct Args {}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -7,6 +7,7 @@ mod chaos_kubeedge;
 mod churn;
 mod containerd_smoke;
 mod controllers;
+mod demo_cli;
 mod edged;
 mod events;
 mod image_gc;
