@@ -481,6 +481,16 @@ const NEEDED: &[(&str, &str, &[&str])] = &[
         "clusterobjectsyncs/status",
         &["update"],
     ),
+    (
+        "devices.kubeedge.io",
+        "devices",
+        &["get", "list", "watch", "patch"],
+    ),
+    (
+        "devices.kubeedge.io",
+        "devicemodels",
+        &["get", "list", "watch"],
+    ),
 ];
 
 #[test]
@@ -508,6 +518,26 @@ fn cluster_role_covers_every_call_cloudcore_makes() {
         }
     }
     assert!(missing.is_empty(), "ClusterRole misses {missing:?}");
+}
+
+#[test]
+fn chart_ships_the_device_crds_unchanged() {
+    let chart_crds = read(&chart_dir().join("crds/devices-crds.yaml"));
+    let source = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/devices-crds.yaml"));
+    assert_eq!(
+        chart_crds, source,
+        "copy cloudcore/manifests/devices-crds.yaml to the chart's crds/"
+    );
+    let docs = render_chart(installed_values());
+    for name in [
+        "devices.devices.kubeedge.io",
+        "devicemodels.devices.kubeedge.io",
+    ] {
+        assert!(
+            find(&docs, "CustomResourceDefinition", name).is_some(),
+            "CRD {name}"
+        );
+    }
 }
 
 #[test]

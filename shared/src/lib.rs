@@ -8,6 +8,7 @@ pub mod codec;
 pub mod config;
 pub mod constants;
 pub mod content;
+pub mod devices;
 pub mod duration;
 pub mod inventory;
 pub mod message;

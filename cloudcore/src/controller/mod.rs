@@ -1,6 +1,7 @@
 //! The edge controllers: downstream (cluster → edges), upstream (edges → cluster) and the
 //! inventory-based resynchronisation of reconnecting edges.
 
+pub mod devices;
 pub mod downstream;
 pub mod location;
 pub mod node_fields;
@@ -72,12 +73,22 @@ pub async fn run_with(
             .clone()
             .run(client.clone(), svc_ready, shutdown.clone()),
     );
+    let (devices, devices_task) = devices::spawn(
+        client.clone(),
+        Arc::new(hub.clone()),
+        hub.subscribe(),
+        shutdown.clone(),
+    );
     let handler = UpstreamHandler::new(client, hub, 64, metrics, services, location);
     loop {
         let up = tokio::select! {
             _ = shutdown.cancelled() => break,
             m = upstream.recv() => match m { Some(m) => m, None => break },
         };
+        if up.message.route.source == kubeedge_shared::operation::source::TWIN {
+            devices.report(up.node, up.message).await;
+            continue;
+        }
         if !Inventory::is_inventory(&up.message) {
             handler.dispatch(up);
             continue;
@@ -86,6 +97,7 @@ pub async fn run_with(
         {
             match parse_inventory(&up) {
                 Ok(held) => {
+                    devices.inventory(up.node.clone(), &held).await;
                     let _ = tx
                         .send(Input::Inventory {
                             node: up.node.clone(),
@@ -100,6 +112,7 @@ pub async fn run_with(
         }
     }
     let _ = ds.await;
+    let _ = devices_task.await;
     let _ = svc.await;
     let _ = fetcher.await;
 }

@@ -1,0 +1,526 @@
+//! DeviceController (devices reference §2): Devices and DeviceModels → the edge node each
+//! device is bound to (`spec.nodeName`), and what edges report → `Device.status`.
+//!
+//! One watch per kind, cluster-wide (`watch.rs`). One actor owns the caches; its loop moves
+//! only memory and messages ([`HubSink`]), so [`Devices`] is tested without a cluster
+//! (`tests.rs`). Status writes leave through a coalescing writer (`status.rs`): one patch in
+//! flight per device, later reports folded into the pending one, and the edge's reports
+//! answered (`response`/`"OK"`) once their values are written — unanswered ones the edge
+//! sends again.
+//!
+//! Beyond KubeEdge v1.15, as a user would expect: models are looked up in the device's
+//! namespace; a model change reaches the nodes whose devices use it; an edge that connects
+//! gets every device bound to it again; an edge's inventory listing devices no longer bound
+//! to it gets deletes; a twin is created for any property the spec declares.
+
+mod messages;
+mod reports;
+mod status;
+#[cfg(test)]
+mod tests;
+mod watch;
+
+pub use messages::device_id;
+pub use status::StatusWrite;
+
+use super::downstream::HubSink;
+use crate::cloudhub::NodeEvent;
+use kubeedge_shared::devices::{
+    DeviceStateMsg, DeviceTwinUpdate, decode_content, split_device_resource,
+};
+use kubeedge_shared::inventory::HeldObject;
+use kubeedge_shared::{Message, Operation, ResourceType};
+use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+/// `(namespace, name)`.
+pub type ObjKey = (String, String);
+
+/// What the actor is told.
+#[derive(Debug)]
+pub enum Input {
+    DeviceApplied(Value),
+    DeviceDeleted(Value),
+    /// A relist of devices began / ended (objects not seen again are gone).
+    DevicesRelisting,
+    DevicesListed,
+    ModelApplied(Value),
+    ModelDeleted(Value),
+    ModelsListed,
+    Connected(String),
+    /// The device objects an edge holds (from its inventory).
+    Inventory {
+        node: String,
+        held: Vec<HeldObject>,
+    },
+    /// A message from an edge with `source: twin`.
+    Report {
+        node: String,
+        message: Message,
+    },
+    /// A status write failed: forget what was written for this device.
+    WriteFailed(ObjKey),
+}
+
+/// The actor's state.
+pub struct Devices {
+    hub: Arc<dyn HubSink>,
+    writes: mpsc::Sender<StatusWrite>,
+    devices: HashMap<ObjKey, Value>,
+    models: HashMap<ObjKey, Value>,
+    /// Twins as last written (or being written) by this controller, per device: reports
+    /// apply on top of these, not on a possibly older watched copy.
+    written: HashMap<ObjKey, Vec<Value>>,
+    /// Models sent to a node (node, model).
+    models_sent: HashSet<(String, ObjKey)>,
+    /// Devices seen during the relist in progress.
+    relist: Option<HashSet<ObjKey>>,
+    devices_listed: bool,
+    models_listed: bool,
+}
+
+fn key_of(obj: &Value) -> ObjKey {
+    let s = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (s("/metadata/namespace"), s("/metadata/name"))
+}
+
+fn node_of(dev: &Value) -> Option<&str> {
+    dev.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+}
+
+fn model_of(dev: &Value) -> ObjKey {
+    let name = dev
+        .pointer("/spec/deviceModelRef/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    (key_of(dev).0, name.to_string())
+}
+
+impl Devices {
+    pub fn new(hub: Arc<dyn HubSink>, writes: mpsc::Sender<StatusWrite>) -> Devices {
+        Devices {
+            hub,
+            writes,
+            devices: HashMap::new(),
+            models: HashMap::new(),
+            written: HashMap::new(),
+            models_sent: HashSet::new(),
+            relist: None,
+            devices_listed: false,
+            models_listed: false,
+        }
+    }
+
+    pub fn apply(&mut self, input: Input) {
+        match input {
+            Input::DeviceApplied(d) => {
+                if let Some(seen) = &mut self.relist {
+                    seen.insert(key_of(&d));
+                }
+                self.device_applied(d)
+            }
+            Input::DeviceDeleted(d) => self.device_deleted(&key_of(&d)),
+            Input::DevicesRelisting => self.relist = Some(HashSet::new()),
+            Input::DevicesListed => {
+                if let Some(seen) = self.relist.take() {
+                    let gone: Vec<ObjKey> = self
+                        .devices
+                        .keys()
+                        .filter(|k| !seen.contains(*k))
+                        .cloned()
+                        .collect();
+                    for k in gone {
+                        self.device_deleted(&k);
+                    }
+                }
+                self.devices_listed = true;
+            }
+            Input::ModelApplied(m) => self.model_applied(m),
+            Input::ModelDeleted(m) => {
+                self.models.remove(&key_of(&m));
+            }
+            Input::ModelsListed => self.models_listed = true,
+            Input::Connected(node) => self.connected(&node),
+            Input::Inventory { node, held } => self.inventory(&node, &held),
+            Input::Report { node, message } => self.report(&node, message),
+            Input::WriteFailed(key) => {
+                self.written.remove(&key);
+            }
+        }
+    }
+
+    fn send(&self, node: &str, msg: Message) {
+        if let Err(e) = self.hub.send(node, msg) {
+            tracing::debug!(node, error = %e, "device message not queued; sent again when the edge connects");
+        }
+    }
+
+    fn send_model(&mut self, node: &str, model: &ObjKey, op: Operation) {
+        let Some(obj) = self.models.get(model) else {
+            tracing::info!(node, namespace = %model.0, model = %model.1,
+                "device model not found; the device is sent without it, the model follows when it is created");
+            return;
+        };
+        let msg = messages::object(op, "devicemodel", "DeviceModel", obj);
+        self.send(node, msg);
+        self.models_sent.insert((node.to_string(), model.clone()));
+    }
+
+    /// A device bound to `node` arrives there: membership, its model (once per node), itself.
+    fn added_flow(&mut self, node: &str, dev: &Value, op: Operation) {
+        self.send(node, messages::membership(dev, true));
+        let model = model_of(dev);
+        if !self
+            .models_sent
+            .contains(&(node.to_string(), model.clone()))
+        {
+            self.send_model(node, &model, Operation::Insert);
+        }
+        self.send(node, messages::object(op, "device", "Device", dev));
+    }
+
+    /// A device leaves `node`: membership, its model when no other device there uses it,
+    /// itself.
+    fn deleted_flow(&mut self, node: &str, dev: &Value) {
+        self.send(node, messages::membership(dev, false));
+        let model = model_of(dev);
+        let key = key_of(dev);
+        let still_used = self
+            .devices
+            .iter()
+            .any(|(k, d)| *k != key && node_of(d) == Some(node) && model_of(d) == model);
+        if !still_used && self.models_sent.remove(&(node.to_string(), model.clone())) {
+            let obj = self
+                .models
+                .get(&model)
+                .cloned()
+                .unwrap_or_else(|| stub(&model));
+            self.send(
+                node,
+                messages::object(Operation::Delete, "devicemodel", "DeviceModel", &obj),
+            );
+        }
+        self.send(
+            node,
+            messages::object(Operation::Delete, "device", "Device", dev),
+        );
+    }
+
+    fn device_applied(&mut self, dev: Value) {
+        let key = key_of(&dev);
+        let old = self.devices.insert(key.clone(), dev.clone());
+        let new_node = node_of(&dev).map(str::to_string);
+        match old {
+            None => {
+                if let Some(node) = new_node {
+                    self.added_flow(&node, &dev, Operation::Insert);
+                }
+            }
+            Some(old) => {
+                let old_node = node_of(&old).map(str::to_string);
+                if old_node != new_node {
+                    if let Some(n) = old_node {
+                        // The device is already replaced in the cache: the old node's
+                        // model is judged without it.
+                        self.deleted_flow(&n, &old);
+                    }
+                    if let Some(n) = new_node {
+                        self.added_flow(&n, &dev, Operation::Insert);
+                    }
+                } else if old.get("spec") != dev.get("spec")
+                    && let Some(node) = new_node
+                {
+                    let model = model_of(&dev);
+                    if model != model_of(&old)
+                        || !self.models_sent.contains(&(node.clone(), model.clone()))
+                    {
+                        self.send_model(&node, &model, Operation::Insert);
+                    }
+                    self.send(
+                        &node,
+                        messages::object(Operation::Update, "device", "Device", &dev),
+                    );
+                }
+            }
+        }
+    }
+
+    fn device_deleted(&mut self, key: &ObjKey) {
+        self.written.remove(key);
+        if let Some(dev) = self.devices.remove(key)
+            && let Some(node) = node_of(&dev).map(str::to_string)
+        {
+            self.deleted_flow(&node, &dev);
+        }
+    }
+
+    fn model_applied(&mut self, model: Value) {
+        let key = key_of(&model);
+        let changed = self
+            .models
+            .insert(key.clone(), model)
+            .is_none_or(|old| Some(&old) != self.models.get(&key));
+        if !changed {
+            return;
+        }
+        let nodes: HashSet<String> = self
+            .devices
+            .values()
+            .filter(|d| model_of(d) == key)
+            .filter_map(|d| node_of(d).map(str::to_string))
+            .collect();
+        for node in nodes {
+            let op = if self.models_sent.contains(&(node.clone(), key.clone())) {
+                Operation::Update
+            } else {
+                Operation::Insert
+            };
+            self.send_model(&node, &key, op);
+        }
+    }
+
+    /// An edge (re)connected: it gets all its devices again (idempotent at the edge).
+    fn connected(&mut self, node: &str) {
+        self.models_sent.retain(|(n, _)| n != node);
+        let mine: Vec<Value> = self
+            .devices
+            .values()
+            .filter(|d| node_of(d) == Some(node))
+            .cloned()
+            .collect();
+        for dev in &mine {
+            self.added_flow(node, dev, Operation::Insert);
+        }
+        if !mine.is_empty() {
+            tracing::debug!(
+                node,
+                devices = mine.len(),
+                "devices sent to a connected edge"
+            );
+        }
+    }
+
+    /// Devices and models an edge holds that are no longer for it are deleted there, once
+    /// both lists are complete.
+    fn inventory(&mut self, node: &str, held: &[HeldObject]) {
+        if !(self.devices_listed && self.models_listed) {
+            return;
+        }
+        for h in held {
+            let key = (h.namespace.clone(), h.name.clone());
+            match h.resource_type {
+                ResourceType::Device => {
+                    let bound = self
+                        .devices
+                        .get(&key)
+                        .is_some_and(|d| node_of(d) == Some(node));
+                    if !bound {
+                        let obj = stub_with_uid(&key, &h.uid);
+                        self.send(node, messages::membership(&obj, false));
+                        self.send(
+                            node,
+                            messages::object(Operation::Delete, "device", "Device", &obj),
+                        );
+                    }
+                }
+                ResourceType::DeviceModel => {
+                    let used = self
+                        .devices
+                        .values()
+                        .any(|d| node_of(d) == Some(node) && model_of(d) == key);
+                    if !used {
+                        let obj = stub_with_uid(&key, &h.uid);
+                        self.send(
+                            node,
+                            messages::object(Operation::Delete, "devicemodel", "DeviceModel", &obj),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The device a report from `node` names: `<name>` among the devices bound to the node,
+    /// or `<namespace>/<name>`. Devices bound elsewhere are not found (node restriction).
+    fn find_device(&self, node: &str, id: &[&str]) -> Option<ObjKey> {
+        let found = match id {
+            [ns, name] => {
+                let k = (ns.to_string(), name.to_string());
+                self.devices.contains_key(&k).then_some(k)
+            }
+            [name] => {
+                let mut it = self
+                    .devices
+                    .iter()
+                    .filter(|(k, d)| k.1 == *name && node_of(d) == Some(node));
+                let first = it.next().map(|(k, _)| k.clone());
+                if it.next().is_some() {
+                    tracing::warn!(
+                        node,
+                        device = name,
+                        "device name is bound to this node in several namespaces; report dropped"
+                    );
+                    return None;
+                }
+                first
+            }
+            _ => None,
+        }?;
+        let bound = self.devices.get(&found).and_then(node_of) == Some(node);
+        bound.then_some(found)
+    }
+
+    fn report(&mut self, node: &str, msg: Message) {
+        let resource = msg.route.resource.clone();
+        if resource.contains("membership/detail") {
+            // KubeEdge's cloud ignores it and its edge resends it forever; an answer stops
+            // that. The edge already has its devices (`connected`).
+            self.send(node, messages::report_ok(&msg));
+            return;
+        }
+        let Some((id, what)) = split_device_resource(&resource) else {
+            tracing::debug!(node, %resource, "twin message the device controller does not handle; dropped");
+            return;
+        };
+        let Some(key) = self.find_device(node, &id) else {
+            tracing::warn!(node, %resource, "report for a device not bound to this node; dropped");
+            return;
+        };
+        let patch = match what {
+            "twin/edge_updated" => {
+                let update: DeviceTwinUpdate = match decode_content(&msg.content) {
+                    Ok(u) => u,
+                    Err(e) => {
+                        tracing::warn!(node, %resource, error = %e, "malformed twin report; dropped");
+                        return;
+                    }
+                };
+                let mut base = self.devices[&key].clone();
+                if let Some(t) = self.written.get(&key) {
+                    base["status"]["twins"] = Value::Array(t.clone());
+                }
+                let (twins, changed) = reports::apply_twin_report(&base, &update);
+                self.written.insert(key.clone(), twins.clone());
+                changed.then(|| reports::twins_patch(&twins))
+            }
+            _ => {
+                let state: DeviceStateMsg = match decode_content(&msg.content) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(node, %resource, error = %e, "malformed state report; dropped");
+                        return;
+                    }
+                };
+                let dev = &self.devices[&key];
+                let same = dev.pointer("/status/state").and_then(Value::as_str)
+                    == Some(state.device.state.as_str());
+                (!same).then(|| {
+                    reports::state_patch(&state.device.state, &state.device.last_online_time)
+                })
+            }
+        };
+        match patch {
+            None => self.send(node, messages::report_ok(&msg)),
+            Some(patch) => {
+                let write = StatusWrite {
+                    key,
+                    patch,
+                    replies: vec![(node.to_string(), msg)],
+                };
+                if let Err(e) = self.writes.try_send(write) {
+                    let key = match e {
+                        mpsc::error::TrySendError::Full(w)
+                        | mpsc::error::TrySendError::Closed(w) => w.key,
+                    };
+                    tracing::warn!(node, %resource, "status writer busy; report not answered, the edge sends it again");
+                    self.written.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+fn stub(key: &ObjKey) -> Value {
+    json!({"metadata": {"namespace": key.0, "name": key.1}})
+}
+
+fn stub_with_uid(key: &ObjKey, uid: &str) -> Value {
+    json!({"metadata": {"namespace": key.0, "name": key.1, "uid": uid}})
+}
+
+/// The running controller: where upstream twin messages and inventories go.
+#[derive(Clone)]
+pub struct DeviceControllerHandle {
+    tx: mpsc::Sender<Input>,
+}
+
+impl DeviceControllerHandle {
+    pub async fn report(&self, node: String, message: Message) {
+        let _ = self.tx.send(Input::Report { node, message }).await;
+    }
+
+    /// The device and model entries of an edge's inventory.
+    pub async fn inventory(&self, node: String, held: &[HeldObject]) {
+        let held: Vec<HeldObject> = held
+            .iter()
+            .filter(|h| {
+                matches!(
+                    h.resource_type,
+                    ResourceType::Device | ResourceType::DeviceModel
+                )
+            })
+            .cloned()
+            .collect();
+        let _ = self.tx.send(Input::Inventory { node, held }).await;
+    }
+}
+
+/// Starts the watches, the status writer and the actor.
+pub fn spawn(
+    client: kube::Client,
+    hub: Arc<dyn HubSink>,
+    mut events: broadcast::Receiver<NodeEvent>,
+    shutdown: CancellationToken,
+) -> (DeviceControllerHandle, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::channel::<Input>(1024);
+    let (wtx, wrx) = mpsc::channel(status::QUEUE);
+    tokio::spawn(watch::run(client.clone(), tx.clone(), shutdown.clone()));
+    tokio::spawn(status::run(
+        client,
+        hub.clone(),
+        wrx,
+        tx.clone(),
+        shutdown.clone(),
+    ));
+    let task = tokio::spawn(async move {
+        let mut devices = Devices::new(hub, wtx);
+        loop {
+            let input = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                i = rx.recv() => match i { Some(i) => i, None => break },
+                e = events.recv() => match e {
+                    Ok(NodeEvent::Connected { node, .. }) => Input::Connected(node),
+                    Ok(_) => continue,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "device controller missed node events");
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+            };
+            devices.apply(input);
+        }
+    });
+    (DeviceControllerHandle { tx }, task)
+}

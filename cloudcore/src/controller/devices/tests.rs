@@ -1,0 +1,324 @@
+use super::*;
+use crate::cloudhub::queue::Enqueued;
+use crate::cloudhub::{Capabilities, SendError};
+use kubeedge_shared::Group;
+use std::sync::Mutex;
+
+#[derive(Default)]
+struct Recorder {
+    sent: Mutex<Vec<(String, Message)>>,
+    offline: Mutex<HashSet<String>>,
+}
+
+impl HubSink for Recorder {
+    fn send(&self, node: &str, msg: Message) -> Result<Enqueued, SendError> {
+        if self.offline.lock().unwrap().contains(node) {
+            return Err(SendError::NotConnected(node.into()));
+        }
+        self.sent.lock().unwrap().push((node.to_string(), msg));
+        Ok(Enqueued::Queued)
+    }
+    fn is_connected(&self, node: &str) -> bool {
+        !self.offline.lock().unwrap().contains(node)
+    }
+    fn connected_nodes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn capabilities(&self, _: &str) -> Option<Capabilities> {
+        None
+    }
+    fn disconnect(&self, _: &str) -> bool {
+        false
+    }
+}
+
+impl Recorder {
+    /// `node op resource` of every message sent since the last call.
+    fn take(&self) -> Vec<String> {
+        self.sent
+            .lock()
+            .unwrap()
+            .drain(..)
+            .map(|(n, m)| {
+                let what = if m.route.resource == "membership" {
+                    if m.content["added_devices"].is_array() {
+                        "added".to_string()
+                    } else {
+                        "removed".to_string()
+                    }
+                } else {
+                    m.route.operation.to_string()
+                };
+                format!("{n} {what} {}", m.route.resource)
+            })
+            .collect()
+    }
+}
+
+fn rig() -> (Arc<Recorder>, Devices, mpsc::Receiver<StatusWrite>) {
+    let hub = Arc::new(Recorder::default());
+    let (tx, rx) = mpsc::channel(16);
+    let mut d = Devices::new(hub.clone(), tx);
+    d.apply(Input::ModelsListed);
+    d.apply(Input::DevicesListed);
+    (hub, d, rx)
+}
+
+fn model(name: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "default", "uid": format!("m-{name}"), "resourceVersion": "1"},
+        "spec": {"protocol": "modbus", "properties": [{"name": "temperature", "type": "INT"}]}})
+}
+
+fn device(name: &str, node: &str, model: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "default", "uid": format!("d-{name}"), "resourceVersion": "2"},
+        "spec": {"nodeName": node, "deviceModelRef": {"name": model},
+            "properties": [{"name": "temperature"}]}})
+}
+
+#[test]
+fn a_bound_device_reaches_its_node_with_its_model_once() {
+    let (hub, mut d, _rx) = rig();
+    d.apply(Input::ModelApplied(model("thermo")));
+    assert!(hub.take().is_empty(), "models alone go nowhere");
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "thermo")));
+    d.apply(Input::DeviceApplied(device("t2", "edge-1", "thermo")));
+    d.apply(Input::DeviceApplied(device("free", "", "thermo")));
+    assert_eq!(
+        hub.take(),
+        [
+            "edge-1 added membership",
+            "edge-1 insert default/devicemodel/thermo",
+            "edge-1 insert default/device/t1",
+            "edge-1 added membership",
+            "edge-1 insert default/device/t2",
+        ]
+    );
+    // The model goes when its last device on the node goes.
+    d.apply(Input::DeviceDeleted(device("t1", "edge-1", "thermo")));
+    assert_eq!(
+        hub.take(),
+        [
+            "edge-1 removed membership",
+            "edge-1 delete default/device/t1"
+        ]
+    );
+    d.apply(Input::DeviceDeleted(device("t2", "edge-1", "thermo")));
+    assert_eq!(
+        hub.take(),
+        [
+            "edge-1 removed membership",
+            "edge-1 delete default/devicemodel/thermo",
+            "edge-1 delete default/device/t2"
+        ]
+    );
+}
+
+#[test]
+fn moving_editing_and_model_changes() {
+    let (hub, mut d, _rx) = rig();
+    d.apply(Input::ModelApplied(model("thermo")));
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "thermo")));
+    hub.take();
+    // A status-only change sends nothing; a spec change an update.
+    let mut with_status = device("t1", "edge-1", "thermo");
+    with_status["status"] = json!({"twins": []});
+    d.apply(Input::DeviceApplied(with_status));
+    assert!(hub.take().is_empty());
+    let mut edited = device("t1", "edge-1", "thermo");
+    edited["spec"]["properties"][0]["desired"] = json!({"value": "20"});
+    d.apply(Input::DeviceApplied(edited.clone()));
+    assert_eq!(hub.take(), ["edge-1 update default/device/t1"]);
+    // A model change reaches the node using it.
+    let mut m = model("thermo");
+    m["spec"]["properties"][0]["unit"] = json!("C");
+    d.apply(Input::ModelApplied(m));
+    assert_eq!(hub.take(), ["edge-1 update default/devicemodel/thermo"]);
+    // Moving: gone from the old node, new on the other.
+    edited["spec"]["nodeName"] = json!("edge-2");
+    d.apply(Input::DeviceApplied(edited));
+    assert_eq!(
+        hub.take(),
+        [
+            "edge-1 removed membership",
+            "edge-1 delete default/devicemodel/thermo",
+            "edge-1 delete default/device/t1",
+            "edge-2 added membership",
+            "edge-2 insert default/devicemodel/thermo",
+            "edge-2 insert default/device/t1",
+        ]
+    );
+}
+
+#[test]
+fn a_model_created_after_its_device_follows_it() {
+    let (hub, mut d, _rx) = rig();
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "late")));
+    assert_eq!(
+        hub.take(),
+        ["edge-1 added membership", "edge-1 insert default/device/t1"]
+    );
+    d.apply(Input::ModelApplied(model("late")));
+    assert_eq!(hub.take(), ["edge-1 insert default/devicemodel/late"]);
+}
+
+#[test]
+fn a_connecting_edge_gets_its_devices_and_loses_what_is_not_its_own() {
+    let (hub, mut d, _rx) = rig();
+    hub.offline.lock().unwrap().insert("edge-1".into());
+    d.apply(Input::ModelApplied(model("thermo")));
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "thermo")));
+    assert!(hub.take().is_empty());
+    hub.offline.lock().unwrap().clear();
+    d.apply(Input::Connected("edge-1".into()));
+    assert_eq!(
+        hub.take(),
+        [
+            "edge-1 added membership",
+            "edge-1 insert default/devicemodel/thermo",
+            "edge-1 insert default/device/t1",
+        ]
+    );
+    let held = |t: ResourceType, name: &str| HeldObject {
+        resource_type: t,
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("u-{name}"),
+        resource_version: 1,
+    };
+    d.apply(Input::Inventory {
+        node: "edge-1".into(),
+        held: vec![
+            held(ResourceType::Device, "t1"),
+            held(ResourceType::Device, "old"),
+            held(ResourceType::DeviceModel, "thermo"),
+            held(ResourceType::DeviceModel, "unused"),
+        ],
+    });
+    assert_eq!(
+        hub.take(),
+        [
+            "edge-1 removed membership",
+            "edge-1 delete default/device/old",
+            "edge-1 delete default/devicemodel/unused",
+        ]
+    );
+}
+
+#[test]
+fn a_device_gone_during_a_relist_is_deleted_at_its_node() {
+    let (hub, mut d, _rx) = rig();
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "m")));
+    d.apply(Input::DeviceApplied(device("t2", "edge-1", "m")));
+    hub.take();
+    d.apply(Input::DevicesRelisting);
+    d.apply(Input::DeviceApplied(device("t2", "edge-1", "m")));
+    d.apply(Input::DevicesListed);
+    assert_eq!(
+        hub.take(),
+        [
+            "edge-1 removed membership",
+            "edge-1 delete default/device/t1"
+        ]
+    );
+}
+
+fn report(resource: &str, content: Value) -> Message {
+    Message::new(
+        "twin",
+        Group::Resource,
+        Operation::Update,
+        resource,
+        content,
+    )
+}
+
+#[test]
+fn twin_reports_become_status_writes_only_for_the_bound_node_and_on_change() {
+    let (hub, mut d, mut rx) = rig();
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "m")));
+    hub.take();
+    let r = report(
+        "device/t1/twin/edge_updated",
+        json!({"event_id": "", "timestamp": 1, "twin": {"temperature": {"actual": {"value": "23"}}}}),
+    );
+    d.apply(Input::Report {
+        node: "edge-1".into(),
+        message: r.clone(),
+    });
+    let w = rx.try_recv().expect("a status write");
+    assert_eq!(w.key, ("default".to_string(), "t1".to_string()));
+    assert_eq!(
+        w.patch,
+        json!({"status": {"twins": [{"propertyName": "temperature", "reported": {"value": "23"}}]}})
+    );
+    assert_eq!(w.replies[0].1.header.id, r.header.id);
+    // The same value again: answered at once, nothing written.
+    d.apply(Input::Report {
+        node: "edge-1".into(),
+        message: r.clone(),
+    });
+    assert!(rx.try_recv().is_err());
+    let sent = hub.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].1.header.parent_id, r.header.id);
+    assert_eq!(sent[0].1.content, json!("OK"));
+    // After a failed write the value counts as new again.
+    d.apply(Input::WriteFailed(("default".into(), "t1".into())));
+    d.apply(Input::Report {
+        node: "edge-1".into(),
+        message: r.clone(),
+    });
+    assert!(rx.try_recv().is_ok());
+    // Another node may not report for it; namespaced IDs work; garbage is dropped.
+    d.apply(Input::Report {
+        node: "edge-2".into(),
+        message: report("device/t1/twin/edge_updated", r.content.clone()),
+    });
+    d.apply(Input::Report {
+        node: "edge-1".into(),
+        message: report("device/t1/twin/edge_updated", json!("{not json")),
+    });
+    assert!(rx.try_recv().is_err());
+    assert!(hub.take().is_empty());
+    let ns = report(
+        "device/default/t1/twin/edge_updated",
+        json!({"twin": {"temperature": {"actual": {"value": "24"}}}}),
+    );
+    d.apply(Input::Report {
+        node: "edge-1".into(),
+        message: ns,
+    });
+    assert!(rx.try_recv().is_ok());
+}
+
+#[test]
+fn state_reports_and_membership_detail_requests() {
+    let (hub, mut d, mut rx) = rig();
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "m")));
+    hub.take();
+    d.apply(Input::Report {
+        node: "edge-1".into(),
+        message: report(
+            "device/t1/state/update",
+            json!(r#"{"event_id":"","timestamp":1,"device":{"name":"t1","state":"online","lastOnlineTime":"2026-11-26T12:00:00Z"}}"#),
+        ),
+    });
+    let w = rx.try_recv().unwrap();
+    assert_eq!(
+        w.patch,
+        json!({"status": {"state": "online", "lastOnlineTime": "2026-11-26T12:00:00Z"}})
+    );
+    let detail = Message::new(
+        "twin",
+        Group::Resource,
+        Operation::Get,
+        "membership/detail",
+        json!("{}"),
+    );
+    d.apply(Input::Report {
+        node: "edge-1".into(),
+        message: detail.clone(),
+    });
+    let sent = hub.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
+    assert_eq!(sent[0].1.header.parent_id, detail.header.id);
+}

@@ -1,0 +1,70 @@
+//! One cluster-wide watch of Devices and one of DeviceModels (kube-runtime's watcher, with
+//! its back-off). Without the CRDs the watches retry quietly after one warning: device
+//! management starts when the CRDs are installed.
+
+use super::Input;
+use super::status::{device_resource, model_resource};
+use futures_util::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Device,
+    Model,
+}
+
+pub async fn run(client: kube::Client, tx: mpsc::Sender<Input>, shutdown: CancellationToken) {
+    let devices = watch(client.clone(), device_resource(), Kind::Device, tx.clone());
+    let models = watch(client, model_resource(), Kind::Model, tx);
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = async { tokio::join!(devices, models) } => {}
+    }
+}
+
+fn to_value(obj: DynamicObject) -> Value {
+    serde_json::to_value(obj).unwrap_or_default()
+}
+
+async fn watch(client: kube::Client, ar: ApiResource, kind: Kind, tx: mpsc::Sender<Input>) {
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let mut stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut warned = false;
+    while let Some(event) = stream.next().await {
+        let input = match (event, kind) {
+            (Ok(Event::Apply(o) | Event::InitApply(o)), Kind::Device) => {
+                Input::DeviceApplied(to_value(o))
+            }
+            (Ok(Event::Delete(o)), Kind::Device) => Input::DeviceDeleted(to_value(o)),
+            (Ok(Event::Init), Kind::Device) => Input::DevicesRelisting,
+            (Ok(Event::InitDone), Kind::Device) => Input::DevicesListed,
+            (Ok(Event::Apply(o) | Event::InitApply(o)), Kind::Model) => {
+                Input::ModelApplied(to_value(o))
+            }
+            (Ok(Event::Delete(o)), Kind::Model) => Input::ModelDeleted(to_value(o)),
+            (Ok(Event::InitDone), Kind::Model) => Input::ModelsListed,
+            (Ok(Event::Init), Kind::Model) => continue,
+            (Err(e), _) => {
+                if !warned {
+                    tracing::warn!(resource = %ar.plural, error = %e,
+                        "cannot watch devices.kubeedge.io; device management waits for the CRDs (cloudcore/manifests/devices-crds.yaml)");
+                    warned = true;
+                } else {
+                    tracing::debug!(resource = %ar.plural, error = %e, "device watch failed; retrying");
+                }
+                continue;
+            }
+        };
+        warned = false;
+        if tx.send(input).await.is_err() {
+            return;
+        }
+    }
+}
