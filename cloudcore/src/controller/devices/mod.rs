@@ -59,7 +59,7 @@ pub enum Input {
     /// A message from an edge with `source: twin`.
     Report {
         node: String,
-        message: Message,
+        message: Box<Message>,
     },
     /// A status write failed: forget what was written for this device.
     WriteFailed(ObjKey),
@@ -152,7 +152,7 @@ impl Devices {
             Input::ModelsListed => self.models_listed = true,
             Input::Connected(node) => self.connected(&node),
             Input::Inventory { node, held } => self.inventory(&node, &held),
-            Input::Report { node, message } => self.report(&node, message),
+            Input::Report { node, message } => self.report(&node, *message),
             Input::WriteFailed(key) => {
                 self.written.remove(&key);
             }
@@ -467,7 +467,13 @@ pub struct DeviceControllerHandle {
 
 impl DeviceControllerHandle {
     pub async fn report(&self, node: String, message: Message) {
-        let _ = self.tx.send(Input::Report { node, message }).await;
+        let _ = self
+            .tx
+            .send(Input::Report {
+                node,
+                message: Box::new(message),
+            })
+            .await;
     }
 
     /// The device and model entries of an edge's inventory.

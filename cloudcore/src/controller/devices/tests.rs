@@ -243,7 +243,7 @@ fn twin_reports_become_status_writes_only_for_the_bound_node_and_on_change() {
     );
     d.apply(Input::Report {
         node: "edge-1".into(),
-        message: r.clone(),
+        message: Box::new(r.clone()),
     });
     let w = rx.try_recv().expect("a status write");
     assert_eq!(w.key, ("default".to_string(), "t1".to_string()));
@@ -255,7 +255,7 @@ fn twin_reports_become_status_writes_only_for_the_bound_node_and_on_change() {
     // The same value again: answered at once, nothing written.
     d.apply(Input::Report {
         node: "edge-1".into(),
-        message: r.clone(),
+        message: Box::new(r.clone()),
     });
     assert!(rx.try_recv().is_err());
     let sent = hub.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
@@ -266,17 +266,17 @@ fn twin_reports_become_status_writes_only_for_the_bound_node_and_on_change() {
     d.apply(Input::WriteFailed(("default".into(), "t1".into())));
     d.apply(Input::Report {
         node: "edge-1".into(),
-        message: r.clone(),
+        message: Box::new(r.clone()),
     });
     assert!(rx.try_recv().is_ok());
     // Another node may not report for it; namespaced IDs work; garbage is dropped.
     d.apply(Input::Report {
         node: "edge-2".into(),
-        message: report("device/t1/twin/edge_updated", r.content.clone()),
+        message: Box::new(report("device/t1/twin/edge_updated", r.content.clone())),
     });
     d.apply(Input::Report {
         node: "edge-1".into(),
-        message: report("device/t1/twin/edge_updated", json!("{not json")),
+        message: Box::new(report("device/t1/twin/edge_updated", json!("{not json"))),
     });
     assert!(rx.try_recv().is_err());
     assert!(hub.take().is_empty());
@@ -286,7 +286,7 @@ fn twin_reports_become_status_writes_only_for_the_bound_node_and_on_change() {
     );
     d.apply(Input::Report {
         node: "edge-1".into(),
-        message: ns,
+        message: Box::new(ns),
     });
     assert!(rx.try_recv().is_ok());
 }
@@ -298,10 +298,10 @@ fn state_reports_and_membership_detail_requests() {
     hub.take();
     d.apply(Input::Report {
         node: "edge-1".into(),
-        message: report(
+        message: Box::new(report(
             "device/t1/state/update",
             json!(r#"{"event_id":"","timestamp":1,"device":{"name":"t1","state":"online","lastOnlineTime":"2026-11-26T12:00:00Z"}}"#),
-        ),
+        )),
     });
     let w = rx.try_recv().unwrap();
     assert_eq!(
@@ -317,7 +317,7 @@ fn state_reports_and_membership_detail_requests() {
     );
     d.apply(Input::Report {
         node: "edge-1".into(),
-        message: detail.clone(),
+        message: Box::new(detail.clone()),
     });
     let sent = hub.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
     assert_eq!(sent[0].1.header.parent_id, detail.header.id);
