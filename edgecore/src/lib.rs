@@ -4,6 +4,7 @@ pub mod app;
 pub mod certmanager;
 pub mod config;
 pub mod cri;
+pub mod devicetwin;
 pub mod edged;
 pub mod edgehub;
 pub mod edgestream;

@@ -135,6 +135,26 @@ pub struct ObjectChange {
     pub object: Value,
 }
 
+/// A device or device model the cloud sent, after its write is durable (for devicetwin).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceObject {
+    /// [`ResourceType::Device`] or [`ResourceType::DeviceModel`].
+    pub resource_type: ResourceType,
+    pub action: ChangeAction,
+    pub namespace: String,
+    pub name: String,
+    /// The object (on deletes it may carry only `metadata`).
+    pub object: Value,
+}
+
+/// What metamanager hands to devicetwin: cloud messages of group `twin` (membership, the
+/// answers to twin reports) and device objects once stored.
+#[derive(Debug, Clone)]
+pub enum ToTwin {
+    Cloud(Message),
+    Object(DeviceObject),
+}
+
 /// What the metamanager needs from the cloud link; [`EdgeHub`] is the real one.
 pub trait CloudLink: Clone + Send + Sync + 'static {
     fn is_connected(&self) -> bool;
@@ -199,12 +219,23 @@ impl MetaManager {
         link: L,
         from_cloud: mpsc::Receiver<Message>,
     ) -> (MetaManager, MetaClient, mpsc::Receiver<ObjectChange>) {
+        Self::start_with_twin(config, store, link, from_cloud, None)
+    }
+
+    /// Like [`MetaManager::start`], handing device traffic to devicetwin through `twin`.
+    pub fn start_with_twin<L: CloudLink>(
+        config: MetaManagerConfig,
+        store: MetaStore,
+        link: L,
+        from_cloud: mpsc::Receiver<Message>,
+        twin: Option<mpsc::Sender<ToTwin>>,
+    ) -> (MetaManager, MetaClient, mpsc::Receiver<ObjectChange>) {
         let (edged_tx, edged_rx) = mpsc::channel(config.edged_capacity.max(1));
         let (req_tx, req_rx) = mpsc::channel(config.request_capacity.max(1));
         let client = MetaClient::new(req_tx, &config);
         let link_events = link.subscribe();
         let cancel = CancellationToken::new();
-        let ctx = Arc::new(process::Context::new(config, store, link, edged_tx));
+        let ctx = Arc::new(process::Context::new(config, store, link, edged_tx, twin));
         let task = tokio::spawn(process::run(
             ctx,
             from_cloud,

@@ -4,8 +4,8 @@
 use super::client::MetaError;
 use super::store::{MetaRecord, MetaStore, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
-    ChangeAction, CloudLink, DeleteOutcome, EdgedRequest, MetaManagerConfig, ObjectChange,
-    ObjectKind, is_remote_query_type,
+    ChangeAction, CloudLink, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig,
+    ObjectChange, ObjectKind, ToTwin, is_remote_query_type,
 };
 use crate::edgehub::LinkEvent;
 use futures_util::StreamExt;
@@ -29,6 +29,7 @@ pub(crate) struct Context<L> {
     store: MetaStore,
     link: L,
     edged: mpsc::Sender<ObjectChange>,
+    twin: Option<mpsc::Sender<ToTwin>>,
 }
 
 /// Where an object carried by a reply is written.
@@ -62,17 +63,35 @@ impl<L: CloudLink> Context<L> {
         store: MetaStore,
         link: L,
         edged: mpsc::Sender<ObjectChange>,
+        twin: Option<mpsc::Sender<ToTwin>>,
     ) -> Self {
         Context {
             config,
             store,
             link,
             edged,
+            twin,
+        }
+    }
+
+    /// Hands devicetwin its message; without devicetwin it is dropped.
+    async fn to_twin(&self, input: ToTwin) {
+        match &self.twin {
+            Some(tx) => {
+                if tx.send(input).await.is_err() {
+                    tracing::debug!("devicetwin stopped; device message dropped");
+                }
+            }
+            None => tracing::debug!("devicetwin is disabled; device message dropped"),
         }
     }
 
     /// Validates a cloud message and queues its write. `None` when there is nothing to write.
     async fn begin(&self, msg: Message) -> Option<BoxFuture<'static, Applied>> {
+        if msg.route.group == Group::Twin {
+            self.to_twin(ToTwin::Cloud(msg)).await;
+            return None;
+        }
         if !matches!(msg.route.group, Group::Resource | Group::Func) {
             tracing::debug!(group = %msg.route.group, resource = %msg.route.resource, "message for a module this edgecore does not run; dropped");
             return None;
@@ -190,6 +209,21 @@ impl<L: CloudLink> Context<L> {
                 None
             }
         };
+        if let Some(action) = action
+            && matches!(
+                path.resource_type,
+                ResourceType::Device | ResourceType::DeviceModel
+            )
+        {
+            let change = DeviceObject {
+                resource_type: path.resource_type.clone(),
+                action,
+                namespace: path.namespace_token().to_string(),
+                name: path.name.clone().unwrap_or_default(),
+                object: object.clone(),
+            };
+            self.to_twin(ToTwin::Object(change)).await;
+        }
         if let (Some(action), Some(kind)) = (action, ObjectKind::of(&path.resource_type)) {
             let change = ObjectChange {
                 kind,

@@ -1,0 +1,563 @@
+//! devicetwin (devices reference §3): the edge's device state — membership from the cloud,
+//! twins (desired/reported values with KubeEdge's versioning), device state — in KubeEdge's
+//! SQLite tables, served to MQTT clients and mappers and reported to the cloud.
+//!
+//! * Inputs: cloud messages of group `twin` and stored Device/DeviceModel objects from
+//!   metamanager ([`ToTwin`]), MQTT messages from eventbus ([`BusMessage`]), link events.
+//! * Every change is durable before it is published or reported. A device whose twin
+//!   changes the cloud has not confirmed is marked in `device_twin_unreported`; its current
+//!   twins are sent when the link is up, again after [`DeviceTwinConfig::resend_interval`]
+//!   until the cloud answers, and after a restart (KubeEdge drops reports made offline).
+//! * Bad MQTT payloads get KubeEdge's error `Result` on the result topic and a log line.
+
+pub mod store;
+#[cfg(test)]
+mod tests;
+pub mod topics;
+pub mod twin;
+
+use crate::edgehub::LinkEvent;
+use crate::metamanager::{ChangeAction, CloudLink, DeviceObject, MetaStore, StoreError, ToTwin};
+use kubeedge_shared::devices::{
+    DeviceState, DeviceStateMsg, DeviceTwinUpdate, ErrorResult, MemberDevice, MembershipUpdate,
+    MsgTwin, decode_content,
+};
+use kubeedge_shared::message::{new_message_id, now_millis};
+use kubeedge_shared::operation::source;
+use kubeedge_shared::{Group, Message, Operation, ResourceType};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+use store::DeviceRow;
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use topics::Request;
+
+/// An MQTT message, in or out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BusMessage {
+    pub topic: String,
+    pub payload: bytes::Bytes,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeviceTwinConfig {
+    pub node_name: String,
+    /// How long an unanswered report waits before it is sent again (KubeEdge: 60 s).
+    pub resend_interval: Duration,
+}
+
+impl DeviceTwinConfig {
+    pub fn from_edgecore(c: &crate::config::EdgeCoreConfig) -> Self {
+        DeviceTwinConfig {
+            node_name: c.node_name().to_string(),
+            resend_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The device and model objects the cloud sent, for the mappers (DMI).
+#[derive(Debug, Default)]
+pub struct Objects {
+    pub devices: HashMap<(String, String), Value>,
+    pub models: HashMap<(String, String), Value>,
+}
+
+struct State<L> {
+    config: DeviceTwinConfig,
+    store: MetaStore,
+    link: L,
+    publish: mpsc::Sender<BusMessage>,
+    devices: HashMap<String, DeviceRow>,
+    objects: Objects,
+    unreported: HashSet<String>,
+    /// Change count per device; a confirmation counts only for the count it reported.
+    generation: HashMap<String, u64>,
+    /// Reports sent and not answered: msg_id → (device, generation).
+    awaiting: HashMap<String, (String, u64)>,
+}
+
+/// The running devicetwin.
+pub struct DeviceTwin {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Where devicetwin's inputs go.
+pub struct TwinInputs {
+    pub meta: mpsc::Sender<ToTwin>,
+    pub bus: mpsc::Sender<BusMessage>,
+}
+
+impl DeviceTwin {
+    /// Creates the tables, loads the devices and starts. Publishes go to `publish`.
+    pub async fn start<L: CloudLink>(
+        config: DeviceTwinConfig,
+        store: MetaStore,
+        link: L,
+        publish: mpsc::Sender<BusMessage>,
+    ) -> Result<(DeviceTwin, TwinInputs), StoreError> {
+        store::create_tables(&store).await?;
+        let (rows, unreported) = store::load(&store).await?;
+        tracing::info!(
+            devices = rows.len(),
+            unreported = unreported.len(),
+            "devicetwin loaded"
+        );
+        let (meta_tx, meta_rx) = mpsc::channel(1024);
+        let (bus_tx, bus_rx) = mpsc::channel(1024);
+        let events = link.subscribe();
+        let state = State {
+            config,
+            store,
+            link,
+            publish,
+            devices: rows.into_iter().map(|d| (d.id.clone(), d)).collect(),
+            objects: Objects::default(),
+            unreported: unreported.into_iter().collect(),
+            generation: HashMap::new(),
+            awaiting: HashMap::new(),
+        };
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(state, meta_rx, bus_rx, events, cancel.clone()));
+        Ok((
+            DeviceTwin { cancel, task },
+            TwinInputs {
+                meta: meta_tx,
+                bus: bus_tx,
+            },
+        ))
+    }
+
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+async fn run<L: CloudLink>(
+    mut st: State<L>,
+    mut meta: mpsc::Receiver<ToTwin>,
+    mut bus: mpsc::Receiver<BusMessage>,
+    mut events: broadcast::Receiver<LinkEvent>,
+    cancel: CancellationToken,
+) {
+    let mut resend = tokio::time::interval(st.config.resend_interval);
+    resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    resend.tick().await;
+    if st.link.is_connected() {
+        st.report_unreported().await;
+    }
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            m = meta.recv() => match m {
+                Some(ToTwin::Cloud(msg)) => st.cloud(msg).await,
+                Some(ToTwin::Object(o)) => st.object(o),
+                None => return,
+            },
+            Some(b) = bus.recv() => st.bus(b).await,
+            ev = events.recv() => match ev {
+                Ok(LinkEvent::Connected) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    st.awaiting.clear();
+                    if st.link.is_connected() {
+                        st.report_unreported().await;
+                    }
+                }
+                Ok(LinkEvent::Disconnected { .. }) => st.awaiting.clear(),
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            _ = resend.tick() => {
+                if st.link.is_connected() && !st.awaiting.is_empty() {
+                    st.awaiting.clear();
+                    st.report_unreported().await;
+                }
+            }
+        }
+    }
+}
+
+impl<L: CloudLink> State<L> {
+    fn publish(&self, topic: String, payload: &impl serde::Serialize) {
+        let payload = serde_json::to_vec(payload).unwrap_or_default();
+        let msg = BusMessage {
+            topic,
+            payload: payload.into(),
+        };
+        if let Err(e) = self.publish.try_send(msg) {
+            tracing::warn!(error = %e, "MQTT publish queue full or closed; message dropped");
+        }
+    }
+
+    fn publish_error(&self, topic: String, event_id: &str, code: i64, reason: &str) {
+        tracing::info!(%topic, code, reason, "device request refused");
+        let r = ErrorResult {
+            event_id: event_id.to_string(),
+            timestamp: now_millis(),
+            code,
+            reason: reason.to_string(),
+        };
+        self.publish(topic, &r);
+    }
+
+    // ----- from the cloud -----
+
+    async fn cloud(&mut self, msg: Message) {
+        if !msg.header.parent_id.is_empty() {
+            if let Some((id, generation)) = self.awaiting.remove(&msg.header.parent_id)
+                && self.generation.get(&id).copied().unwrap_or(0) == generation
+                && self.unreported.remove(&id)
+                && let Err(e) = store::mark_reported(&self.store, id.clone()).await
+            {
+                tracing::warn!(device = %id, error = %e, "cannot record the cloud's confirmation");
+            }
+            return;
+        }
+        let resource = msg.route.resource.as_str();
+        if resource.contains("membership") && !resource.contains("membership/detail") {
+            match decode_content::<MembershipUpdate>(&msg.content) {
+                Ok(m) => self.membership(m).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "malformed membership update from the cloud; dropped")
+                }
+            }
+        } else {
+            tracing::debug!(resource, operation = %msg.route.operation, "twin message not handled; dropped");
+        }
+    }
+
+    async fn membership(&mut self, m: MembershipUpdate) {
+        for d in m.added_devices.unwrap_or_default() {
+            if d.id.is_empty() {
+                continue;
+            }
+            let known = self.devices.get(&d.id);
+            if known.is_some_and(|k| k.name == d.name && k.description == d.description) {
+                continue;
+            }
+            let mut row = known.cloned().unwrap_or_default();
+            row.id = d.id.clone();
+            row.name = d.name.clone();
+            row.description = d.description.clone();
+            let is_new = known.is_none();
+            if let Err(e) = store::insert_device(&self.store, row.clone()).await {
+                tracing::warn!(device = %d.id, error = %e, "device not stored; the cloud sends it again when the edge reconnects");
+                continue;
+            }
+            self.devices.insert(d.id.clone(), row);
+            if is_new {
+                tracing::info!(device = %d.id, "device added");
+                self.publish_membership(
+                    Some(vec![MemberDevice {
+                        id: d.id.clone(),
+                        name: d.name.clone(),
+                        description: d.description.clone(),
+                        ..MemberDevice::default()
+                    }]),
+                    None,
+                );
+            }
+        }
+        for d in m.removed_devices.unwrap_or_default() {
+            if !self.devices.contains_key(&d.id) {
+                continue;
+            }
+            if let Err(e) = store::delete_device(&self.store, d.id.clone()).await {
+                tracing::warn!(device = %d.id, error = %e, "device rows not removed");
+                continue;
+            }
+            self.devices.remove(&d.id);
+            self.unreported.remove(&d.id);
+            self.generation.remove(&d.id);
+            tracing::info!(device = %d.id, "device removed");
+            self.publish_membership(
+                None,
+                Some(vec![MemberDevice {
+                    id: d.id.clone(),
+                    ..MemberDevice::default()
+                }]),
+            );
+        }
+    }
+
+    fn publish_membership(
+        &self,
+        added: Option<Vec<MemberDevice>>,
+        removed: Option<Vec<MemberDevice>>,
+    ) {
+        let m = MembershipUpdate {
+            event_id: new_message_id(),
+            timestamp: now_millis(),
+            added_devices: added,
+            removed_devices: removed,
+        };
+        self.publish(
+            topics::node(&self.config.node_name, "membership/updated"),
+            &m,
+        );
+    }
+
+    fn object(&mut self, o: DeviceObject) {
+        let key = (o.namespace.clone(), o.name.clone());
+        let map = match o.resource_type {
+            ResourceType::Device => &mut self.objects.devices,
+            ResourceType::DeviceModel => &mut self.objects.models,
+            _ => return,
+        };
+        match o.action {
+            ChangeAction::Upsert => {
+                map.insert(key, o.object);
+            }
+            ChangeAction::Delete => {
+                map.remove(&key);
+            }
+        }
+    }
+
+    // ----- from MQTT -----
+
+    async fn bus(&mut self, b: BusMessage) {
+        let Some(req) = topics::classify(&b.topic) else {
+            tracing::debug!(topic = %b.topic, "topic not for devicetwin; dropped");
+            return;
+        };
+        let payload: Result<Value, String> =
+            serde_json::from_slice(&b.payload).map_err(|e| e.to_string());
+        let event_id = payload
+            .as_ref()
+            .ok()
+            .and_then(|v| v.get("event_id"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        match req {
+            Request::TwinUpdate(id) => {
+                let result_topic = topics::device(&id, "twin/update/result");
+                let update = payload.and_then(|v| decode_content::<DeviceTwinUpdate>(&v));
+                match update {
+                    Ok(u) => self.twin_update(&id, u).await,
+                    Err(e) => self.publish_error(result_topic, &event_id, 400, &e),
+                }
+            }
+            Request::TwinGet(id) => self.twin_get(&id, &event_id),
+            Request::StateUpdate(id) => match payload {
+                Ok(v) => self.state_update(&id, &v).await,
+                Err(e) => {
+                    tracing::info!(device = %id, error = %e, "malformed state update; dropped")
+                }
+            },
+            Request::MembershipGet(_) => {
+                let topic = topics::node(&self.config.node_name, "membership/get/result");
+                if let Err(e) = payload {
+                    self.publish_error(topic, &event_id, 400, &e);
+                    return;
+                }
+                let devices: Vec<Value> = self
+                    .devices
+                    .values()
+                    .map(|d| {
+                        serde_json::to_value(MemberDevice {
+                            id: d.id.clone(),
+                            name: d.name.clone(),
+                            description: d.description.clone(),
+                            state: d.state.clone(),
+                            last_online: d.last_online.clone(),
+                            ..MemberDevice::default()
+                        })
+                        .unwrap_or_default()
+                    })
+                    .collect();
+                self.publish(
+                    topic,
+                    &json!({"event_id": event_id, "timestamp": now_millis(), "devices": devices}),
+                );
+            }
+            other => {
+                tracing::debug!(request = ?other, "device request not handled (no v1beta1 flow uses it); dropped")
+            }
+        }
+    }
+
+    /// An edge-side twin update (MQTT or a mapper's report).
+    pub(crate) async fn twin_update(&mut self, id: &str, update: DeviceTwinUpdate) {
+        let result_topic = topics::device(id, "twin/update/result");
+        let Some(device) = self.devices.get(id) else {
+            self.publish_error(result_topic, &update.event_id, 404, "device not found");
+            return;
+        };
+        let outcome = match twin::apply_rest(device, &update, now_millis()) {
+            Ok(o) => o,
+            Err(r) => {
+                self.publish_error(result_topic, &update.event_id, r.code, &r.reason);
+                return;
+            }
+        };
+        if !outcome.rows.is_empty() {
+            if let Err(e) =
+                store::write_twins(&self.store, id.to_string(), outcome.rows.clone(), true).await
+            {
+                tracing::warn!(device = id, error = %e, "twin update not stored");
+                self.publish_error(result_topic, &update.event_id, 500, &e.to_string());
+                return;
+            }
+            if let Some(d) = self.devices.get_mut(id) {
+                for (name, row) in &outcome.rows {
+                    d.twins.insert(name.clone(), row.clone());
+                }
+            }
+            *self.generation.entry(id.to_string()).or_default() += 1;
+            self.unreported.insert(id.to_string());
+        }
+        self.publish(
+            result_topic,
+            &json!({"event_id": update.event_id, "timestamp": now_millis(), "twin": outcome.result}),
+        );
+        if !outcome.document.is_empty() {
+            self.publish(
+                topics::device(id, "twin/update/document"),
+                &json!({"event_id": update.event_id, "timestamp": now_millis(), "twin": outcome.document}),
+            );
+        }
+        if let Some((twins, delta)) = self.devices.get(id).and_then(twin::delta) {
+            self.publish(
+                topics::device(id, "twin/update/delta"),
+                &json!({"event_id": new_message_id(), "timestamp": now_millis(), "twin": twins, "delta": delta}),
+            );
+        }
+        if !outcome.rows.is_empty() && self.link.is_connected() {
+            self.report(id).await;
+        }
+    }
+
+    fn twin_get(&self, id: &str, event_id: &str) {
+        let topic = topics::device(id, "twin/get/result");
+        let Some(d) = self.devices.get(id) else {
+            self.publish_error(topic, event_id, 404, "device not found");
+            return;
+        };
+        let twins: BTreeMap<&String, MsgTwin> = d
+            .twins
+            .iter()
+            .filter(|(_, r)| r.attr_type != "deleted")
+            .map(|(n, r)| (n, twin::msg_twin(r, false)))
+            .collect();
+        self.publish(
+            topic,
+            &json!({"event_id": event_id, "timestamp": now_millis(), "twin": twins}),
+        );
+    }
+
+    pub(crate) async fn state_update(&mut self, id: &str, payload: &Value) {
+        let state = payload
+            .as_object()
+            .and_then(|o| o.iter().find(|(k, _)| k.eq_ignore_ascii_case("state")))
+            .and_then(|(_, v)| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let lower = state.to_ascii_lowercase();
+        if !["online", "offline", "ok", "unknown", "unhealthy"].contains(&lower.as_str()) {
+            tracing::info!(device = id, %state, "device state not one of online/offline/ok/unknown/unhealthy; ignored");
+            return;
+        }
+        if !self.devices.contains_key(id) {
+            tracing::info!(device = id, "state update for an unknown device; ignored");
+            return;
+        }
+        let last_online = if lower == "online" || lower == "ok" {
+            time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        if let Err(e) = store::update_state(
+            &self.store,
+            id.to_string(),
+            state.clone(),
+            last_online.clone(),
+        )
+        .await
+        {
+            tracing::warn!(device = id, error = %e, "device state not stored");
+            return;
+        }
+        let name = match self.devices.get_mut(id) {
+            Some(d) => {
+                d.state = state.clone();
+                d.last_online = last_online.clone();
+                d.name.clone()
+            }
+            None => return,
+        };
+        let msg = DeviceStateMsg {
+            event_id: new_message_id(),
+            timestamp: now_millis(),
+            device: DeviceState {
+                name,
+                state,
+                last_online_time: last_online,
+            },
+        };
+        self.publish(topics::device(id, "state/update/result"), &msg);
+        if self.link.is_connected() {
+            let text = serde_json::to_string(&msg).unwrap_or_default();
+            let up = Message::new(
+                source::TWIN,
+                Group::Resource,
+                Operation::Update,
+                format!("device/{id}/state/update"),
+                Value::String(text),
+            );
+            if let Err(e) = self.link.send(up).await {
+                tracing::debug!(device = id, error = %e, "state not sent to the cloud");
+            }
+        }
+    }
+
+    // ----- to the cloud -----
+
+    /// Sends the device's current twins (`device/<id>/twin/edge_updated`).
+    async fn report(&mut self, id: &str) {
+        let Some(d) = self.devices.get(id) else {
+            return;
+        };
+        let twins: BTreeMap<&String, MsgTwin> = d
+            .twins
+            .iter()
+            .map(|(n, r)| (n, twin::msg_twin(r, true)))
+            .collect();
+        let content =
+            json!({"event_id": new_message_id(), "timestamp": now_millis(), "twin": twins});
+        let msg = Message::new(
+            source::TWIN,
+            Group::Resource,
+            Operation::Update,
+            format!("device/{id}/twin/edge_updated"),
+            content,
+        );
+        let generation = self.generation.get(id).copied().unwrap_or(0);
+        self.awaiting
+            .insert(msg.header.id.clone(), (id.to_string(), generation));
+        if let Err(e) = self.link.send(msg).await {
+            tracing::debug!(device = id, error = %e, "twin report not sent; sent when the link is up");
+        }
+    }
+
+    async fn report_unreported(&mut self) {
+        let ids: Vec<String> = self.unreported.iter().cloned().collect();
+        if !ids.is_empty() {
+            tracing::info!(
+                devices = ids.len(),
+                "sending twin changes the cloud has not confirmed"
+            );
+        }
+        for id in ids {
+            if self.devices.contains_key(&id) {
+                self.report(&id).await;
+            } else {
+                self.unreported.remove(&id);
+            }
+        }
+    }
+}

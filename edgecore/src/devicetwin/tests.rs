@@ -1,0 +1,369 @@
+use super::*;
+use crate::edgehub::HubError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone)]
+struct FakeLink {
+    connected: Arc<AtomicBool>,
+    sent: Arc<Mutex<Vec<Message>>>,
+    events: broadcast::Sender<LinkEvent>,
+}
+
+impl FakeLink {
+    fn new(connected: bool) -> Self {
+        FakeLink {
+            connected: Arc::new(AtomicBool::new(connected)),
+            sent: Default::default(),
+            events: broadcast::channel(16).0,
+        }
+    }
+    fn set(&self, up: bool) {
+        self.connected.store(up, Ordering::SeqCst);
+        let _ = self.events.send(if up {
+            LinkEvent::Connected
+        } else {
+            LinkEvent::Disconnected {
+                reason: "test".into(),
+            }
+        });
+    }
+    fn take(&self) -> Vec<Message> {
+        self.sent.lock().unwrap().drain(..).collect()
+    }
+}
+
+impl CloudLink for FakeLink {
+    fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
+    }
+    async fn send(&self, msg: Message) -> Result<(), HubError> {
+        if !self.is_connected() {
+            return Err(HubError::NotConnected);
+        }
+        self.sent.lock().unwrap().push(msg);
+        Ok(())
+    }
+    async fn request(&self, _: Message, _: Duration) -> Result<Message, HubError> {
+        Err(HubError::NotConnected)
+    }
+    fn subscribe(&self) -> broadcast::Receiver<LinkEvent> {
+        self.events.subscribe()
+    }
+}
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    store: MetaStore,
+    link: FakeLink,
+    twin: DeviceTwin,
+    inputs: TwinInputs,
+    published: mpsc::Receiver<BusMessage>,
+}
+
+async fn rig(connected: bool) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edgecore.db");
+    let store = MetaStore::open(&path).await.unwrap();
+    let link = FakeLink::new(connected);
+    start(dir, path, store, link).await
+}
+
+async fn start(
+    dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    store: MetaStore,
+    link: FakeLink,
+) -> Rig {
+    let (ptx, published) = mpsc::channel(256);
+    let config = DeviceTwinConfig {
+        node_name: "edge-1".into(),
+        resend_interval: Duration::from_millis(300),
+    };
+    let (twin, inputs) = DeviceTwin::start(config, store.clone(), link.clone(), ptx)
+        .await
+        .unwrap();
+    Rig {
+        _dir: dir,
+        path,
+        store,
+        link,
+        twin,
+        inputs,
+        published,
+    }
+}
+
+impl Rig {
+    async fn membership(&self, added: &[&str], removed: &[&str]) {
+        let list = |ids: &[&str]| {
+            (!ids.is_empty()).then(|| {
+                ids.iter()
+                    .map(|i| json!({"id": i, "name": i}))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let m = Message::new(
+            source::DEVICE_CONTROLLER,
+            Group::Twin,
+            Operation::Update,
+            "membership",
+            json!({"event_id": "e", "timestamp": 1, "added_devices": list(added), "removed_devices": list(removed)}),
+        );
+        self.inputs.meta.send(ToTwin::Cloud(m)).await.unwrap();
+    }
+
+    async fn mqtt(&self, topic: &str, payload: &str) {
+        self.inputs
+            .bus
+            .send(BusMessage {
+                topic: topic.into(),
+                payload: payload.as_bytes().to_vec().into(),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// The next publish on `topic` (others are skipped), within 5 s.
+    async fn published_on(&mut self, topic: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let m = tokio::time::timeout_at(deadline, self.published.recv())
+                .await
+                .unwrap_or_else(|_| panic!("nothing published on {topic} within 5s"))
+                .expect("publisher open");
+            if m.topic == topic {
+                return serde_json::from_slice(&m.payload).unwrap();
+            }
+        }
+    }
+
+    async fn sent_within(&self, what: &str) -> Vec<Message> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let sent = self.link.take();
+            if !sent.is_empty() {
+                return sent;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: nothing sent within 5s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn twin_rows(&self) -> Vec<(String, String, Option<String>)> {
+        self.store
+            .call(|c| {
+                let mut s = c.prepare(
+                    r#"SELECT "deviceid","name","actual" FROM "device_twin" ORDER BY 1,2"#,
+                )?;
+                let rows = s
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn membership_creates_and_removes_devices_and_tells_mqtt() {
+    let mut r = rig(true).await;
+    r.membership(&["thermo-1"], &[]).await;
+    let m = r
+        .published_on("$hw/events/node/edge-1/membership/updated")
+        .await;
+    assert_eq!(m["added_devices"][0]["id"], "thermo-1");
+    assert_eq!(m["removed_devices"], Value::Null);
+    r.mqtt(
+        "$hw/events/device/thermo-1/twin/update",
+        r#"{"event_id":"u1","twin":{"temperature":{"actual":{"value":"23"}}}}"#,
+    )
+    .await;
+    r.published_on("$hw/events/device/thermo-1/twin/update/result")
+        .await;
+    assert_eq!(r.twin_rows().await.len(), 1);
+    r.mqtt(
+        "$hw/events/node/edge-1/membership/get",
+        r#"{"event_id":"g"}"#,
+    )
+    .await;
+    let g = r
+        .published_on("$hw/events/node/edge-1/membership/get/result")
+        .await;
+    assert_eq!(g["event_id"], "g");
+    assert_eq!(g["devices"][0]["id"], "thermo-1");
+
+    r.membership(&[], &["thermo-1"]).await;
+    let m = r
+        .published_on("$hw/events/node/edge-1/membership/updated")
+        .await;
+    assert_eq!(m["removed_devices"][0]["id"], "thermo-1");
+    assert!(
+        r.twin_rows().await.is_empty(),
+        "twin rows go with the device"
+    );
+    r.twin.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_twin_update_is_stored_published_and_reported_until_confirmed() {
+    let mut r = rig(true).await;
+    r.membership(&["thermo-1"], &[]).await;
+    r.mqtt(
+        "$hw/events/device/thermo-1/twin/update",
+        r#"{"event_id":"u1","timestamp":1,"twin":{"setpoint":{"expected":{"value":"20"},"actual":{"value":"18"}}}}"#,
+    )
+    .await;
+    let res = r
+        .published_on("$hw/events/device/thermo-1/twin/update/result")
+        .await;
+    assert_eq!(res["event_id"], "u1");
+    assert_eq!(res["twin"]["setpoint"]["actual"]["value"], "18");
+    assert!(res["twin"]["setpoint"].get("actual_version").is_none());
+    let doc = r
+        .published_on("$hw/events/device/thermo-1/twin/update/document")
+        .await;
+    assert_eq!(doc["twin"]["setpoint"]["last"], Value::Null);
+    let delta = r
+        .published_on("$hw/events/device/thermo-1/twin/update/delta")
+        .await;
+    assert_eq!(delta["delta"]["setpoint"], "20");
+
+    let sent = r.sent_within("twin report").await;
+    assert_eq!(sent[0].route.resource, "device/thermo-1/twin/edge_updated");
+    assert_eq!(sent[0].route.source, "twin");
+    assert_eq!(
+        sent[0].content["twin"]["setpoint"]["actual_version"],
+        json!({"cloud": 0, "edge": 1})
+    );
+    // Unanswered: sent again.
+    let again = r.sent_within("resend").await;
+    assert_eq!(again[0].route.resource, "device/thermo-1/twin/edge_updated");
+    // Answered: no more.
+    let ok = {
+        let mut m = Message::new(
+            source::DEVICE_CONTROLLER,
+            Group::Twin,
+            Operation::Response,
+            "twin",
+            json!("OK"),
+        );
+        m.header.parent_id = again[0].header.id.clone();
+        m
+    };
+    r.inputs.meta.send(ToTwin::Cloud(ok)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    r.link.take();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(r.link.take().is_empty(), "confirmed reports are not resent");
+    let unreported: i64 = r
+        .store
+        .call(|c| {
+            Ok(c.query_row(
+                r#"SELECT count(*) FROM "device_twin_unreported""#,
+                [],
+                |x| x.get(0),
+            )?)
+        })
+        .await
+        .unwrap();
+    assert_eq!(unreported, 0);
+    r.twin.shutdown().await;
+}
+
+#[tokio::test]
+async fn changes_made_offline_survive_a_restart_and_reach_the_cloud() {
+    let r = rig(false).await;
+    r.membership(&["thermo-1"], &[]).await;
+    r.mqtt(
+        "$hw/events/device/thermo-1/twin/update",
+        r#"{"twin":{"temperature":{"actual":{"value":"31"}}}}"#,
+    )
+    .await;
+    // Wait until stored.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while r.twin_rows().await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "twin not stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let Rig {
+        _dir,
+        path,
+        store,
+        link,
+        twin,
+        ..
+    } = r;
+    twin.shutdown().await;
+    store.close().await;
+    assert!(link.take().is_empty(), "nothing sent while offline");
+
+    let store = MetaStore::open(&path).await.unwrap();
+    let r = start(_dir, path, store, link).await;
+    r.link.set(true);
+    let sent = r.sent_within("report after reconnect").await;
+    assert_eq!(sent[0].route.resource, "device/thermo-1/twin/edge_updated");
+    assert_eq!(
+        sent[0].content["twin"]["temperature"]["actual"]["value"],
+        "31"
+    );
+    r.twin.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_mqtt_input_gets_kubeedges_error_results() {
+    let mut r = rig(true).await;
+    r.membership(&["thermo-1"], &[]).await;
+    r.published_on("$hw/events/node/edge-1/membership/updated")
+        .await;
+    r.mqtt("$hw/events/device/thermo-1/twin/update", "{not json")
+        .await;
+    let e = r
+        .published_on("$hw/events/device/thermo-1/twin/update/result")
+        .await;
+    assert_eq!(e["code"], 400);
+    r.mqtt(
+        "$hw/events/device/nope/twin/update",
+        r#"{"event_id":"x","twin":{}}"#,
+    )
+    .await;
+    let e = r
+        .published_on("$hw/events/device/nope/twin/update/result")
+        .await;
+    assert_eq!(e["code"], 404);
+    assert_eq!(e["event_id"], "x");
+    r.mqtt(
+        "$hw/events/device/thermo-1/twin/update",
+        r#"{"event_id":"y","twin":{"t":{"actual":{"value":"a b"}}}}"#,
+    )
+    .await;
+    let e = r
+        .published_on("$hw/events/device/thermo-1/twin/update/result")
+        .await;
+    assert_eq!(e["code"], 400);
+    r.mqtt("$hw/events/device/thermo-1/twin/get", r#"{"event_id":"g"}"#)
+        .await;
+    let g = r
+        .published_on("$hw/events/device/thermo-1/twin/get/result")
+        .await;
+    assert_eq!(g["twin"], json!({}));
+    // State: stored, published and sent upstream as a JSON string.
+    r.mqtt(
+        "$hw/events/device/thermo-1/state/update",
+        r#"{"event_id":"s","state":"online"}"#,
+    )
+    .await;
+    let s = r
+        .published_on("$hw/events/device/thermo-1/state/update/result")
+        .await;
+    assert_eq!(s["device"]["state"], "online");
+    let sent = r.sent_within("state").await;
+    assert_eq!(sent[0].route.resource, "device/thermo-1/state/update");
+    assert!(sent[0].content.is_string());
+    r.twin.shutdown().await;
+}
