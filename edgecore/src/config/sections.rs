@@ -254,6 +254,9 @@ pub struct ServiceBus {
 #[serde(rename_all = "camelCase", default)]
 pub struct DeviceTwin {
     pub enable: bool,
+    /// Directory of edgecore's DMI socket `dmi.sock` (KubeEdge v1.23's key; earlier
+    /// versions always use `/etc/kubeedge/dmi.sock`, the default here).
+    pub dmi_sock_path: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -515,7 +518,10 @@ impl Default for ServiceBus {
 
 impl Default for DeviceTwin {
     fn default() -> Self {
-        DeviceTwin { enable: true }
+        DeviceTwin {
+            enable: true,
+            dmi_sock_path: "/etc/kubeedge/".into(),
+        }
     }
 }
 

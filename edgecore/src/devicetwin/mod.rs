@@ -10,6 +10,7 @@
 //!   until the cloud answers, and after a restart (KubeEdge drops reports made offline).
 //! * Bad MQTT payloads get KubeEdge's error `Result` on the result topic and a log line.
 
+pub mod dmi;
 pub mod store;
 #[cfg(test)]
 mod tests;
@@ -27,6 +28,7 @@ use kubeedge_shared::operation::source;
 use kubeedge_shared::{Group, Message, Operation, ResourceType};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::time::Duration;
 use store::DeviceRow;
 use tokio::sync::{broadcast, mpsc};
@@ -46,6 +48,8 @@ pub struct DeviceTwinConfig {
     pub node_name: String,
     /// How long an unanswered report waits before it is sent again (KubeEdge: 60 s).
     pub resend_interval: Duration,
+    /// Where the DMI server listens (`None`: no DMI).
+    pub dmi_socket: Option<PathBuf>,
 }
 
 impl DeviceTwinConfig {
@@ -53,9 +57,13 @@ impl DeviceTwinConfig {
         DeviceTwinConfig {
             node_name: c.node_name().to_string(),
             resend_interval: Duration::from_secs(60),
+            dmi_socket: Some(dmi::socket_path(&c.modules.device_twin.dmi_sock_path)),
         }
     }
 }
+
+/// `meta` type of registered mappers (KubeEdge's).
+const MAPPER_TYPE: &str = "devicemapper";
 
 /// The device and model objects the cloud sent, for the mappers (DMI).
 #[derive(Debug, Default)]
@@ -76,6 +84,19 @@ struct State<L> {
     generation: HashMap<String, u64>,
     /// Reports sent and not answered: msg_id → (device, generation).
     awaiting: HashMap<String, (String, u64)>,
+    /// Mapper sockets by protocol.
+    mappers: HashMap<String, PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceTwinError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "cannot listen on the DMI socket {path}: {detail}\n  Set modules.deviceTwin.dmiSockPath \
+         to a writable directory, or stop the other edgecore using it."
+    )]
+    Dmi { path: String, detail: String },
 }
 
 /// The running devicetwin.
@@ -97,9 +118,37 @@ impl DeviceTwin {
         store: MetaStore,
         link: L,
         publish: mpsc::Sender<BusMessage>,
-    ) -> Result<(DeviceTwin, TwinInputs), StoreError> {
+    ) -> Result<(DeviceTwin, TwinInputs), DeviceTwinError> {
         store::create_tables(&store).await?;
         let (rows, unreported) = store::load(&store).await?;
+        let mut mappers = HashMap::new();
+        for r in store.list_type(MAPPER_TYPE).await? {
+            let info: Value = serde_json::from_str(&r.value).unwrap_or_default();
+            let protocol = info["protocol"].as_str().unwrap_or_default();
+            let address = info["address"].as_str().unwrap_or_default();
+            if !protocol.is_empty() && !address.is_empty() {
+                mappers.insert(protocol.to_string(), PathBuf::from(address));
+            }
+        }
+        let (dmi_tx, dmi_rx) = mpsc::channel(1024);
+        let cancel = CancellationToken::new();
+        if let Some(path) = &config.dmi_socket {
+            let listener = kubeedge_dmi::bind_uds(path).map_err(|e| DeviceTwinError::Dmi {
+                path: path.display().to_string(),
+                detail: e.to_string(),
+            })?;
+            let server = kubeedge_dmi::DeviceManagerServiceServer::new(dmi::Server { tx: dmi_tx });
+            let stop = cancel.clone();
+            let shown = path.display().to_string();
+            tokio::spawn(async move {
+                if let Err(e) =
+                    kubeedge_dmi::serve_listener(listener, server, stop.cancelled_owned()).await
+                {
+                    tracing::warn!(socket = %shown, error = %e, "DMI server stopped");
+                }
+            });
+            tracing::info!(socket = %path.display(), mappers = mappers.len(), "DMI server listening");
+        }
         tracing::info!(
             devices = rows.len(),
             unreported = unreported.len(),
@@ -118,9 +167,9 @@ impl DeviceTwin {
             unreported: unreported.into_iter().collect(),
             generation: HashMap::new(),
             awaiting: HashMap::new(),
+            mappers,
         };
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(state, meta_rx, bus_rx, events, cancel.clone()));
+        let task = tokio::spawn(run(state, meta_rx, bus_rx, dmi_rx, events, cancel.clone()));
         Ok((
             DeviceTwin { cancel, task },
             TwinInputs {
@@ -140,6 +189,7 @@ async fn run<L: CloudLink>(
     mut st: State<L>,
     mut meta: mpsc::Receiver<ToTwin>,
     mut bus: mpsc::Receiver<BusMessage>,
+    mut dmi: mpsc::Receiver<dmi::DmiRequest>,
     mut events: broadcast::Receiver<LinkEvent>,
     cancel: CancellationToken,
 ) {
@@ -158,6 +208,7 @@ async fn run<L: CloudLink>(
                 None => return,
             },
             Some(b) = bus.recv() => st.bus(b).await,
+            Some(r) = dmi.recv() => st.dmi(r).await,
             ev = events.recv() => match ev {
                 Ok(LinkEvent::Connected) | Err(broadcast::error::RecvError::Lagged(_)) => {
                     st.awaiting.clear();
@@ -298,21 +349,182 @@ impl<L: CloudLink> State<L> {
         );
     }
 
+    /// A device or model object stored: kept for the mappers, and passed to the mapper of
+    /// its protocol.
     fn object(&mut self, o: DeviceObject) {
         let key = (o.namespace.clone(), o.name.clone());
-        let map = match o.resource_type {
-            ResourceType::Device => &mut self.objects.devices,
-            ResourceType::DeviceModel => &mut self.objects.models,
+        let is_device = match o.resource_type {
+            ResourceType::Device => true,
+            ResourceType::DeviceModel => false,
             _ => return,
         };
-        match o.action {
-            ChangeAction::Upsert => {
-                map.insert(key, o.object);
+        let map = if is_device {
+            &mut self.objects.devices
+        } else {
+            &mut self.objects.models
+        };
+        let old = match o.action {
+            ChangeAction::Upsert => map.insert(key.clone(), o.object.clone()),
+            ChangeAction::Delete => map.remove(&key),
+        };
+        let current = match o.action {
+            ChangeAction::Upsert => &o.object,
+            ChangeAction::Delete => match &old {
+                Some(old) => old,
+                None => return,
+            },
+        };
+        let protocol_ptr = if is_device {
+            "/spec/protocol/protocolName"
+        } else {
+            "/spec/protocol"
+        };
+        let protocol = current
+            .pointer(protocol_ptr)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let Some(socket) = self.mappers.get(protocol).cloned() else {
+            tracing::info!(namespace = %key.0, name = %key.1, protocol,
+                "no mapper registered for the protocol; it gets the object when it registers");
+            return;
+        };
+        let (name, namespace) = (key.1.clone(), key.0.clone());
+        let call = match (o.action, is_device) {
+            (ChangeAction::Delete, true) => dmi::MapperCall::RemoveDevice { name, namespace },
+            (ChangeAction::Delete, false) => dmi::MapperCall::RemoveModel { name, namespace },
+            (ChangeAction::Upsert, true) => {
+                if old
+                    .as_ref()
+                    .is_some_and(|o| o.get("spec") == current.get("spec"))
+                {
+                    return;
+                }
+                match kubeedge_dmi::device_from_crd(current) {
+                    Ok(d) if old.is_none() => dmi::MapperCall::RegisterDevice(d),
+                    Ok(d) => dmi::MapperCall::UpdateDevice(d),
+                    Err(e) => {
+                        tracing::warn!(namespace = %key.0, device = %key.1, error = %e,
+                            "device cannot be expressed in DMI; not sent to its mapper");
+                        return;
+                    }
+                }
             }
-            ChangeAction::Delete => {
-                map.remove(&key);
+            (ChangeAction::Upsert, false) => match kubeedge_dmi::model_from_crd(current) {
+                Ok(m) if old.is_none() => dmi::MapperCall::CreateModel(m),
+                Ok(m) => dmi::MapperCall::UpdateModel(m),
+                Err(e) => {
+                    tracing::warn!(namespace = %key.0, model = %key.1, error = %e,
+                        "device model cannot be expressed in DMI; not sent to its mapper");
+                    return;
+                }
+            },
+        };
+        dmi::spawn_call(socket, call);
+    }
+
+    // ----- from mappers -----
+
+    /// The device ID of a mapper's `(name, namespace)`: `name` (KubeEdge v1.15 IDs) or
+    /// `namespace/name`.
+    fn id_of(&self, name: &str, namespace: &str) -> Option<String> {
+        if self.devices.contains_key(name) {
+            return Some(name.to_string());
+        }
+        let namespaced = format!("{namespace}/{name}");
+        self.devices.contains_key(&namespaced).then_some(namespaced)
+    }
+
+    async fn dmi(&mut self, r: dmi::DmiRequest) {
+        match r {
+            dmi::DmiRequest::Register {
+                mapper,
+                with_data,
+                reply,
+            } => {
+                let _ = reply.send(self.register_mapper(mapper, with_data).await);
+            }
+            dmi::DmiRequest::Status(s) => {
+                let Some(id) = self.id_of(&s.device_name, &s.device_namespace) else {
+                    tracing::info!(device = %s.device_name, namespace = %s.device_namespace,
+                        "mapper reported a device this edge does not have; ignored");
+                    return;
+                };
+                match decode_content::<DeviceTwinUpdate>(&dmi::twin_update_of(&s)) {
+                    Ok(u) => self.twin_update(&id, u).await,
+                    Err(e) => tracing::warn!(device = %id, error = %e, "mapper report not usable"),
+                }
+            }
+            dmi::DmiRequest::States(s) => {
+                let Some(id) = self.id_of(&s.device_name, &s.device_namespace) else {
+                    tracing::info!(device = %s.device_name, "mapper reported the state of an unknown device; ignored");
+                    return;
+                };
+                self.state_update(&id, &json!({ "state": s.state })).await;
             }
         }
+    }
+
+    async fn register_mapper(
+        &mut self,
+        mapper: kubeedge_dmi::v1beta1::MapperInfo,
+        with_data: bool,
+    ) -> Result<kubeedge_dmi::v1beta1::MapperRegisterResponse, String> {
+        let address = String::from_utf8_lossy(&mapper.address).into_owned();
+        let info = json!({"name": mapper.name, "version": mapper.version,
+            "api_version": mapper.api_version, "protocol": mapper.protocol,
+            "address": address, "state": mapper.state});
+        let key = format!("node/nodeID/namespace/{MAPPER_TYPE}/{}", mapper.name);
+        self.store
+            .upsert(crate::metamanager::MetaRecord::new(
+                key,
+                MAPPER_TYPE,
+                info.to_string(),
+            ))
+            .await
+            .map_err(|e| format!("cannot store the mapper: {e}"))?;
+        self.mappers
+            .insert(mapper.protocol.clone(), PathBuf::from(&address));
+        tracing::info!(mapper = %mapper.name, protocol = %mapper.protocol, socket = %address, "mapper registered");
+        let mut response = kubeedge_dmi::v1beta1::MapperRegisterResponse::default();
+        if !with_data {
+            return Ok(response);
+        }
+        let mut devices: Vec<(&(String, String), &Value)> = self.objects.devices.iter().collect();
+        devices.sort_by(|a, b| a.0.cmp(b.0));
+        for (key, dev) in devices {
+            if dev
+                .pointer("/spec/protocol/protocolName")
+                .and_then(Value::as_str)
+                != Some(mapper.protocol.as_str())
+            {
+                continue;
+            }
+            let model_name = dev
+                .pointer("/spec/deviceModelRef/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let Some(model) = self
+                .objects
+                .models
+                .get(&(key.0.clone(), model_name.to_string()))
+            else {
+                tracing::info!(device = %key.1, model = model_name, "device's model not here yet; not given to the mapper");
+                continue;
+            };
+            match (
+                kubeedge_dmi::device_from_crd(dev),
+                kubeedge_dmi::model_from_crd(model),
+            ) {
+                (Ok(d), Ok(m)) => {
+                    response.device_list.push(d);
+                    response.model_list.push(m);
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(device = %key.1, error = %e, "device cannot be expressed in DMI; skipped")
+                }
+            }
+        }
+        Ok(response)
     }
 
     // ----- from MQTT -----

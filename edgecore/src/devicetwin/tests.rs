@@ -80,6 +80,7 @@ async fn start(
     let config = DeviceTwinConfig {
         node_name: "edge-1".into(),
         resend_interval: Duration::from_millis(300),
+        dmi_socket: None,
     };
     let (twin, inputs) = DeviceTwin::start(config, store.clone(), link.clone(), ptx)
         .await
