@@ -28,11 +28,23 @@ pub enum UdsError {
     Permissions { path: PathBuf, source: io::Error },
     #[error("serve gRPC: {0}")]
     Serve(#[source] tonic::transport::Error),
-    #[error("connect to {path}: {source}")]
+    #[error("connect to {path}: {}", chain(source))]
     Connect {
         path: PathBuf,
         source: tonic::transport::Error,
     },
+}
+
+/// An error with its causes: tonic's transport error alone says only "transport error".
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Binds a unix socket for a gRPC server: creates the parent directory, removes a stale socket

@@ -381,6 +381,19 @@ async fn mapper_reports_registers_as_twins_and_writes_desired_values() {
     edge_task.abort();
 }
 
+#[tokio::test]
+async fn a_mapper_stopped_while_edgecore_is_absent_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mapper_socket = dir.path().join("modbus.sock");
+    let (stop, mapper) = spawn_mapper(&dir.path().join("absent-dmi.sock"), &mapper_socket);
+    let deadline = Instant::now() + DEADLINE;
+    until(deadline, "the mapper listens", || mapper_socket.exists()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.send(()).unwrap();
+    timeout(DEADLINE, mapper).await.unwrap().unwrap().unwrap();
+    assert!(!mapper_socket.exists());
+}
+
 #[test]
 fn help_prints_usage_and_starts_nothing() {
     let dir = tempfile::tempdir().unwrap();
