@@ -38,10 +38,16 @@ pub enum UdsError {
 /// An error with its causes: tonic's transport error alone says only "transport error".
 fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
+    let mut last = text.clone();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        // io errors wrapped by hyper repeat their message one level down.
+        if cause_text != last {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        last = cause_text;
         source = cause.source();
     }
     text
