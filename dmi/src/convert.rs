@@ -79,6 +79,89 @@ pub fn model_from_crd(object: &Value) -> Result<dmi::DeviceModel, ConvertError> 
     })
 }
 
+/// KubeEdge v1.23's model defaults (edgecore's `dmicache`), applied to a Device object before
+/// [`device_from_crd`]:
+/// - `spec.protocol.configData` = the model's `spec.protocolConfigData` overlaid key by key by
+///   the device's own `configData`;
+/// - each device property whose same-named model property has `visitors` gets the model's
+///   visitor, with the device's own `visitors.configData` keys on top.
+///
+/// v1.15–v1.22 edgecore sends devices unmerged: skip this to behave like them.
+pub fn device_with_model_defaults(device: &Value, model: &Value) -> Value {
+    let mut device = device.clone();
+    let model_spec = &model["spec"];
+    let Some(spec) = device.get_mut("spec").and_then(Value::as_object_mut) else {
+        return device;
+    };
+
+    if let Some(defaults) = model_spec
+        .get("protocolConfigData")
+        .and_then(Value::as_object)
+    {
+        let protocol = spec
+            .entry("protocol")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(protocol) = protocol.as_object_mut() {
+            let own = protocol
+                .get("configData")
+                .and_then(Value::as_object)
+                .cloned();
+            protocol.insert(
+                "configData".into(),
+                Value::Object(overlay(defaults, own.as_ref())),
+            );
+        }
+    }
+
+    let model_visitors: HashMap<&str, &Value> = model_spec
+        .get("properties")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some((
+                p.get("name")?.as_str()?,
+                p.get("visitors").filter(|v| !v.is_null())?,
+            ))
+        })
+        .collect();
+    if let Some(properties) = spec.get_mut("properties").and_then(Value::as_array_mut) {
+        for property in properties.iter_mut().filter_map(Value::as_object_mut) {
+            let Some(name) = property.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(model_visitor) = model_visitors.get(name) else {
+                continue;
+            };
+            let own = property
+                .get("visitors")
+                .and_then(|v| v.get("configData"))
+                .and_then(Value::as_object)
+                .cloned();
+            let mut visitor = (*model_visitor).clone();
+            if let Some(visitor) = visitor.as_object_mut() {
+                let merged = match visitor.get("configData").and_then(Value::as_object) {
+                    Some(defaults) => Some(overlay(defaults, own.as_ref())),
+                    None => own,
+                };
+                if let Some(merged) = merged {
+                    visitor.insert("configData".into(), Value::Object(merged));
+                }
+            }
+            property.insert("visitors".into(), visitor);
+        }
+    }
+    device
+}
+
+fn overlay(defaults: &Map<String, Value>, own: Option<&Map<String, Value>>) -> Map<String, Value> {
+    let mut merged = defaults.clone();
+    if let Some(own) = own {
+        merged.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    merged
+}
+
 /// A `configData` object as a `CustomizedValue` (every value through [`any_from_json`]).
 pub fn config_data_from_json(
     data: &Map<String, Value>,

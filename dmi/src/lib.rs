@@ -5,7 +5,7 @@
 //! - [`v1beta1`]: the generated messages, clients and servers of both services.
 //! - [`any_from_json`] / [`json_from_any`]: the `google.protobuf.Any` encoding of `configData`.
 //! - [`device_from_crd`] / [`model_from_crd`]: a v1beta1 Device / DeviceModel object (JSON) to
-//!   the DMI message edgecore sends.
+//!   the DMI message edgecore sends; [`device_with_model_defaults`]: v1.23's model defaults.
 //! - [`serve_uds`] / [`bind_uds`] / [`serve_listener`] / [`connect_uds`] / [`connect_uds_lazy`]:
 //!   plaintext gRPC over unix sockets.
 
@@ -27,7 +27,8 @@ mod uds;
 
 pub use any::{AnyError, any_from_json, json_from_any, type_url};
 pub use convert::{
-    ConvertError, config_data_from_json, config_data_to_json, device_from_crd, model_from_crd,
+    ConvertError, config_data_from_json, config_data_to_json, device_from_crd,
+    device_with_model_defaults, model_from_crd,
 };
 pub use uds::{
     DEFAULT_DMI_SOCKET, UdsError, bind_uds, connect_uds, connect_uds_lazy, serve_listener,

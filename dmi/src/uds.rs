@@ -28,11 +28,29 @@ pub enum UdsError {
     Permissions { path: PathBuf, source: io::Error },
     #[error("serve gRPC: {0}")]
     Serve(#[source] tonic::transport::Error),
-    #[error("connect to {path}: {source}")]
+    #[error("connect to {path}: {}", chain(source))]
     Connect {
         path: PathBuf,
         source: tonic::transport::Error,
     },
+}
+
+/// An error with its causes: tonic's transport error alone says only "transport error".
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut last = text.clone();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // io errors wrapped by hyper repeat their message one level down.
+        if cause_text != last {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        last = cause_text;
+        source = cause.source();
+    }
+    text
 }
 
 /// Binds a unix socket for a gRPC server: creates the parent directory, removes a stale socket

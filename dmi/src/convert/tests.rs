@@ -273,3 +273,56 @@ fn model_properties_map_field_by_field() {
         }
     );
 }
+
+#[test]
+fn model_defaults_fill_in_under_the_devices_own_keys() {
+    let model = json!({
+        "metadata": {"name": "m", "namespace": "default"},
+        "spec": {
+            "protocolConfigData": {"port": 502, "slaveID": 1},
+            "properties": [
+                {"name": "temperature", "visitors": {"protocolName": "modbus", "configData": {"register": "InputRegister", "offset": 0, "scale": 0.1}}},
+                {"name": "mode", "visitors": {"protocolName": "modbus"}},
+                {"name": "plain"}
+            ]
+        }
+    });
+    let device = json!({
+        "metadata": {"name": "d", "namespace": "default"},
+        "spec": {
+            "protocol": {"protocolName": "modbus", "configData": {"ip": "10.0.0.9", "slaveID": 7}},
+            "properties": [
+                {"name": "temperature", "visitors": {"protocolName": "modbus", "configData": {"offset": 4}}},
+                {"name": "mode", "visitors": {"protocolName": "modbus", "configData": {"register": "CoilRegister"}}},
+                {"name": "plain", "visitors": {"protocolName": "modbus", "configData": {"register": "HoldingRegister"}}},
+                {"name": "device-only"}
+            ]
+        }
+    });
+    let merged = device_with_model_defaults(&device, &model);
+    assert_eq!(
+        merged["spec"]["protocol"]["configData"],
+        json!({"ip": "10.0.0.9", "port": 502, "slaveID": 7})
+    );
+    let props = &merged["spec"]["properties"];
+    assert_eq!(
+        props[0]["visitors"]["configData"],
+        json!({"register": "InputRegister", "offset": 4, "scale": 0.1})
+    );
+    assert_eq!(
+        props[1]["visitors"],
+        json!({"protocolName": "modbus", "configData": {"register": "CoilRegister"}})
+    );
+    assert_eq!(
+        props[2], device["spec"]["properties"][2],
+        "the model property has no visitors"
+    );
+    assert_eq!(props[3], json!({"name": "device-only"}));
+    // The merged object converts like any other.
+    assert!(device_from_crd(&merged).is_ok());
+    // A model without defaults changes nothing.
+    assert_eq!(
+        device_with_model_defaults(&device, &json!({"spec": {}})),
+        device
+    );
+}

@@ -75,17 +75,21 @@ pub async fn run(options: MapperOptions, shutdown: impl Future<Output = ()>) -> 
     };
 
     tokio::pin!(shutdown);
-    tokio::select! {
-        () = registration => {}
-        () = &mut shutdown => {}
-    }
-    let result = tokio::select! {
-        () = &mut shutdown => Ok(()),
-        served = server => match served {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(anyhow::Error::new(e).context("DeviceMapperService stopped")),
-            Err(e) => Err(anyhow::Error::new(e).context("DeviceMapperService task")),
-        },
+    let stopped_early = tokio::select! {
+        () = registration => false,
+        () = &mut shutdown => true,
+    };
+    let result = if stopped_early {
+        Ok(())
+    } else {
+        tokio::select! {
+            () = &mut shutdown => Ok(()),
+            served = server => match served {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(anyhow::Error::new(e).context("DeviceMapperService stopped")),
+                Err(e) => Err(anyhow::Error::new(e).context("DeviceMapperService task")),
+            },
+        }
     };
     let _ = stop_server.send(());
     devices.clear();
