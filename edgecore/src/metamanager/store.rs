@@ -279,7 +279,11 @@ impl MetaStore {
                     continue;
                 };
                 let ty = ResourceType::parse(&r.resource_type);
-                if ty.is_request() || ty == ResourceType::Node || ty == ResourceType::Lease {
+                if ty.is_request()
+                    || ty == ResourceType::Node
+                    || ty == ResourceType::Lease
+                    || r.resource_type == "devicemapper"
+                {
                     continue;
                 }
                 let Ok(v) = serde_json::from_str::<Value>(&r.value) else {
