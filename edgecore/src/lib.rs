@@ -7,5 +7,6 @@ pub mod cri;
 pub mod edged;
 pub mod edgehub;
 pub mod edgestream;
+pub mod eventbus;
 pub mod metamanager;
 pub mod tls_files;

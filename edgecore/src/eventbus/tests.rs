@@ -1,0 +1,1 @@
+//! Internal-broker tests (the external-broker ones, against mosquitto, are in e2e).
