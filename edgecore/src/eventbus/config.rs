@@ -168,11 +168,10 @@ impl BrokerAddress {
         let (host, port) = rest
             .rsplit_once(':')
             .ok_or_else(|| bad("the port is missing"))?;
+        // Port 0 makes sense only for the internal broker (any free port; tests use it).
         let port: u16 = port
             .parse()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?;
+            .map_err(|_| bad("the port is not a number from 0 to 65535"))?;
         let host = host
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))
