@@ -8,5 +8,6 @@ pub mod devicetwin;
 pub mod edged;
 pub mod edgehub;
 pub mod edgestream;
+pub mod eventbus;
 pub mod metamanager;
 pub mod tls_files;

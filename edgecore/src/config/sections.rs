@@ -227,6 +227,14 @@ pub struct EventBus {
     pub mqtt_server_internal: String,
     /// 0 internal broker, 1 both, 2 external.
     pub mqtt_mode: i32,
+    /// Empty: `hub-client-sub-<10 digits of the ms clock>`.
+    #[serde(rename = "mqttSubClientID")]
+    pub mqtt_sub_client_id: String,
+    /// Empty: `hub-client-pub-<10 digits of the ms clock>`.
+    #[serde(rename = "mqttPubClientID")]
+    pub mqtt_pub_client_id: String,
+    pub mqtt_username: String,
+    pub mqtt_password: String,
     #[serde(rename = "eventBusTLS")]
     pub event_bus_tls: EventBusTls,
 }
@@ -489,6 +497,10 @@ impl Default for EventBus {
             mqtt_server_external: "tcp://127.0.0.1:1883".into(),
             mqtt_server_internal: "tcp://127.0.0.1:1884".into(),
             mqtt_mode: 2,
+            mqtt_sub_client_id: String::new(),
+            mqtt_pub_client_id: String::new(),
+            mqtt_username: String::new(),
+            mqtt_password: String::new(),
             event_bus_tls: EventBusTls::default(),
         }
     }

@@ -1,5 +1,5 @@
-//! The edge database: KubeEdge's `meta` table (and its `meta_v2` mirror) in SQLite
-//! (protocol §5.3).
+//! The edge database: KubeEdge's `meta` table (and its `meta_v2` mirror) in SQLite, and the
+//! eventbus's `sub_topics` (protocol §5.3, devices reference §4.6).
 //!
 //! One dedicated thread owns the connection; async callers hand it jobs over a bounded channel
 //! and await the result, so SQLite never blocks the async runtime. The thread runs whatever jobs
@@ -377,6 +377,9 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
                "name" varchar(256) NOT NULL DEFAULT '',
                "resourceversion" integer unsigned NOT NULL DEFAULT 0,
                "value" text NOT NULL DEFAULT ''
+           );
+           CREATE TABLE IF NOT EXISTS "sub_topics" (
+               "topic" text NOT NULL PRIMARY KEY
            );"#,
     )
     .map_err(|e| fail(e.to_string()))?;
