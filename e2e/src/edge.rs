@@ -142,10 +142,12 @@ impl EdgeEnv {
              database:\n  dataSource: {db}\n\
              modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
              \x20   websocket:\n      server: {server}\n\
+             \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
              \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
              \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\
              \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
             db = d.join("edgecore.db").display(),
+            dmi = d.display(),
             ca = d.join("ca.crt").display(),
             crt = d.join("edge.crt").display(),
             key = d.join("edge.key").display(),

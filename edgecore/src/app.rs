@@ -4,11 +4,14 @@
 //! with edged disabled, [`EdgeCore::edged_link`] hands both out instead.
 
 use crate::config::EdgeCoreConfig;
+use crate::devicetwin::{BusMessage, DeviceTwin, DeviceTwinConfig};
 use crate::edged::{Edged, EdgedConfig};
 use crate::edgehub::{EdgeHub, EdgeHubConfig};
+use crate::eventbus::{BusSinks, EventBus, EventBusConfig};
 use crate::metamanager::MetaManagerConfig;
-use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, StoreError};
+use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, StoreError, ToTwin};
 pub use crate::tls_files::load_tls;
+use kubeedge_shared::{Group, Message, Operation};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -29,6 +32,10 @@ pub enum StartError {
     Join(#[from] crate::certmanager::CertError),
     #[error("cannot start edged: {0}")]
     Edged(#[from] crate::edged::EdgedError),
+    #[error("cannot start devicetwin: {0}")]
+    DeviceTwin(#[from] crate::devicetwin::DeviceTwinError),
+    #[error("cannot start the eventbus: {0}")]
+    EventBus(#[from] crate::eventbus::EventBusError),
 }
 
 /// The running edge: edgehub, the database and the metamanager.
@@ -41,6 +48,13 @@ pub struct EdgeCore {
     /// Stops certificate rotation.
     rotation: tokio_util::sync::CancellationToken,
     stream: Option<crate::edgestream::EdgeStream>,
+    devices: Option<Devices>,
+}
+
+/// devicetwin and the eventbus, when enabled.
+struct Devices {
+    twin: DeviceTwin,
+    bus: Option<EventBus>,
 }
 
 impl EdgeCore {
@@ -91,11 +105,20 @@ impl EdgeCore {
         if edge_hub.rotate_certificates && !edge_hub.http_server.is_empty() {
             crate::certmanager::spawn_rotation(config, hub.clone(), rotation.clone());
         }
-        let (meta, client, changes) = MetaManager::start(
+        let (devices, twin_tx) = match start_devices(config, &store, &hub).await {
+            Ok(d) => d,
+            Err(e) => {
+                hub.shutdown();
+                store.close().await;
+                return Err(e);
+            }
+        };
+        let (meta, client, changes) = MetaManager::start_with_twin(
             MetaManagerConfig::from_edgecore(config),
             store.clone(),
             hub.clone(),
             from_cloud,
+            twin_tx,
         );
         let status_reports = Arc::new(crate::edged::status_report::StatusReports::default());
         let stream = match (&edged, config.modules.edge_stream.enable) {
@@ -135,6 +158,7 @@ impl EdgeCore {
             running_edged,
             rotation,
             stream,
+            devices,
         })
     }
 
@@ -159,9 +183,94 @@ impl EdgeCore {
             edged.shutdown().await;
         }
         self.meta.shutdown().await;
+        if let Some(d) = self.devices {
+            d.twin.shutdown().await;
+            if let Some(bus) = d.bus {
+                bus.shutdown().await;
+            }
+        }
         self.hub.shutdown();
         self.store.close().await;
     }
+}
+
+/// Starts devicetwin (`modules.deviceTwin.enable`) and the eventbus (`modules.eventBus.enable`)
+/// between MQTT and devicetwin; messages on other topics go to the cloud as KubeEdge's
+/// `upload`. Returns where metamanager hands device traffic.
+async fn start_devices(
+    config: &EdgeCoreConfig,
+    store: &MetaStore,
+    hub: &EdgeHub,
+) -> Result<(Option<Devices>, Option<mpsc::Sender<ToTwin>>), StartError> {
+    if !config.modules.device_twin.enable {
+        return Ok((None, None));
+    }
+    let (publish_tx, mut publish_rx) = mpsc::channel::<BusMessage>(1024);
+    let (twin, inputs) = DeviceTwin::start(
+        DeviceTwinConfig::from_edgecore(config),
+        store.clone(),
+        hub.clone(),
+        publish_tx,
+    )
+    .await?;
+    if !config.modules.event_bus.enable {
+        tokio::spawn(async move {
+            while let Some(m) = publish_rx.recv().await {
+                tracing::debug!(topic = %m.topic, "eventbus disabled; MQTT message not published");
+            }
+        });
+        return Ok((Some(Devices { twin, bus: None }), Some(inputs.meta)));
+    }
+    let (cloud_tx, mut cloud_rx) = mpsc::channel::<BusMessage>(1024);
+    let sinks = BusSinks {
+        twin: inputs.bus.clone(),
+        cloud: cloud_tx,
+    };
+    let bus = match EventBus::start(
+        EventBusConfig::from_edgecore(config),
+        Some(store.clone()),
+        sinks,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(e) => {
+            twin.shutdown().await;
+            return Err(e.into());
+        }
+    };
+    let publisher = bus.clone();
+    tokio::spawn(async move {
+        while let Some(m) = publish_rx.recv().await {
+            if let Err(e) = publisher.publish(&m.topic, m.payload) {
+                tracing::warn!(topic = %m.topic, error = %e, "MQTT message not published");
+            }
+        }
+    });
+    let link = hub.clone();
+    tokio::spawn(async move {
+        while let Some(m) = cloud_rx.recv().await {
+            let content =
+                serde_json::Value::String(String::from_utf8_lossy(&m.payload).into_owned());
+            let msg = Message::new(
+                "bus",
+                Group::User,
+                Operation::Upload,
+                m.topic.clone(),
+                content,
+            );
+            if let Err(e) = link.send(msg).await {
+                tracing::debug!(topic = %m.topic, error = %e, "MQTT upload not sent to the cloud");
+            }
+        }
+    });
+    Ok((
+        Some(Devices {
+            twin,
+            bus: Some(bus),
+        }),
+        Some(inputs.meta),
+    ))
 }
 
 /// With edged disabled, the changes it would act on are logged (they are in the database,

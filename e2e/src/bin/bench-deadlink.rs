@@ -361,6 +361,7 @@ fn start_edgecore(
          database:\n  dataSource: {d}/edgecore.db\n\
          modules:\n  edgeHub:\n    tlsCaFile: {d}/ca.crt\n    tlsCertFile: {d}/edge.crt\n    tlsPrivateKeyFile: {d}/edge.key\n\
          \x20   websocket:\n      server: {server}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {d}\n\
          \x20 edged:\n    hostnameOverride: {NODE}\n    nodeIP: 127.0.0.1\n\
          \x20   remoteRuntimeEndpoint: unix://{d}/no-runtime.sock\n    rootDirectory: {d}/edged\n",
         d = dir.display(),

@@ -268,6 +268,7 @@ async fn bench() -> anyhow::Result<()> {
          database:\n  dataSource: {d}/edgecore.db\n\
          modules:\n  edgeHub:\n    tlsCaFile: {d}/ca.crt\n    tlsCertFile: {d}/edge.crt\n    tlsPrivateKeyFile: {d}/edge.key\n\
          \x20   websocket:\n      server: {server}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {d}\n\
          \x20 edged:\n    hostnameOverride: edge-bench\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {PAUSE_IMAGE}\n    rootDirectory: {d}/edged\n",
         d = dir.display(),

@@ -169,9 +169,11 @@ async fn main() -> anyhow::Result<()> {
          \x20   websocket:\n      server: {server}\n\
          \x20 edgeStream:\n    enable: true\n    server: {tunnel}\n    tlsTunnelCAFile: {ca}\n\
          \x20   tlsTunnelCertFile: {crt}\n    tlsTunnelPrivateKeyFile: {key}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
         db = demo_dir.join("edgecore.db").display(),
+        dmi = demo_dir.display(),
         ca = demo_dir.join("rootCA.crt").display(),
         crt = demo_dir.join("edge.crt").display(),
         key = demo_dir.join("edge.key").display(),

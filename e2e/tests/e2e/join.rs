@@ -564,6 +564,7 @@ async fn edgecore_joins_a_running_cloudcore_with_the_token_from_tokensecret() {
     config.modules.edged.enable = false;
     config.modules.edged.hostname_override = node.into();
     config.database.data_source = edge_dir.join("edgecore.db").display().to_string();
+    config.modules.device_twin.dmi_sock_path = edge_dir.display().to_string();
     let eh = &mut config.modules.edge_hub;
     eh.tls_ca_file = edge_dir.join("ca/rootCA.crt").display().to_string();
     eh.tls_cert_file = edge_dir.join("certs/server.crt").display().to_string();

@@ -549,8 +549,10 @@ async fn edgecore_from_its_config_file_stores_and_acks_over_a_real_cloudhub() {
         "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
          database:\n  dataSource: {db}\n\
          modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
-         \x20   websocket:\n      server: {server}\n  edged:\n    enable: false\n    hostnameOverride: edge-app\n",
+         \x20   websocket:\n      server: {server}\n  edged:\n    enable: false\n    hostnameOverride: edge-app\n\
+         \x20 deviceTwin:\n    dmiSockPath: {dmi}\n",
         db = d.join("var/edgecore.db").display(),
+        dmi = d.display(),
         ca = d.join("ca.crt").display(),
         crt = d.join("edge.crt").display(),
         key = d.join("edge.key").display(),

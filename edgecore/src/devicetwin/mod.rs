@@ -36,12 +36,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use topics::Request;
 
-/// An MQTT message, in or out.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BusMessage {
-    pub topic: String,
-    pub payload: bytes::Bytes,
-}
+pub use crate::eventbus::BusMessage;
 
 #[derive(Debug, Clone)]
 pub struct DeviceTwinConfig {
@@ -133,21 +128,30 @@ impl DeviceTwin {
         let (dmi_tx, dmi_rx) = mpsc::channel(1024);
         let cancel = CancellationToken::new();
         if let Some(path) = &config.dmi_socket {
-            let listener = kubeedge_dmi::bind_uds(path).map_err(|e| DeviceTwinError::Dmi {
-                path: path.display().to_string(),
-                detail: e.to_string(),
-            })?;
-            let server = kubeedge_dmi::DeviceManagerServiceServer::new(dmi::Server { tx: dmi_tx });
-            let stop = cancel.clone();
-            let shown = path.display().to_string();
-            tokio::spawn(async move {
-                if let Err(e) =
-                    kubeedge_dmi::serve_listener(listener, server, stop.cancelled_owned()).await
-                {
-                    tracing::warn!(socket = %shown, error = %e, "DMI server stopped");
+            match kubeedge_dmi::bind_uds(path) {
+                Ok(listener) => {
+                    let server =
+                        kubeedge_dmi::DeviceManagerServiceServer::new(dmi::Server { tx: dmi_tx });
+                    let stop = cancel.clone();
+                    let shown = path.display().to_string();
+                    tokio::spawn(async move {
+                        let served =
+                            kubeedge_dmi::serve_listener(listener, server, stop.cancelled_owned());
+                        if let Err(e) = served.await {
+                            tracing::warn!(socket = %shown, error = %e, "DMI server stopped");
+                        }
+                    });
+                    tracing::info!(socket = %path.display(), mappers = mappers.len(), "DMI server listening");
                 }
-            });
-            tracing::info!(socket = %path.display(), mappers = mappers.len(), "DMI server listening");
+                // Devices still work over MQTT; mappers cannot register.
+                Err(e) => tracing::error!(
+                    "{}",
+                    DeviceTwinError::Dmi {
+                        path: path.display().to_string(),
+                        detail: e.to_string(),
+                    }
+                ),
+            }
         }
         tracing::info!(
             devices = rows.len(),
