@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the project's tests and demo need on a Debian 12 machine. Idempotent; run as root.
-# Nothing is started here: the test harness (e2e/src/containerd.rs) starts containerd and the
-# registry as child processes of the test binary, because these machines have no systemd.
+# Nothing is started here: the test harness (e2e/src/containerd.rs, e2e/src/mosquitto.rs) starts
+# containerd, the registry and mosquitto as child processes of the test binary, because these
+# machines have no systemd.
 set -euo pipefail
 
 PACKAGES=(
@@ -14,6 +15,7 @@ PACKAGES=(
   gcc                         # compiles the static pause binary (e2e/images/pause.c)
   libc6-dev                   # static libc for gcc -static
   iproute2                    # `ip link del` of the test bridge at teardown
+  mosquitto                   # MQTT broker: the eventbus's external broker in e2e tests (e2e/src/mosquitto.rs)
 )
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -36,8 +38,8 @@ done
 
 if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
-  # Package maintainer scripts must not start services (docker-registry and containerd ship
-  # init scripts): policy-rc.d exit code 101 means "action forbidden". It is removed again
+  # Package maintainer scripts must not start services (docker-registry, containerd and mosquitto
+  # ship init scripts): policy-rc.d exit code 101 means "action forbidden". It is removed again
   # afterwards unless it existed before.
   policy=/usr/sbin/policy-rc.d
   created_policy=false
@@ -67,6 +69,7 @@ need_path /usr/lib/cni/host-local "package containernetworking-plugins"
 need_path /usr/lib/cni/portmap "package containernetworking-plugins"
 need_path /bin/busybox "package busybox-static"
 need_path /usr/bin/docker-registry "package docker-registry"
+need_path /usr/sbin/mosquitto "package mosquitto"
 command -v iptables >/dev/null 2>&1 || die "iptables not found after install"
 command -v gcc >/dev/null 2>&1 || die "gcc not found after install"
 

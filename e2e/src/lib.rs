@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod edge;
 pub mod images;
+pub mod mosquitto;
 pub mod node_address;
 pub mod process;
 pub mod procfs;

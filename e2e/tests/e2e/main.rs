@@ -9,6 +9,7 @@ mod containerd_smoke;
 mod controllers;
 mod demo_cli;
 mod edged;
+mod eventbus;
 mod events;
 mod image_gc;
 mod join;

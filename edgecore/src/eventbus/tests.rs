@@ -367,3 +367,59 @@ async fn publishing_with_a_full_queue_is_an_error_not_a_wait() {
         Err(EventBusError::Closed)
     ));
 }
+
+#[tokio::test]
+async fn mode_1_listens_on_both_brokers_and_publishes_to_both() {
+    // Bus A's internal broker plays the external broker of bus B (mode 1).
+    let (a, _a_sinks, outer) = internal_bus(16).await;
+    let (s, mut b_sinks) = sinks(16);
+    let both = EventBusConfig {
+        mqtt_mode: 1,
+        server_external: format!("tcp://{outer}"),
+        server_internal: "tcp://127.0.0.1:0".into(),
+        reconnect_interval: Duration::from_millis(100),
+        ..EventBusConfig::default()
+    };
+    let b = EventBus::start(both, None, s).await.unwrap();
+    let inner = b.internal_broker_addr().unwrap();
+    let mut on_inner = Device::connect(inner, "mapper-inner").await;
+    let mut on_outer = Device::connect(outer, "mapper-outer").await;
+
+    on_inner
+        .publish("$hw/events/device/dev-1/twin/get", "{}")
+        .await;
+    assert_eq!(
+        next(&mut b_sinks.twin).await.topic,
+        "$hw/events/device/dev-1/twin/get"
+    );
+    // B's subscriber connects to the outer broker in the background: repeat until it hears.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let m = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B hears the outer broker"
+        );
+        on_outer.publish("$hw/events/upload/outer", "o").await;
+        if let Ok(Some(m)) = timeout(Duration::from_millis(200), b_sinks.cloud.recv()).await {
+            break m;
+        }
+    };
+    assert_eq!(m.topic, "$hw/events/upload/outer");
+
+    on_inner
+        .subscribe("$hw/events/node/+/membership/updated")
+        .await;
+    on_outer
+        .subscribe("$hw/events/node/+/membership/updated")
+        .await;
+    b.publish("$hw/events/node/edge-1/membership/updated", "{}")
+        .unwrap();
+    assert_eq!(
+        on_inner.next().await.qos,
+        QoS::AtMostOnce,
+        "mqttQOS 0 inside"
+    );
+    assert_eq!(on_outer.next().await.qos, QoS::AtLeastOnce, "QoS 1 outside");
+    b.shutdown().await;
+    a.shutdown().await;
+}
