@@ -9,6 +9,7 @@ pub mod containerd;
 pub mod edge;
 pub mod images;
 pub mod mosquitto;
+pub mod mqtt;
 pub mod node_address;
 pub mod process;
 pub mod procfs;

@@ -6,15 +6,13 @@ use e2e::mosquitto::Mosquitto;
 use edgecore::eventbus::metrics::DropReason;
 use edgecore::eventbus::{BusMessage, BusSinks, EventBus, EventBusConfig};
 use edgecore::metamanager::MetaStore;
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, Publish, QoS};
+use e2e::mqtt::MqttClient as Device;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, timeout};
+use rumqttc::QoS;
+use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(15);
-/// How often a device repeats a publish until the bus shows it got it.
-const RETRY: Duration = Duration::from_millis(200);
 
 struct Sinks {
     twin: mpsc::Receiver<BusMessage>,
@@ -42,99 +40,6 @@ fn config(broker: &Mosquitto) -> EventBusConfig {
     }
 }
 
-/// A device or mapper: an MQTT client of the same broker.
-struct Device {
-    client: AsyncClient,
-    received: mpsc::Receiver<Publish>,
-    subacks: mpsc::Receiver<()>,
-    task: JoinHandle<()>,
-}
-
-impl Device {
-    async fn connect(broker: &Mosquitto, id: &str) -> Device {
-        let addr = broker.addr();
-        let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
-        o.set_max_packet_size(16 << 20, 16 << 20);
-        let (client, mut events) = AsyncClient::new(o, 64);
-        let (pub_tx, received) = mpsc::channel(64);
-        let (ack_tx, subacks) = mpsc::channel(64);
-        let (conn_tx, mut connected) = mpsc::channel(1);
-        let task = tokio::spawn(async move {
-            loop {
-                match events.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        let _ = conn_tx.try_send(());
-                    }
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        let _ = pub_tx.send(p).await;
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = ack_tx.send(()).await;
-                    }
-                    Ok(_) => {}
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        });
-        timeout(WAIT, connected.recv())
-            .await
-            .expect("the device connects to mosquitto");
-        Device {
-            client,
-            received,
-            subacks,
-            task,
-        }
-    }
-
-    async fn publish(&self, topic: &str, payload: impl Into<Vec<u8>>) {
-        self.client
-            .publish(topic, QoS::AtLeastOnce, false, payload)
-            .await
-            .unwrap();
-    }
-
-    /// Publishes every [`RETRY`] until `sink` receives a message on `topic` (the bus subscribes
-    /// in the background), and returns it.
-    async fn publish_until_received(
-        &self,
-        topic: &str,
-        payload: &str,
-        sink: &mut mpsc::Receiver<BusMessage>,
-    ) -> BusMessage {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            assert!(
-                Instant::now() < deadline,
-                "nothing on {topic} reached the bus within {WAIT:?}"
-            );
-            self.publish(topic, payload).await;
-            if let Ok(Some(m)) = timeout(RETRY, sink.recv()).await {
-                assert_eq!(m.topic, topic);
-                // Drop the copies of earlier tries that may still be on their way.
-                tokio::time::sleep(RETRY).await;
-                while sink.try_recv().is_ok() {}
-                return m;
-            }
-        }
-    }
-
-    async fn subscribe(&mut self, filter: &str) {
-        self.client
-            .subscribe(filter, QoS::AtLeastOnce)
-            .await
-            .unwrap();
-        timeout(WAIT, self.subacks.recv())
-            .await
-            .expect("SUBACK from mosquitto");
-    }
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 #[tokio::test]
 async fn eventbus_device_twin_publish_reaches_devicetwin() {
@@ -146,7 +51,7 @@ async fn eventbus_device_twin_publish_reaches_devicetwin() {
     let bus = EventBus::start(config(&broker), None, bus_sinks)
         .await
         .unwrap();
-    let device = Device::connect(&broker, "mapper-twin").await;
+    let device = Device::connect(broker.addr(), "mapper-twin").await;
     let m = device
         .publish_until_received(
             "$hw/events/device/dev-1/twin/update",
@@ -180,7 +85,7 @@ async fn eventbus_upload_topic_reaches_the_cloud_sink() {
     let bus = EventBus::start(config(&broker), None, bus_sinks)
         .await
         .unwrap();
-    let device = Device::connect(&broker, "mapper-upload").await;
+    let device = Device::connect(broker.addr(), "mapper-upload").await;
     let m = device
         .publish_until_received("$hw/events/upload/temperature", "21.5", &mut sinks.cloud)
         .await;
@@ -202,7 +107,7 @@ async fn eventbus_publish_reaches_an_external_subscriber() {
     let bus = EventBus::start(config(&broker), None, bus_sinks)
         .await
         .unwrap();
-    let mut device = Device::connect(&broker, "mapper-result").await;
+    let mut device = Device::connect(broker.addr(), "mapper-result").await;
     device
         .subscribe("$hw/events/device/+/twin/update/result")
         .await;
@@ -235,14 +140,14 @@ async fn eventbus_cloud_subscription_survives_broker_and_bus_restarts() {
         .await
         .unwrap();
     bus.subscribe("rule/+/temp").await.unwrap();
-    let device = Device::connect(&broker, "mapper-rule").await;
+    let device = Device::connect(broker.addr(), "mapper-rule").await;
     device
         .publish_until_received("rule/room-1/temp", "20", &mut sinks.cloud)
         .await;
 
     // The broker restarts: the bus reconnects and subscribes again.
     broker.restart().unwrap();
-    let device = Device::connect(&broker, "mapper-rule-2").await;
+    let device = Device::connect(broker.addr(), "mapper-rule-2").await;
     let m = device
         .publish_until_received("rule/room-1/temp", "21", &mut sinks.cloud)
         .await;
@@ -297,7 +202,7 @@ async fn eventbus_oversized_payload_is_counted_not_fatal() {
     let bus = EventBus::start(config(&broker), None, bus_sinks)
         .await
         .unwrap();
-    let device = Device::connect(&broker, "mapper-big").await;
+    let device = Device::connect(broker.addr(), "mapper-big").await;
     let topic = "$hw/events/device/dev-1/twin/update";
     device
         .publish_until_received(topic, "warm-up", &mut sinks.twin)
