@@ -3,13 +3,13 @@
 //! a broker restart and a bus restart. Skipped where mosquitto is not installed.
 
 use e2e::mosquitto::Mosquitto;
+use e2e::mqtt::MqttClient as Device;
 use edgecore::eventbus::metrics::DropReason;
 use edgecore::eventbus::{BusMessage, BusSinks, EventBus, EventBusConfig};
 use edgecore::metamanager::MetaStore;
-use e2e::mqtt::MqttClient as Device;
+use rumqttc::QoS;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use rumqttc::QoS;
 use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -39,7 +39,6 @@ fn config(broker: &Mosquitto) -> EventBusConfig {
         ..EventBusConfig::default()
     }
 }
-
 
 #[tokio::test]
 async fn eventbus_device_twin_publish_reaches_devicetwin() {

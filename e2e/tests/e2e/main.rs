@@ -8,6 +8,7 @@ mod churn;
 mod containerd_smoke;
 mod controllers;
 mod demo_cli;
+mod devices;
 mod edged;
 mod eventbus;
 mod events;

@@ -21,7 +21,7 @@ mod tests;
 mod watch;
 
 pub use messages::device_id;
-pub use status::StatusWrite;
+pub use status::{StatusWrite, device_resource, model_resource};
 
 use super::downstream::HubSink;
 use crate::cloudhub::NodeEvent;

@@ -60,14 +60,17 @@ impl tokio_modbus::server::Service for Device {
 
     fn call(&self, request: Request<'static>) -> Self::Future {
         std::future::ready(match request {
-            Request::ReadHoldingRegisters(a, n) => self.read(a, n).map(Response::ReadHoldingRegisters),
-            Request::ReadInputRegisters(a, n) => self.read(a, n).map(Response::ReadInputRegisters),
-            Request::WriteSingleRegister(a, w) => {
-                self.write(a, &[w]).map(|_| Response::WriteSingleRegister(a, w))
+            Request::ReadHoldingRegisters(a, n) => {
+                self.read(a, n).map(Response::ReadHoldingRegisters)
             }
+            Request::ReadInputRegisters(a, n) => self.read(a, n).map(Response::ReadInputRegisters),
+            Request::WriteSingleRegister(a, w) => self
+                .write(a, &[w])
+                .map(|_| Response::WriteSingleRegister(a, w)),
             Request::WriteMultipleRegisters(a, ws) => {
                 let n = ws.len() as u16;
-                self.write(a, &ws).map(|_| Response::WriteMultipleRegisters(a, n))
+                self.write(a, &ws)
+                    .map(|_| Response::WriteMultipleRegisters(a, n))
             }
             _ => Err(ExceptionCode::IllegalFunction),
         })

@@ -1,0 +1,305 @@
+//! Devices end to end: the device CRDs in the cluster, cloudcore's DeviceController, a real
+//! edgecore (devicetwin, eventbus on a real mosquitto, DMI server), the real `modbus-mapper`
+//! process and a Modbus TCP device (`modbus-sim`) on loopback.
+//!
+//! A DeviceModel and a Device bound to the edge node → the mapper gets the device → register
+//! values appear as reported twins in the Device's status; a desired value edited in the
+//! cluster reaches the register; MQTT clients see the twin topics; reports made while the
+//! cloud link is cut arrive after it heals; a deleted device leaves the edge and the mapper.
+//! Skipped (with the reason printed) where mosquitto is not installed.
+
+use e2e::channel::{FaultProxy, Pki};
+use e2e::cloud::CloudFixture;
+use e2e::cluster::TestCluster;
+use e2e::devices::{self, read_register, twin_value, write_register};
+use e2e::edge::{WAIT, init_logs, node_name};
+use e2e::mosquitto::Mosquitto;
+use e2e::mqtt::MqttClient;
+use e2e::process::LoggedProcess;
+use edgecore::app::EdgeCore;
+use edgecore::config::EdgeCoreConfig;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+struct DeviceEnv {
+    cluster: TestCluster,
+    _cloud: CloudFixture,
+    link: FaultProxy,
+    dir: tempfile::TempDir,
+    node: String,
+    ns: String,
+    edge: Option<EdgeCore>,
+    broker: Mosquitto,
+    plc: SocketAddr,
+    _sim: LoggedProcess,
+    mapper: Option<LoggedProcess>,
+}
+
+impl DeviceEnv {
+    async fn start(test: &str) -> Option<DeviceEnv> {
+        init_logs();
+        let broker = Mosquitto::start_or_skip(test)?;
+        let cluster = e2e::cluster::connect().await.expect("test cluster");
+        devices::install(&cluster.client())
+            .await
+            .expect("device CRDs");
+        let pki = Pki::new().expect("test PKI");
+        let cloud = CloudFixture::start(cluster.client(), &pki)
+            .await
+            .expect("cloudcore starts");
+        let link = FaultProxy::start(cloud.hub.local_addr())
+            .await
+            .expect("link proxy");
+        let node = node_name("devices");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        let cert = pki.node_cert(&node).expect("node certificate");
+        std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).unwrap();
+        std::fs::write(d.join("edge.crt"), &cert.cert_pem).unwrap();
+        std::fs::write(d.join("edge.key"), &cert.key_pem).unwrap();
+        let yaml = format!(
+            "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+             database:\n  dataSource: {d}/edgecore.db\n\
+             modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {d}/ca.crt\n\
+             \x20   tlsCertFile: {d}/edge.crt\n    tlsPrivateKeyFile: {d}/edge.key\n\
+             \x20   websocket:\n      server: {server}\n\
+             \x20 edged:\n    enable: false\n    hostnameOverride: {node}\n\
+             \x20 deviceTwin:\n    dmiSockPath: {d}\n\
+             \x20 eventBus:\n    mqttMode: 2\n    mqttServerExternal: {mqtt}\n",
+            d = d.display(),
+            server = link.addr,
+            mqtt = broker.url(),
+        );
+        std::fs::write(d.join("edgecore.yaml"), yaml).unwrap();
+        let config = EdgeCoreConfig::load(&d.join("edgecore.yaml")).expect("edgecore.yaml");
+        let edge = EdgeCore::start_with(&config, None)
+            .await
+            .expect("edgecore starts");
+        let (sim, plc) = devices::start_modbus_sim(d).expect("modbus-sim");
+        let mapper = devices::start_modbus_mapper(&d.join("dmi.sock"), d).expect("modbus-mapper");
+        let ns = cluster.temp_namespace("devices").await.expect("namespace");
+        Some(DeviceEnv {
+            cluster,
+            _cloud: cloud,
+            link,
+            dir,
+            node,
+            ns,
+            edge: Some(edge),
+            broker,
+            plc,
+            _sim: sim,
+            mapper: Some(mapper),
+        })
+    }
+
+    fn devices(&self) -> kube::Api<DynamicObject> {
+        devices::devices(&self.cluster.client(), &self.ns)
+    }
+
+    async fn create(&self, model: &str, device: &str, desired: &str) {
+        let m: DynamicObject = serde_json::from_value(devices::thermostat_model(model)).unwrap();
+        devices::models(&self.cluster.client(), &self.ns)
+            .create(&PostParams::default(), &m)
+            .await
+            .expect("create DeviceModel");
+        let d: DynamicObject = serde_json::from_value(devices::thermostat(
+            device, model, &self.node, self.plc, desired,
+        ))
+        .unwrap();
+        self.devices()
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("create Device");
+    }
+
+    /// Waits until the Device's status satisfies `ok`; returns it.
+    async fn status_until(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut last = Value::Null;
+        loop {
+            if let Ok(d) = self.devices().get(name).await {
+                last = serde_json::to_value(d).unwrap();
+                if ok(&last) {
+                    return last;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: not within {WAIT:?}; last status: {}\n{}",
+                last["status"],
+                self.mapper
+                    .as_ref()
+                    .map(|m| m.failure_report(30))
+                    .unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn edge_rows(&self, sql: &'static str) -> i64 {
+        let db = self.dir.path().join("edgecore.db");
+        tokio::task::spawn_blocking(move || {
+            let c = rusqlite::Connection::open(db).unwrap();
+            c.query_row(sql, [], |r| r.get(0)).unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn cleanup(mut self) {
+        drop(self.mapper.take());
+        if let Some(edge) = self.edge.take() {
+            edge.shutdown().await;
+        }
+        self.cluster.delete_namespace(&self.ns).await;
+    }
+}
+
+async fn until<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn reported_in(range: std::ops::RangeInclusive<u16>) -> impl Fn(&Value) -> bool {
+    move |d| {
+        twin_value(d, "temperature", "reported")
+            .and_then(|v| v.parse::<u16>().ok())
+            .is_some_and(|v| range.contains(&v))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_modbus_register_becomes_a_reported_twin_and_a_desired_value_reaches_the_register() {
+    let Some(env) = DeviceEnv::start("devices: register → twin, desired → register").await
+    else {
+        return;
+    };
+    let mut watcher = MqttClient::connect(env.broker.addr(), "e2e-watcher").await;
+    watcher
+        .subscribe("$hw/events/device/+/twin/update/document")
+        .await;
+    env.create("thermostat", "thermo-1", "42").await;
+
+    // The simulated thermometer (20..29) appears as the reported twin.
+    env.status_until("thermo-1", "temperature reported", reported_in(20..=29))
+        .await;
+    // The desired setpoint reached the register, and the mapper says so.
+    until("setpoint register = 42", || async {
+        read_register(env.plc, 1).await.ok() == Some(42)
+    })
+    .await;
+    env.status_until("thermo-1", "setpoint observed", |d| {
+        twin_value(d, "setpoint", "observedDesired").as_deref() == Some("42")
+            && twin_value(d, "setpoint", "reported").as_deref() == Some("42")
+    })
+    .await;
+    // MQTT clients see the twin changes on KubeEdge's topics.
+    let doc = watcher
+        .next_on("$hw/events/device/thermo-1/twin/update/document", WAIT)
+        .await
+        .expect("a twin document on MQTT");
+    let doc: Value = serde_json::from_slice(&doc.payload).unwrap();
+    assert!(doc["twin"].is_object(), "{doc}");
+
+    // A desired value edited in the cluster reaches the register.
+    let patch = json!({"spec": {"properties": [
+        devices::thermostat("thermo-1", "thermostat", &env.node, env.plc, "55")["spec"]["properties"][0].clone(),
+        devices::thermostat("thermo-1", "thermostat", &env.node, env.plc, "55")["spec"]["properties"][1].clone(),
+    ]}});
+    env.devices()
+        .patch("thermo-1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch desired");
+    until("setpoint register = 55", || async {
+        read_register(env.plc, 1).await.ok() == Some(55)
+    })
+    .await;
+    env.status_until("thermo-1", "setpoint 55 observed", |d| {
+        twin_value(d, "setpoint", "observedDesired").as_deref() == Some("55")
+    })
+    .await;
+
+    // The edge keeps KubeEdge's tables.
+    assert_eq!(
+        env.edge_rows(r#"SELECT count(*) FROM "device" WHERE "id"='thermo-1'"#)
+            .await,
+        1
+    );
+    assert!(
+        env.edge_rows(r#"SELECT count(*) FROM "device_twin" WHERE "deviceid"='thermo-1'"#)
+            .await
+            >= 2
+    );
+
+    // Deleted: gone from the edge's tables (and the mapper stops polling it).
+    env.devices()
+        .delete("thermo-1", &DeleteParams::default())
+        .await
+        .expect("delete device");
+    until("device rows removed at the edge", || async {
+        env.edge_rows(r#"SELECT count(*) FROM "device" WHERE "id"='thermo-1'"#)
+            .await
+            == 0
+    })
+    .await;
+    assert_eq!(
+        env.edge_rows(r#"SELECT count(*) FROM "device_twin" WHERE "deviceid"='thermo-1'"#)
+            .await,
+        0
+    );
+    let log_path = env.mapper.as_ref().unwrap().log_path().to_path_buf();
+    until("the mapper was told", || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        async move { log.contains("thermo-1") && log.to_lowercase().contains("remov") }
+    })
+    .await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reports_made_while_the_cloud_link_is_cut_arrive_after_it_heals() {
+    let Some(env) = DeviceEnv::start("devices: reports across a cut link").await else {
+        return;
+    };
+    env.create("thermostat", "thermo-2", "10").await;
+    env.status_until("thermo-2", "first report", reported_in(20..=29))
+        .await;
+    env.link.freeze();
+    env.link.cut();
+    // The device changes while the edge cannot reach the cloud: writing register 0 stops the
+    // simulated drift at this value.
+    write_register(env.plc, 0, 77)
+        .await
+        .expect("write register 0");
+    // The edge stores it (reported locally) before the link returns.
+    until("the edge stored the offline value", || async {
+        env.edge_rows(
+            r#"SELECT count(*) FROM "device_twin" WHERE "deviceid"='thermo-2' AND "name"='temperature' AND "actual"='77'"#,
+        )
+        .await
+            == 1
+    })
+    .await;
+    let status = serde_json::to_value(env.devices().get("thermo-2").await.unwrap()).unwrap();
+    assert_ne!(
+        twin_value(&status, "temperature", "reported").as_deref(),
+        Some("77"),
+        "the cloud cannot have it while the link is cut"
+    );
+    env.link.thaw();
+    env.status_until("thermo-2", "the offline value after the heal", |d| {
+        twin_value(d, "temperature", "reported").as_deref() == Some("77")
+    })
+    .await;
+    env.cleanup().await;
+}
