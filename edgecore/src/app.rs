@@ -9,7 +9,7 @@ use crate::edged::{Edged, EdgedConfig};
 use crate::edgehub::{EdgeHub, EdgeHubConfig};
 use crate::eventbus::{BusSinks, EventBus, EventBusConfig};
 use crate::metamanager::MetaManagerConfig;
-use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, StoreError, ToTwin};
+use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, Routes, StoreError};
 pub use crate::tls_files::load_tls;
 use kubeedge_shared::{Group, Message, Operation};
 use std::sync::Arc;
@@ -105,7 +105,7 @@ impl EdgeCore {
         if edge_hub.rotate_certificates && !edge_hub.http_server.is_empty() {
             crate::certmanager::spawn_rotation(config, hub.clone(), rotation.clone());
         }
-        let (devices, twin_tx) = match start_devices(config, &store, &hub).await {
+        let (devices, routes) = match start_devices(config, &store, &hub).await {
             Ok(d) => d,
             Err(e) => {
                 hub.shutdown();
@@ -113,12 +113,12 @@ impl EdgeCore {
                 return Err(e);
             }
         };
-        let (meta, client, changes) = MetaManager::start_with_twin(
+        let (meta, client, changes) = MetaManager::start_routed(
             MetaManagerConfig::from_edgecore(config),
             store.clone(),
             hub.clone(),
             from_cloud,
-            twin_tx,
+            routes,
         );
         let status_reports = Arc::new(crate::edged::status_report::StatusReports::default());
         let stream = match (&edged, config.modules.edge_stream.enable) {
@@ -201,9 +201,9 @@ async fn start_devices(
     config: &EdgeCoreConfig,
     store: &MetaStore,
     hub: &EdgeHub,
-) -> Result<(Option<Devices>, Option<mpsc::Sender<ToTwin>>), StartError> {
+) -> Result<(Option<Devices>, Routes), StartError> {
     if !config.modules.device_twin.enable {
-        return Ok((None, None));
+        return Ok((None, Routes::default()));
     }
     let (publish_tx, mut publish_rx) = mpsc::channel::<BusMessage>(1024);
     let (twin, inputs) = DeviceTwin::start(
@@ -219,7 +219,11 @@ async fn start_devices(
                 tracing::debug!(topic = %m.topic, "eventbus disabled; MQTT message not published");
             }
         });
-        return Ok((Some(Devices { twin, bus: None }), Some(inputs.meta)));
+        let routes = Routes {
+            twin: Some(inputs.meta),
+            bus: None,
+        };
+        return Ok((Some(Devices { twin, bus: None }), routes));
     }
     let (cloud_tx, mut cloud_rx) = mpsc::channel::<BusMessage>(1024);
     let sinks = BusSinks {
@@ -264,13 +268,42 @@ async fn start_devices(
             }
         }
     });
+    let (ops_tx, mut ops_rx) = mpsc::channel::<Message>(256);
+    let node = config.node_name().to_string();
+    let ops_bus = bus.clone();
+    tokio::spawn(async move {
+        while let Some(m) = ops_rx.recv().await {
+            apply_cloud_op(&ops_bus, &node, &m).await;
+        }
+    });
+    let routes = Routes {
+        twin: Some(inputs.meta),
+        bus: Some(ops_tx),
+    };
     Ok((
         Some(Devices {
             twin,
             bus: Some(bus),
         }),
-        Some(inputs.meta),
+        routes,
     ))
+}
+
+/// A router operation from the cloud, on the bus.
+async fn apply_cloud_op(bus: &EventBus, node: &str, m: &Message) {
+    use crate::eventbus::cloud_ops::{BusOp, plan};
+    let result = match plan(node, m) {
+        Ok(BusOp::Subscribe(t)) => bus.subscribe(&t).await.map_err(|e| e.to_string()),
+        Ok(BusOp::Unsubscribe(t)) => bus.unsubscribe(&t).await.map_err(|e| e.to_string()),
+        Ok(BusOp::Publish { topic, payload }) => {
+            bus.publish(&topic, payload).map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        tracing::warn!(operation = %m.route.operation, resource = %m.route.resource, error = %e,
+            "router message for the eventbus not applied");
+    }
 }
 
 /// With edged disabled, the changes it would act on are logged (they are in the database,

@@ -20,6 +20,7 @@
 //!   broker is not supported yet (refused at start).
 
 mod broker;
+pub mod cloud_ops;
 pub mod config;
 mod dispatch;
 mod external;

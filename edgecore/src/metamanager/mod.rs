@@ -155,6 +155,16 @@ pub enum ToTwin {
     Object(DeviceObject),
 }
 
+/// Where metamanager hands what is for other modules (`None`: that module does not run and
+/// its messages are dropped).
+#[derive(Debug, Default, Clone)]
+pub struct Routes {
+    /// devicetwin: group `twin` and stored device objects.
+    pub twin: Option<mpsc::Sender<ToTwin>>,
+    /// eventbus: group `user` (the router's subscribe/publish operations).
+    pub bus: Option<mpsc::Sender<Message>>,
+}
+
 /// What the metamanager needs from the cloud link; [`EdgeHub`] is the real one.
 pub trait CloudLink: Clone + Send + Sync + 'static {
     fn is_connected(&self) -> bool;
@@ -219,23 +229,23 @@ impl MetaManager {
         link: L,
         from_cloud: mpsc::Receiver<Message>,
     ) -> (MetaManager, MetaClient, mpsc::Receiver<ObjectChange>) {
-        Self::start_with_twin(config, store, link, from_cloud, None)
+        Self::start_routed(config, store, link, from_cloud, Routes::default())
     }
 
-    /// Like [`MetaManager::start`], handing device traffic to devicetwin through `twin`.
-    pub fn start_with_twin<L: CloudLink>(
+    /// Like [`MetaManager::start`], handing device and bus traffic on through `routes`.
+    pub fn start_routed<L: CloudLink>(
         config: MetaManagerConfig,
         store: MetaStore,
         link: L,
         from_cloud: mpsc::Receiver<Message>,
-        twin: Option<mpsc::Sender<ToTwin>>,
+        routes: Routes,
     ) -> (MetaManager, MetaClient, mpsc::Receiver<ObjectChange>) {
         let (edged_tx, edged_rx) = mpsc::channel(config.edged_capacity.max(1));
         let (req_tx, req_rx) = mpsc::channel(config.request_capacity.max(1));
         let client = MetaClient::new(req_tx, &config);
         let link_events = link.subscribe();
         let cancel = CancellationToken::new();
-        let ctx = Arc::new(process::Context::new(config, store, link, edged_tx, twin));
+        let ctx = Arc::new(process::Context::new(config, store, link, edged_tx, routes));
         let task = tokio::spawn(process::run(
             ctx,
             from_cloud,

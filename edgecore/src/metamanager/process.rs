@@ -5,7 +5,7 @@ use super::client::MetaError;
 use super::store::{MetaRecord, MetaStore, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
     ChangeAction, CloudLink, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig,
-    ObjectChange, ObjectKind, ToTwin, is_remote_query_type,
+    ObjectChange, ObjectKind, Routes, ToTwin, is_remote_query_type,
 };
 use crate::edgehub::LinkEvent;
 use futures_util::StreamExt;
@@ -29,7 +29,7 @@ pub(crate) struct Context<L> {
     store: MetaStore,
     link: L,
     edged: mpsc::Sender<ObjectChange>,
-    twin: Option<mpsc::Sender<ToTwin>>,
+    routes: Routes,
 }
 
 /// Where an object carried by a reply is written.
@@ -63,20 +63,20 @@ impl<L: CloudLink> Context<L> {
         store: MetaStore,
         link: L,
         edged: mpsc::Sender<ObjectChange>,
-        twin: Option<mpsc::Sender<ToTwin>>,
+        routes: Routes,
     ) -> Self {
         Context {
             config,
             store,
             link,
             edged,
-            twin,
+            routes,
         }
     }
 
     /// Hands devicetwin its message; without devicetwin it is dropped.
     async fn to_twin(&self, input: ToTwin) {
-        match &self.twin {
+        match &self.routes.twin {
             Some(tx) => {
                 if tx.send(input).await.is_err() {
                     tracing::debug!("devicetwin stopped; device message dropped");
@@ -90,6 +90,19 @@ impl<L: CloudLink> Context<L> {
     async fn begin(&self, msg: Message) -> Option<BoxFuture<'static, Applied>> {
         if msg.route.group == Group::Twin {
             self.to_twin(ToTwin::Cloud(msg)).await;
+            return None;
+        }
+        if msg.route.group == Group::User {
+            match &self.routes.bus {
+                Some(bus) => {
+                    if bus.send(msg).await.is_err() {
+                        tracing::debug!("eventbus stopped; router message dropped");
+                    }
+                }
+                None => {
+                    tracing::debug!(resource = %msg.route.resource, "eventbus is disabled; router message dropped")
+                }
+            }
             return None;
         }
         if !matches!(msg.route.group, Group::Resource | Group::Func) {
