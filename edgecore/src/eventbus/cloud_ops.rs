@@ -32,7 +32,7 @@ pub fn plan(node: &str, msg: &Message) -> Result<BusOp, String> {
             topic: need_topic()?,
             payload: content_bytes(&msg.content).into(),
         }),
-        Operation::Other(op) if op == "message" => {
+        op if op.as_str() == "message" => {
             let message = match &msg.content {
                 Value::String(s) => serde_json::from_str::<Value>(s).ok(),
                 v => Some(v.clone()),
@@ -50,7 +50,7 @@ pub fn plan(node: &str, msg: &Message) -> Result<BusOp, String> {
                 payload: message.to_string().into(),
             })
         }
-        Operation::Other(op) if op == "get_result" && resource == "auth_info" => {
+        op if op.as_str() == "get_result" && resource == "auth_info" => {
             Ok(BusOp::Publish {
                 topic: format!("$hw/events/node/{node}/authInfo/get/result"),
                 payload: content_bytes(&msg.content).into(),
