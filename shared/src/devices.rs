@@ -162,6 +162,31 @@ pub struct DeviceState {
     pub last_online_time: String,
 }
 
+/// A condition of a Device (kubeedge-rs; KubeEdge has none): whether the edge could hand the
+/// device to a mapper. Sent by the edge as `device/<id>/condition/update`, kept by the cloud in
+/// `status.conditions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCondition {
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// `True` or `False`.
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(
+        rename = "lastTransitionTime",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub last_transition_time: String,
+}
+
+/// The condition type the edge reports: a mapper serves the device.
+pub const MAPPER_READY: &str = "MapperReady";
+
 /// Content that may be a JSON object or a JSON string holding one (KubeEdge sends both).
 pub fn decode_content<T: serde::de::DeserializeOwned>(content: &Value) -> Result<T, String> {
     match content {
@@ -175,7 +200,7 @@ pub fn decode_content<T: serde::de::DeserializeOwned>(content: &Value) -> Result
 /// rest (`twin/edge_updated`, `state/update`).
 pub fn split_device_resource(resource: &str) -> Option<(Vec<&str>, &str)> {
     let rest = resource.strip_prefix("device/")?;
-    for suffix in ["/twin/edge_updated", "/state/update"] {
+    for suffix in ["/twin/edge_updated", "/state/update", "/condition/update"] {
         if let Some(id) = rest.strip_suffix(suffix) {
             let tokens: Vec<&str> = id.split('/').collect();
             if tokens.is_empty() || tokens.len() > 2 || tokens.iter().any(|t| t.is_empty()) {

@@ -303,3 +303,41 @@ async fn reports_made_while_the_cloud_link_is_cut_arrive_after_it_heals() {
     .await;
     env.cleanup().await;
 }
+
+fn mapper_ready(d: &Value) -> Option<(String, String)> {
+    let c = d
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "MapperReady")?;
+    Some((
+        c["status"].as_str()?.to_string(),
+        c["reason"].as_str()?.to_string(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_device_no_mapper_can_serve_gets_a_condition_and_the_others_run_on() {
+    let Some(env) = DeviceEnv::start("devices: unserved device condition").await else {
+        return;
+    };
+    env.create("thermostat", "thermo-3", "5").await;
+    // A device of a protocol no mapper on the node speaks.
+    let mut odd = devices::thermostat("odd-1", "thermostat", &env.node, env.plc, "1");
+    odd["spec"]["protocol"]["protocolName"] = json!("bacnet");
+    let odd: DynamicObject = serde_json::from_value(odd).unwrap();
+    env.devices()
+        .create(&PostParams::default(), &odd)
+        .await
+        .expect("create the bacnet device");
+    env.status_until("odd-1", "MapperReady False/NoMapper", |d| {
+        mapper_ready(d) == Some(("False".into(), "NoMapper".into()))
+    })
+    .await;
+    // The Modbus device is served and keeps reporting.
+    env.status_until("thermo-3", "MapperReady True and a report", |d| {
+        mapper_ready(d) == Some(("True".into(), "Registered".into())) && reported_in(20..=29)(d)
+    })
+    .await;
+    env.cleanup().await;
+}

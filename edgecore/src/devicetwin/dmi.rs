@@ -31,6 +31,11 @@ pub enum DmiRequest {
     },
     Status(pb::ReportDeviceStatusRequest),
     States(pb::ReportDeviceStatesRequest),
+    /// A Register/UpdateDevice call for `(namespace, name)` finished.
+    CallDone {
+        device: (String, String),
+        result: Result<(), String>,
+    },
 }
 
 /// The `DeviceManagerService` edgecore serves.
@@ -159,19 +164,26 @@ pub enum MapperCall {
 }
 
 /// Makes `call` on the mapper listening at `socket`, in the background; failures are logged.
-pub fn spawn_call(socket: PathBuf, call: MapperCall) {
+/// With `done`, the outcome is reported as [`DmiRequest::CallDone`] for that device.
+pub fn spawn_call(
+    socket: PathBuf,
+    call: MapperCall,
+    done: Option<(mpsc::Sender<DmiRequest>, (String, String))>,
+) {
     tokio::spawn(async move {
         let what = format!("{call:?}").chars().take(60).collect::<String>();
-        let result = tokio::time::timeout(CALL_TIMEOUT, make_call(&socket, call)).await;
-        match result {
-            Ok(Ok(())) => {
-                tracing::debug!(socket = %socket.display(), call = %what, "mapper call done")
-            }
-            Ok(Err(e)) => {
+        let result = match tokio::time::timeout(CALL_TIMEOUT, make_call(&socket, call)).await {
+            Ok(r) => r,
+            Err(_) => Err("timed out after 10s".to_string()),
+        };
+        match &result {
+            Ok(()) => tracing::debug!(socket = %socket.display(), call = %what, "mapper call done"),
+            Err(e) => {
                 tracing::warn!(socket = %socket.display(), call = %what, error = %e, "mapper call failed")
             }
-            Err(_) => tracing::warn!(socket = %socket.display(), call = %what,
-                "mapper call timed out after 10s"),
+        }
+        if let Some((tx, device)) = done {
+            let _ = tx.send(DmiRequest::CallDone { device, result }).await;
         }
     });
 }

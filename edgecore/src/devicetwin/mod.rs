@@ -20,8 +20,8 @@ pub mod twin;
 use crate::edgehub::LinkEvent;
 use crate::metamanager::{ChangeAction, CloudLink, DeviceObject, MetaStore, StoreError, ToTwin};
 use kubeedge_shared::devices::{
-    DeviceState, DeviceStateMsg, DeviceTwinUpdate, ErrorResult, MemberDevice, MembershipUpdate,
-    MsgTwin, decode_content,
+    DeviceCondition, DeviceState, DeviceStateMsg, DeviceTwinUpdate, ErrorResult, MAPPER_READY,
+    MemberDevice, MembershipUpdate, MsgTwin, decode_content,
 };
 use kubeedge_shared::message::{new_message_id, now_millis};
 use kubeedge_shared::operation::source;
@@ -81,6 +81,10 @@ struct State<L> {
     awaiting: HashMap<String, (String, u64)>,
     /// Mapper sockets by protocol.
     mappers: HashMap<String, PathBuf>,
+    /// Where mapper calls report back.
+    dmi_tx: mpsc::Sender<dmi::DmiRequest>,
+    /// `MapperReady` of each device object, as last determined.
+    conditions: HashMap<(String, String), DeviceCondition>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -130,8 +134,9 @@ impl DeviceTwin {
         if let Some(path) = &config.dmi_socket {
             match kubeedge_dmi::bind_uds(path) {
                 Ok(listener) => {
-                    let server =
-                        kubeedge_dmi::DeviceManagerServiceServer::new(dmi::Server { tx: dmi_tx });
+                    let server = kubeedge_dmi::DeviceManagerServiceServer::new(dmi::Server {
+                        tx: dmi_tx.clone(),
+                    });
                     let stop = cancel.clone();
                     let shown = path.display().to_string();
                     tokio::spawn(async move {
@@ -172,6 +177,8 @@ impl DeviceTwin {
             generation: HashMap::new(),
             awaiting: HashMap::new(),
             mappers,
+            dmi_tx,
+            conditions: HashMap::new(),
         };
         let task = tokio::spawn(run(state, meta_rx, bus_rx, dmi_rx, events, cancel.clone()));
         Ok((
@@ -208,7 +215,7 @@ async fn run<L: CloudLink>(
             _ = cancel.cancelled() => return,
             m = meta.recv() => match m {
                 Some(ToTwin::Cloud(msg)) => st.cloud(msg).await,
-                Some(ToTwin::Object(o)) => st.object(o),
+                Some(ToTwin::Object(o)) => st.object(o).await,
                 None => return,
             },
             Some(b) = bus.recv() => st.bus(b).await,
@@ -218,6 +225,7 @@ async fn run<L: CloudLink>(
                     st.awaiting.clear();
                     if st.link.is_connected() {
                         st.report_unreported().await;
+                        st.send_conditions().await;
                     }
                 }
                 Ok(LinkEvent::Disconnected { .. }) => st.awaiting.clear(),
@@ -355,7 +363,7 @@ impl<L: CloudLink> State<L> {
 
     /// A device or model object stored: kept for the mappers, and passed to the mapper of
     /// its protocol.
-    fn object(&mut self, o: DeviceObject) {
+    async fn object(&mut self, o: DeviceObject) {
         let key = (o.namespace.clone(), o.name.clone());
         let is_device = match o.resource_type {
             ResourceType::Device => true,
@@ -387,9 +395,19 @@ impl<L: CloudLink> State<L> {
             .pointer(protocol_ptr)
             .and_then(Value::as_str)
             .unwrap_or_default();
+        if is_device && o.action == ChangeAction::Delete {
+            self.conditions.remove(&key);
+        }
         let Some(socket) = self.mappers.get(protocol).cloned() else {
             tracing::info!(namespace = %key.0, name = %key.1, protocol,
                 "no mapper registered for the protocol; it gets the object when it registers");
+            if is_device && o.action == ChangeAction::Upsert {
+                let message = format!(
+                    "no mapper for protocol {protocol:?} is registered on node {}",
+                    self.config.node_name
+                );
+                self.set_condition(key, "False", "NoMapper", message).await;
+            }
             return;
         };
         let (name, namespace) = (key.1.clone(), key.0.clone());
@@ -409,6 +427,9 @@ impl<L: CloudLink> State<L> {
                     Err(e) => {
                         tracing::warn!(namespace = %key.0, device = %key.1, error = %e,
                             "device cannot be expressed in DMI; not sent to its mapper");
+                        let message = format!("the device spec cannot be sent to a mapper: {e}");
+                        self.set_condition(key, "False", "InvalidSpec", message)
+                            .await;
                         return;
                     }
                 }
@@ -423,7 +444,62 @@ impl<L: CloudLink> State<L> {
                 }
             },
         };
-        dmi::spawn_call(socket, call);
+        let done = matches!(
+            call,
+            dmi::MapperCall::RegisterDevice(_) | dmi::MapperCall::UpdateDevice(_)
+        )
+        .then(|| (self.dmi_tx.clone(), key));
+        dmi::spawn_call(socket, call, done);
+    }
+
+    /// Records the device's `MapperReady` condition and sends it when it changed.
+    async fn set_condition(
+        &mut self,
+        key: (String, String),
+        status: &str,
+        reason: &str,
+        message: String,
+    ) {
+        let cond = DeviceCondition {
+            kind: MAPPER_READY.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: String::new(),
+        };
+        if self.conditions.get(&key) == Some(&cond) {
+            return;
+        }
+        self.conditions.insert(key.clone(), cond);
+        self.send_condition(&key).await;
+    }
+
+    /// Sends the condition of `key` to the cloud when connected.
+    async fn send_condition(&self, key: &(String, String)) {
+        let Some(cond) = self.conditions.get(key) else {
+            return;
+        };
+        if !self.link.is_connected() {
+            return;
+        }
+        let id = self.id_of(&key.1, &key.0).unwrap_or_else(|| key.1.clone());
+        let msg = Message::new(
+            source::TWIN,
+            Group::Resource,
+            Operation::Update,
+            format!("device/{id}/condition/update"),
+            serde_json::to_value(cond).unwrap_or_default(),
+        );
+        if let Err(e) = self.link.send(msg).await {
+            tracing::debug!(device = %id, error = %e, "device condition not sent; sent when the link is up");
+        }
+    }
+
+    async fn send_conditions(&self) {
+        let keys: Vec<(String, String)> = self.conditions.keys().cloned().collect();
+        for k in keys {
+            self.send_condition(&k).await;
+        }
     }
 
     // ----- from mappers -----
@@ -456,6 +532,23 @@ impl<L: CloudLink> State<L> {
                 match decode_content::<DeviceTwinUpdate>(&dmi::twin_update_of(&s)) {
                     Ok(u) => self.twin_update(&id, u).await,
                     Err(e) => tracing::warn!(device = %id, error = %e, "mapper report not usable"),
+                }
+            }
+            dmi::DmiRequest::CallDone { device, result } => {
+                if !self.objects.devices.contains_key(&device) {
+                    return;
+                }
+                match result {
+                    Ok(()) => {
+                        let message = "the device was handed to its mapper".to_string();
+                        self.set_condition(device, "True", "Registered", message)
+                            .await
+                    }
+                    Err(e) => {
+                        let message = format!("the mapper refused or did not answer: {e}");
+                        self.set_condition(device, "False", "MapperCallFailed", message)
+                            .await
+                    }
                 }
             }
             dmi::DmiRequest::States(s) => {
@@ -493,6 +586,7 @@ impl<L: CloudLink> State<L> {
         if !with_data {
             return Ok(response);
         }
+        let mut served = Vec::new();
         let mut devices: Vec<(&(String, String), &Value)> = self.objects.devices.iter().collect();
         devices.sort_by(|a, b| a.0.cmp(b.0));
         for (key, dev) in devices {
@@ -522,11 +616,16 @@ impl<L: CloudLink> State<L> {
                 (Ok(d), Ok(m)) => {
                     response.device_list.push(d);
                     response.model_list.push(m);
+                    served.push(key.clone());
                 }
                 (Err(e), _) | (_, Err(e)) => {
                     tracing::warn!(device = %key.1, error = %e, "device cannot be expressed in DMI; skipped")
                 }
             }
+        }
+        for key in served {
+            let message = "the device was handed to its mapper".to_string();
+            self.set_condition(key, "True", "Registered", message).await;
         }
         Ok(response)
     }

@@ -50,12 +50,10 @@ pub fn plan(node: &str, msg: &Message) -> Result<BusOp, String> {
                 payload: message.to_string().into(),
             })
         }
-        op if op.as_str() == "get_result" && resource == "auth_info" => {
-            Ok(BusOp::Publish {
-                topic: format!("$hw/events/node/{node}/authInfo/get/result"),
-                payload: content_bytes(&msg.content).into(),
-            })
-        }
+        op if op.as_str() == "get_result" && resource == "auth_info" => Ok(BusOp::Publish {
+            topic: format!("$hw/events/node/{node}/authInfo/get/result"),
+            payload: content_bytes(&msg.content).into(),
+        }),
         other => Err(format!("operation {other} is not an eventbus operation")),
     }
 }

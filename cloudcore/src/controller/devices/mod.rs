@@ -26,7 +26,7 @@ pub use status::{StatusWrite, device_resource, model_resource};
 use super::downstream::HubSink;
 use crate::cloudhub::NodeEvent;
 use kubeedge_shared::devices::{
-    DeviceStateMsg, DeviceTwinUpdate, decode_content, split_device_resource,
+    DeviceCondition, DeviceStateMsg, DeviceTwinUpdate, decode_content, split_device_resource,
 };
 use kubeedge_shared::inventory::HeldObject;
 use kubeedge_shared::{Message, Operation, ResourceType};
@@ -414,6 +414,20 @@ impl Devices {
                 self.written.insert(key.clone(), twins.clone());
                 changed.then(|| reports::twins_patch(&twins))
             }
+            "condition/update" => {
+                let cond: DeviceCondition = match decode_content(&msg.content) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(node, %resource, error = %e, "malformed device condition; dropped");
+                        return;
+                    }
+                };
+                if cond.kind.is_empty() || !matches!(cond.status.as_str(), "True" | "False") {
+                    tracing::warn!(node, %resource, "device condition without type or True/False status; dropped");
+                    return;
+                }
+                reports::condition_patch(&self.devices[&key], cond, &now_rfc3339())
+            }
             _ => {
                 let state: DeviceStateMsg = match decode_content(&msg.content) {
                     Ok(s) => s,
@@ -449,6 +463,13 @@ impl Devices {
             }
         }
     }
+}
+
+fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
 }
 
 fn stub(key: &ObjKey) -> Value {

@@ -3,7 +3,7 @@
 //! `{timestamp, type}`. Unlike KubeEdge v1.15 (which drops reports for twins not already in
 //! the status), a twin is created for any property the device's spec declares, as v1.23 does.
 
-use kubeedge_shared::devices::{DeviceTwinUpdate, MsgTwin, TwinValue};
+use kubeedge_shared::devices::{DeviceCondition, DeviceTwinUpdate, MsgTwin, TwinValue};
 use serde_json::{Map, Value, json};
 
 /// The twins after applying `report`, and whether any value changed. Twins named in the
@@ -95,6 +95,34 @@ pub fn state_patch(state: &str, last_online: &str) -> Value {
     json!({ "status": status })
 }
 
+/// The merge patch that sets one condition (others kept), or `None` when the device already
+/// has it. The transition time changes only when the status does.
+pub fn condition_patch(device: &Value, mut cond: DeviceCondition, now: &str) -> Option<Value> {
+    let existing: Vec<DeviceCondition> = device
+        .pointer("/status/conditions")
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default();
+    let same_type = existing.iter().find(|c| c.kind == cond.kind);
+    if let Some(old) = same_type {
+        if old.status == cond.status && old.reason == cond.reason && old.message == cond.message {
+            return None;
+        }
+        cond.last_transition_time = if old.status == cond.status {
+            old.last_transition_time.clone()
+        } else {
+            now.to_string()
+        };
+    } else {
+        cond.last_transition_time = now.to_string();
+    }
+    let mut all: Vec<DeviceCondition> = existing
+        .into_iter()
+        .filter(|c| c.kind != cond.kind)
+        .collect();
+    all.push(cond);
+    Some(json!({"status": {"conditions": all}}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +163,30 @@ mod tests {
         assert_eq!(twins[0]["reported"]["metadata"]["timestamp"], "5");
         let r = report(r#"{"twin":{"setpoint":{"actual":{"value":"2"}}}}"#);
         assert!(apply_twin_report(&device(), &r).1);
+    }
+
+    #[test]
+    fn conditions_change_only_when_they_differ() {
+        let cond = |status: &str, reason: &str| DeviceCondition {
+            kind: "MapperReady".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: "m".into(),
+            last_transition_time: String::new(),
+        };
+        let dev = json!({"status": {"conditions": [
+            {"type": "Other", "status": "True"},
+            {"type": "MapperReady", "status": "False", "reason": "NoMapper", "message": "m",
+             "lastTransitionTime": "t0"}]}});
+        assert_eq!(condition_patch(&dev, cond("False", "NoMapper"), "t1"), None);
+        let p = condition_patch(&dev, cond("False", "MapperCallFailed"), "t1").unwrap();
+        assert_eq!(p["status"]["conditions"][1]["lastTransitionTime"], "t0");
+        assert_eq!(p["status"]["conditions"][0]["type"], "Other");
+        let p = condition_patch(&dev, cond("True", "Registered"), "t2").unwrap();
+        assert_eq!(p["status"]["conditions"][1]["lastTransitionTime"], "t2");
+        assert_eq!(p["status"]["conditions"][1]["status"], "True");
+        let p = condition_patch(&json!({}), cond("False", "NoMapper"), "t3").unwrap();
+        assert_eq!(p["status"]["conditions"][0]["lastTransitionTime"], "t3");
     }
 
     #[test]
