@@ -341,3 +341,132 @@ async fn a_device_no_mapper_can_serve_gets_a_condition_and_the_others_run_on() {
     .await;
     env.cleanup().await;
 }
+
+/// A KubeEdge v1.15 edge (a raw WebSocket peer speaking as KubeEdge's edgecore does) gets the
+/// device messages in KubeEdge's shapes from our cloudcore, and its twin report in KubeEdge's
+/// shape lands in the Device's status and is answered as KubeEdge's cloud answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kubeedge_edge_gets_kubeedge_shapes_and_its_reports_are_written() {
+    use e2e::channel::RawEdge;
+    use kubeedge_shared::{Group, Message, Operation};
+    init_logs();
+    let cluster = e2e::cluster::connect().await.expect("test cluster");
+    devices::install(&cluster.client())
+        .await
+        .expect("device CRDs");
+    let pki = Pki::new().expect("test PKI");
+    let cloud = CloudFixture::start(cluster.client(), &pki)
+        .await
+        .expect("cloudcore starts");
+    let node = node_name("ke-devices");
+    let tls = pki.edge_tls(&pki.node_cert(&node).unwrap()).unwrap();
+    let mut edge = RawEdge::connect(cloud.hub.local_addr(), &node, tls)
+        .await
+        .expect("connects");
+    let ns = cluster.temp_namespace("ke-devices").await.expect("ns");
+    let client = cluster.client();
+    let plc: SocketAddr = "127.0.0.1:5020".parse().unwrap();
+    let m: DynamicObject = serde_json::from_value(devices::thermostat_model("thermostat")).unwrap();
+    devices::models(&client, &ns)
+        .create(&PostParams::default(), &m)
+        .await
+        .unwrap();
+    let d: DynamicObject = serde_json::from_value(devices::thermostat(
+        "thermo-ke",
+        "thermostat",
+        &node,
+        plc,
+        "7",
+    ))
+    .unwrap();
+    devices::devices(&client, &ns)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+
+    // membership (group twin, NO-ACK), then the model, then the device (group resource).
+    let mut got: Vec<Message> = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while got.len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "device messages: got {got:?}"
+        );
+        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
+            if m.route.operation == Operation::Keepalive {
+                continue;
+            }
+            if m.route.group == Group::Resource {
+                edge.ack(&m).await.unwrap();
+            }
+            got.push(m);
+        }
+    }
+    assert_eq!(got[0].route.resource, "membership");
+    assert_eq!(got[0].route.source, "devicecontroller");
+    assert_eq!(got[0].route.group, Group::Twin);
+    assert_eq!(got[0].route.operation, Operation::Update);
+    assert_eq!(
+        got[0].content["added_devices"],
+        json!([{"id": "thermo-ke", "name": "thermo-ke", "description": "thermostat"}])
+    );
+    assert!(got[0].content["removed_devices"].is_null());
+    assert!(got[0].content["event_id"].is_string() && got[0].content["timestamp"].is_i64());
+    assert_eq!(
+        got[1].route.resource,
+        format!("{ns}/devicemodel/thermostat")
+    );
+    assert_eq!(got[1].route.operation, Operation::Insert);
+    assert_eq!(got[1].content["kind"], "DeviceModel");
+    assert_eq!(got[1].content["apiVersion"], "devices.kubeedge.io/v1beta1");
+    assert_eq!(got[2].route.resource, format!("{ns}/device/thermo-ke"));
+    assert_eq!(got[2].content["spec"]["nodeName"], node.as_str());
+    assert!(!got[2].header.resource_version.is_empty());
+
+    // KubeEdge v1.15's twin report: device/<name>/twin/edge_updated, versions and all.
+    let report = Message::new(
+        "twin",
+        Group::Resource,
+        Operation::Update,
+        "device/thermo-ke/twin/edge_updated",
+        json!({"event_id": "e1", "timestamp": 1_718_000_000_000i64, "twin": {"temperature": {
+            "actual": {"value": "23", "metadata": {"timestamp": 1_718_000_000_456i64}},
+            "optional": true, "metadata": {"type": "string"},
+            "actual_version": {"cloud": 0, "edge": 1}}}}),
+    );
+    edge.send(&report).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no answer to the report"
+        );
+        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await
+            && m.header.parent_id == report.header.id
+        {
+            assert_eq!(m.route.operation, Operation::Response);
+            assert_eq!(m.route.source, "devicecontroller");
+            assert_eq!(m.content, json!("OK"));
+            break;
+        }
+    }
+    let dev = serde_json::to_value(
+        devices::devices(&client, &ns)
+            .get("thermo-ke")
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let twin = dev["status"]["twins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["propertyName"] == "temperature")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        twin["reported"],
+        json!({"value": "23", "metadata": {"timestamp": "1718000000456", "type": "string"}})
+    );
+    cluster.delete_namespace(&ns).await;
+}
