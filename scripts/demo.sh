@@ -12,7 +12,8 @@ Usage: sudo bash scripts/demo.sh
 
 Runs the local demo: installs the packages it needs (scripts/setup.sh), builds the release
 binaries, then starts an in-memory control plane, cloudcore, edgecore (node edge-demo) and a
-private containerd, runs a sample pod and shows kubectl working against it. Ctrl-C stops it
+private containerd, runs a sample pod and shows kubectl working against it, then a Modbus
+device (modbus-sim) served by modbus-mapper with its reported value. Ctrl-C stops it
 and removes everything it started. Needs root.
 USAGE
     exit 0
@@ -25,5 +26,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 bash scripts/setup.sh
-echo "[demo] building (release) and starting local-demo..."
-exec cargo run --release -p e2e --bin local-demo -- "$@"
+echo "[demo] building (release): local-demo, modbus-mapper, modbus-sim..."
+cargo build --release -p e2e --bin local-demo -p modbus-mapper --bins
+echo "[demo] starting local-demo..."
+exec target/release/local-demo "$@"

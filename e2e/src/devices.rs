@@ -113,20 +113,28 @@ pub fn twin_value(device: &Value, name: &str, field: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// A binary of this workspace beside the test executable (`target/<profile>/<name>`), built
-/// first when missing (`cargo build -p <package>`).
+/// A binary of this workspace: beside the running executable (`target/<profile>/<name>` for
+/// binaries, one level up for test executables in `deps/`), built first when missing
+/// (`cargo build -p <package>`).
 pub fn workspace_binary(package: &str, name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe
         .parent()
-        .and_then(|deps| deps.parent())
-        .context("test executable has no target directory")?;
+        .context("the executable has no directory")?
+        .to_path_buf();
+    let dir = if dir.ends_with("deps") {
+        dir.parent().map(Path::to_path_buf).unwrap_or(dir)
+    } else {
+        dir
+    };
     let path = dir.join(name);
     if !path.exists() {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", package, "--bins"])
-            .status()
-            .context("running cargo build")?;
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "-p", package, "--bins"]);
+        if dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().context("running cargo build")?;
         anyhow::ensure!(status.success(), "cargo build -p {package} failed");
     }
     anyhow::ensure!(path.exists(), "{} missing after the build", path.display());

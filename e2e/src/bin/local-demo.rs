@@ -116,6 +116,10 @@ async fn main() -> anyhow::Result<()> {
     e2e::reliablesyncs::install(&api.client()?)
         .await
         .context("installing the reliablesyncs CRDs")?;
+    // Device and DeviceModel (devices.kubeedge.io), as the Helm chart installs them.
+    e2e::devices::install(&api.client()?)
+        .await
+        .context("installing the device CRDs")?;
     let pki = Pki::new().context("creating the demo CA")?;
     std::fs::write(demo_dir.join("rootCA.crt"), &pki.ca.cert.cert_pem)?;
     let cloud = CloudFixture::start(api.client()?, &pki)
@@ -159,6 +163,10 @@ async fn main() -> anyhow::Result<()> {
         "edgecore: edge node `edge-demo` on the private containerd",
     );
     let node = "edge-demo";
+    // The eventbus runs KubeEdge's internal MQTT broker (mqttMode 0) on a free loopback port.
+    let mqtt_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let cert = pki.node_cert(node).context("edge certificate")?;
     std::fs::write(demo_dir.join("edge.crt"), &cert.cert_pem)?;
     std::fs::write(demo_dir.join("edge.key"), &cert.key_pem)?;
@@ -170,10 +178,12 @@ async fn main() -> anyhow::Result<()> {
          \x20 edgeStream:\n    enable: true\n    server: {tunnel}\n    tlsTunnelCAFile: {ca}\n\
          \x20   tlsTunnelCertFile: {crt}\n    tlsTunnelPrivateKeyFile: {key}\n\
          \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
+         \x20 eventBus:\n    mqttMode: 0\n    mqttServerInternal: tcp://127.0.0.1:{mqtt_port}\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
         db = demo_dir.join("edgecore.db").display(),
         dmi = demo_dir.display(),
+        mqtt_port = mqtt_port,
         ca = demo_dir.join("rootCA.crt").display(),
         crt = demo_dir.join("edge.crt").display(),
         key = demo_dir.join("edge.key").display(),
@@ -260,6 +270,17 @@ async fn main() -> anyhow::Result<()> {
         println!("    {line}");
     }
 
+    step(
+        6,
+        "a device: a Modbus thermostat, served by modbus-mapper over DMI",
+    );
+    let devices = device_demo(&client, node, &demo_dir, &kubeconfig)
+        .await
+        .context("the device demo")?;
+    println!(
+        "    MQTT           mosquitto_sub -h 127.0.0.1 -p {mqtt_port} -t '$hw/events/device/#' -v"
+    );
+
     println!("\nReady. Press Ctrl-C to stop and remove everything.");
     tokio::select! {
         _ = interrupt.recv() => {}
@@ -268,6 +289,7 @@ async fn main() -> anyhow::Result<()> {
 
     println!("\nStopping: removing pods, containerd, registry, bridge and temporary files...");
     let stopping = Instant::now();
+    drop(devices);
     edge.shutdown().await;
     stream.shutdown();
     cloud.shutdown().await;
@@ -279,6 +301,70 @@ async fn main() -> anyhow::Result<()> {
         .context("teardown task")?;
     println!("Stopped in {:.1?}.", stopping.elapsed());
     Ok(())
+}
+
+/// Starts `modbus-sim` (a Modbus TCP thermostat) and `modbus-mapper`, creates a DeviceModel
+/// and a Device bound to `node`, and shows the temperature the mapper reports in the Device's
+/// status. Returns the two processes (dropping them stops them).
+async fn device_demo(
+    client: &kube::Client,
+    node: &str,
+    dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+) -> anyhow::Result<(e2e::process::LoggedProcess, e2e::process::LoggedProcess)> {
+    use e2e::devices;
+    let (sim, plc) = devices::start_modbus_sim(dir)?;
+    let mapper = devices::start_modbus_mapper(&dir.join("dmi.sock"), dir)?;
+    println!("    Modbus device  modbus-sim on {plc} (register 0: temperature, 1: setpoint)");
+    println!(
+        "    mapper         modbus-mapper (log {})",
+        mapper.log_path().display()
+    );
+    let model: kube::api::DynamicObject =
+        serde_json::from_value(devices::thermostat_model("thermostat"))?;
+    devices::models(client, "default")
+        .create(&PostParams::default(), &model)
+        .await
+        .context("creating the DeviceModel")?;
+    let device: kube::api::DynamicObject = serde_json::from_value(devices::thermostat(
+        "thermostat",
+        "thermostat",
+        node,
+        plc,
+        "21",
+    ))?;
+    let api = devices::devices(client, "default");
+    api.create(&PostParams::default(), &device)
+        .await
+        .context("creating the Device")?;
+    wait_until(
+        "the thermostat's reported temperature",
+        Duration::from_secs(60),
+        || async {
+            let d = serde_json::to_value(api.get("thermostat").await.ok()?).ok()?;
+            devices::twin_value(&d, "temperature", "reported").map(|_| ())
+        },
+    )
+    .await?;
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["get", "device", "thermostat", "-o", "jsonpath={range .status.twins[*]}{.propertyName}: reported {.reported.value}, observed desired {.observedDesired.value}{\"\\n\"}{end}"])
+        .output()
+        .await
+        .context("running kubectl get device")?;
+    println!("    $ kubectl get device thermostat -o jsonpath=…   (its status.twins)");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("    {line}");
+    }
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        println!("    {line}");
+    }
+    println!("    change the setpoint (register 1) from the cluster:");
+    println!(
+        "      kubectl patch device thermostat --type=json -p '[{{\"op\":\"replace\",\"path\":\"/spec/properties/1/desired/value\",\"value\":\"25\"}}]'"
+    );
+    Ok((sim, mapper))
 }
 
 /// Polls `probe` until it yields, or fails after `limit` naming what it waited for.

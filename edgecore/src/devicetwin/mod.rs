@@ -780,7 +780,9 @@ impl<L: CloudLink> State<L> {
             return;
         }
         let last_online = if lower == "online" || lower == "ok" {
-            time::OffsetDateTime::now_utc()
+            let now = time::OffsetDateTime::now_utc();
+            now.replace_nanosecond(0)
+                .unwrap_or(now)
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default()
         } else {
