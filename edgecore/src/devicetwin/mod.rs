@@ -57,6 +57,9 @@ impl DeviceTwinConfig {
     }
 }
 
+/// Mapper reports stored in one transaction, at most.
+const MAX_BATCH: usize = 256;
+
 /// `meta` type of registered mappers (KubeEdge's).
 const MAPPER_TYPE: &str = "devicemapper";
 
@@ -219,7 +222,32 @@ async fn run<L: CloudLink>(
                 None => return,
             },
             Some(b) = bus.recv() => st.bus(b).await,
-            Some(r) = dmi.recv() => st.dmi(r).await,
+            Some(r) = dmi.recv() => {
+                // Mapper reports queued behind this one are stored in the same transaction.
+                let mut batch = Vec::new();
+                let mut next = Some(r);
+                while let Some(r) = next.take() {
+                    match r {
+                        dmi::DmiRequest::Status(s) => {
+                            if let Some(u) = st.mapper_twin_update(&s) {
+                                batch.push(u);
+                            }
+                            if batch.len() < MAX_BATCH {
+                                next = dmi.try_recv().ok();
+                            }
+                        }
+                        other => {
+                            if !batch.is_empty() {
+                                st.twin_updates(std::mem::take(&mut batch)).await;
+                            }
+                            st.dmi(other).await;
+                        }
+                    }
+                }
+                if !batch.is_empty() {
+                    st.twin_updates(batch).await;
+                }
+            }
             ev = events.recv() => match ev {
                 Ok(LinkEvent::Connected) | Err(broadcast::error::RecvError::Lagged(_)) => {
                     st.awaiting.clear();
@@ -524,14 +552,8 @@ impl<L: CloudLink> State<L> {
                 let _ = reply.send(self.register_mapper(mapper, with_data).await);
             }
             dmi::DmiRequest::Status(s) => {
-                let Some(id) = self.id_of(&s.device_name, &s.device_namespace) else {
-                    tracing::info!(device = %s.device_name, namespace = %s.device_namespace,
-                        "mapper reported a device this edge does not have; ignored");
-                    return;
-                };
-                match decode_content::<DeviceTwinUpdate>(&dmi::twin_update_of(&s)) {
-                    Ok(u) => self.twin_update(&id, u).await,
-                    Err(e) => tracing::warn!(device = %id, error = %e, "mapper report not usable"),
+                if let Some(u) = self.mapper_twin_update(&s) {
+                    self.twin_updates(vec![u]).await;
                 }
             }
             dmi::DmiRequest::CallDone { device, result } => {
@@ -557,6 +579,25 @@ impl<L: CloudLink> State<L> {
                     return;
                 };
                 self.state_update(&id, &json!({ "state": s.state })).await;
+            }
+        }
+    }
+
+    /// The twin update a mapper's status report makes, for the device it names.
+    fn mapper_twin_update(
+        &self,
+        s: &kubeedge_dmi::v1beta1::ReportDeviceStatusRequest,
+    ) -> Option<(String, DeviceTwinUpdate)> {
+        let Some(id) = self.id_of(&s.device_name, &s.device_namespace) else {
+            tracing::info!(device = %s.device_name, namespace = %s.device_namespace,
+                "mapper reported a device this edge does not have; ignored");
+            return None;
+        };
+        match decode_content::<DeviceTwinUpdate>(&dmi::twin_update_of(s)) {
+            Ok(u) => Some((id, u)),
+            Err(e) => {
+                tracing::warn!(device = %id, error = %e, "mapper report not usable");
+                None
             }
         }
     }
@@ -696,52 +737,85 @@ impl<L: CloudLink> State<L> {
 
     /// An edge-side twin update (MQTT or a mapper's report).
     pub(crate) async fn twin_update(&mut self, id: &str, update: DeviceTwinUpdate) {
-        let result_topic = topics::device(id, "twin/update/result");
-        let Some(device) = self.devices.get(id) else {
-            self.publish_error(result_topic, &update.event_id, 404, "device not found");
+        self.twin_updates(vec![(id.to_string(), update)]).await;
+    }
+
+    /// Edge-side twin updates, applied in order and stored in one transaction; then each is
+    /// published and every changed device reported once.
+    pub(crate) async fn twin_updates(&mut self, updates: Vec<(String, DeviceTwinUpdate)>) {
+        let now = now_millis();
+        let mut applied = Vec::new();
+        let mut rows: Vec<(String, Vec<(String, store::TwinRow)>)> = Vec::new();
+        for (id, update) in updates {
+            let result_topic = topics::device(&id, "twin/update/result");
+            let Some(device) = self.devices.get_mut(&id) else {
+                self.publish_error(result_topic, &update.event_id, 404, "device not found");
+                continue;
+            };
+            match twin::apply_rest(device, &update, now) {
+                Ok(outcome) => {
+                    // Applied in memory at once, so later updates of the batch build on it;
+                    // a failed write reloads the devices from the database.
+                    for (name, row) in &outcome.rows {
+                        device.twins.insert(name.clone(), row.clone());
+                    }
+                    if !outcome.rows.is_empty() {
+                        rows.push((id.clone(), outcome.rows.clone()));
+                    }
+                    applied.push((id, update.event_id, outcome));
+                }
+                Err(r) => self.publish_error(result_topic, &update.event_id, r.code, &r.reason),
+            }
+        }
+        if !rows.is_empty()
+            && let Err(e) = store::write_twin_batch(&self.store, rows).await
+        {
+            tracing::warn!(error = %e, updates = applied.len(), "twin updates not stored");
+            for (id, event_id, _) in &applied {
+                let topic = topics::device(id, "twin/update/result");
+                self.publish_error(topic, event_id, 500, &e.to_string());
+            }
+            self.reload().await;
             return;
-        };
-        let outcome = match twin::apply_rest(device, &update, now_millis()) {
-            Ok(o) => o,
-            Err(r) => {
-                self.publish_error(result_topic, &update.event_id, r.code, &r.reason);
-                return;
-            }
-        };
-        if !outcome.rows.is_empty() {
-            if let Err(e) =
-                store::write_twins(&self.store, id.to_string(), outcome.rows.clone(), true).await
-            {
-                tracing::warn!(device = id, error = %e, "twin update not stored");
-                self.publish_error(result_topic, &update.event_id, 500, &e.to_string());
-                return;
-            }
-            if let Some(d) = self.devices.get_mut(id) {
-                for (name, row) in &outcome.rows {
-                    d.twins.insert(name.clone(), row.clone());
+        }
+        let mut changed: Vec<String> = Vec::new();
+        for (id, event_id, outcome) in applied {
+            if !outcome.rows.is_empty() {
+                *self.generation.entry(id.clone()).or_default() += 1;
+                self.unreported.insert(id.clone());
+                if !changed.contains(&id) {
+                    changed.push(id.clone());
                 }
             }
-            *self.generation.entry(id.to_string()).or_default() += 1;
-            self.unreported.insert(id.to_string());
-        }
-        self.publish(
-            result_topic,
-            &json!({"event_id": update.event_id, "timestamp": now_millis(), "twin": outcome.result}),
-        );
-        if !outcome.document.is_empty() {
             self.publish(
-                topics::device(id, "twin/update/document"),
-                &json!({"event_id": update.event_id, "timestamp": now_millis(), "twin": outcome.document}),
+                topics::device(&id, "twin/update/result"),
+                &json!({"event_id": event_id, "timestamp": now_millis(), "twin": outcome.result}),
             );
+            if !outcome.document.is_empty() {
+                self.publish(
+                    topics::device(&id, "twin/update/document"),
+                    &json!({"event_id": event_id, "timestamp": now_millis(), "twin": outcome.document}),
+                );
+            }
+            if let Some((twins, delta)) = self.devices.get(&id).and_then(twin::delta) {
+                self.publish(
+                    topics::device(&id, "twin/update/delta"),
+                    &json!({"event_id": new_message_id(), "timestamp": now_millis(), "twin": twins, "delta": delta}),
+                );
+            }
         }
-        if let Some((twins, delta)) = self.devices.get(id).and_then(twin::delta) {
-            self.publish(
-                topics::device(id, "twin/update/delta"),
-                &json!({"event_id": new_message_id(), "timestamp": now_millis(), "twin": twins, "delta": delta}),
-            );
+        if self.link.is_connected() {
+            for id in changed {
+                self.report(&id).await;
+            }
         }
-        if !outcome.rows.is_empty() && self.link.is_connected() {
-            self.report(id).await;
+    }
+
+    /// Reloads the devices and their twins from the database (after a failed write).
+    async fn reload(&mut self) {
+        match store::load(&self.store).await {
+            Ok((rows, _)) => self.devices = rows.into_iter().map(|d| (d.id.clone(), d)).collect(),
+            Err(e) => tracing::warn!(error = %e, "devices not reloaded from the database"),
         }
     }
 

@@ -189,24 +189,22 @@ pub async fn delete_device(store: &MetaStore, id: String) -> Result<(), StoreErr
         .await
 }
 
-/// Writes twins of one device (update the row of `(deviceid, name)`, or insert it) and, when
-/// `unreported`, marks the device as having changes the cloud has not confirmed.
-pub async fn write_twins(
+/// Twins of several devices in one transaction (each row updated by `(deviceid, name)` or
+/// inserted), each device marked as having changes the cloud has not confirmed.
+pub async fn write_twin_batch(
     store: &MetaStore,
-    id: String,
-    twins: Vec<(String, TwinRow)>,
-    unreported: bool,
+    devices: Vec<(String, Vec<(String, TwinRow)>)>,
 ) -> Result<(), StoreError> {
     store
         .call(move |c| {
-            for (name, t) in &twins {
-                upsert_twin(c, &id, name, t)?;
-            }
-            if unreported {
-                c.execute(
+            for (id, twins) in &devices {
+                for (name, t) in twins {
+                    upsert_twin(c, id, name, t)?;
+                }
+                c.prepare_cached(
                     r#"INSERT OR IGNORE INTO "device_twin_unreported" ("deviceid") VALUES (?1)"#,
-                    params![id],
-                )?;
+                )?
+                .execute(params![id])?;
             }
             Ok(())
         })
