@@ -105,7 +105,8 @@ impl EdgeCore {
         if edge_hub.rotate_certificates && !edge_hub.http_server.is_empty() {
             crate::certmanager::spawn_rotation(config, hub.clone(), rotation.clone());
         }
-        let (devices, routes) = match start_devices(config, &store, &hub).await {
+        let module_metrics = Arc::new(crate::module_metrics::ModuleMetrics::default());
+        let (devices, routes) = match start_devices(config, &store, &hub, &module_metrics).await {
             Ok(d) => d,
             Err(e) => {
                 hub.shutdown();
@@ -121,6 +122,7 @@ impl EdgeCore {
             routes,
         );
         let status_reports = Arc::new(crate::edged::status_report::StatusReports::default());
+        status_reports.attach(module_metrics);
         let stream = match (&edged, config.modules.edge_stream.enable) {
             (Some(e), true) => {
                 match crate::edgestream::EdgeStream::from_config(config, e, status_reports.clone())
@@ -201,6 +203,7 @@ async fn start_devices(
     config: &EdgeCoreConfig,
     store: &MetaStore,
     hub: &EdgeHub,
+    metrics: &crate::module_metrics::ModuleMetrics,
 ) -> Result<(Option<Devices>, Routes), StartError> {
     if !config.modules.device_twin.enable {
         return Ok((None, Routes::default()));
@@ -213,6 +216,7 @@ async fn start_devices(
         publish_tx,
     )
     .await?;
+    metrics.register(|r| twin.metrics().register(r));
     if !config.modules.event_bus.enable {
         tokio::spawn(async move {
             while let Some(m) = publish_rx.recv().await {
@@ -243,6 +247,7 @@ async fn start_devices(
             return Err(e.into());
         }
     };
+    metrics.register(|r| bus.metrics().register(r));
     let publisher = bus.clone();
     tokio::spawn(async move {
         while let Some(m) = publish_rx.recv().await {

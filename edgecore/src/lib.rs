@@ -10,4 +10,5 @@ pub mod edgehub;
 pub mod edgestream;
 pub mod eventbus;
 pub mod metamanager;
+pub mod module_metrics;
 pub mod tls_files;

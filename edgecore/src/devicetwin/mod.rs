@@ -11,6 +11,7 @@
 //! * Bad MQTT payloads get KubeEdge's error `Result` on the result topic and a log line.
 
 pub mod dmi;
+pub mod metrics;
 pub mod store;
 #[cfg(test)]
 mod tests;
@@ -88,6 +89,7 @@ struct State<L> {
     dmi_tx: mpsc::Sender<dmi::DmiRequest>,
     /// `MapperReady` of each device object, as last determined.
     conditions: HashMap<(String, String), DeviceCondition>,
+    metrics: metrics::DeviceTwinMetrics,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +107,7 @@ pub enum DeviceTwinError {
 pub struct DeviceTwin {
     cancel: CancellationToken,
     task: JoinHandle<()>,
+    metrics: metrics::DeviceTwinMetrics,
 }
 
 /// Where devicetwin's inputs go.
@@ -182,15 +185,27 @@ impl DeviceTwin {
             mappers,
             dmi_tx,
             conditions: HashMap::new(),
+            metrics: metrics::DeviceTwinMetrics::default(),
         };
+        let metrics = state.metrics.clone();
+        metrics.devices.set(state.devices.len() as i64);
+        metrics.unreported.set(state.unreported.len() as i64);
         let task = tokio::spawn(run(state, meta_rx, bus_rx, dmi_rx, events, cancel.clone()));
         Ok((
-            DeviceTwin { cancel, task },
+            DeviceTwin {
+                cancel,
+                task,
+                metrics,
+            },
             TwinInputs {
                 meta: meta_tx,
                 bus: bus_tx,
             },
         ))
+    }
+
+    pub fn metrics(&self) -> &metrics::DeviceTwinMetrics {
+        &self.metrics
     }
 
     pub async fn shutdown(self) {
@@ -283,6 +298,7 @@ impl<L: CloudLink> State<L> {
 
     fn publish_error(&self, topic: String, event_id: &str, code: i64, reason: &str) {
         tracing::info!(%topic, code, reason, "device request refused");
+        self.metrics.refused(metrics::Refusal::of_code(code));
         let r = ErrorResult {
             event_id: event_id.to_string(),
             timestamp: now_millis(),
@@ -296,12 +312,16 @@ impl<L: CloudLink> State<L> {
 
     async fn cloud(&mut self, msg: Message) {
         if !msg.header.parent_id.is_empty() {
-            if let Some((id, generation)) = self.awaiting.remove(&msg.header.parent_id)
-                && self.generation.get(&id).copied().unwrap_or(0) == generation
-                && self.unreported.remove(&id)
-                && let Err(e) = store::mark_reported(&self.store, id.clone()).await
-            {
-                tracing::warn!(device = %id, error = %e, "cannot record the cloud's confirmation");
+            let Some((id, generation)) = self.awaiting.remove(&msg.header.parent_id) else {
+                return;
+            };
+            self.metrics.reports_confirmed.inc();
+            let current = self.generation.get(&id).copied().unwrap_or(0) == generation;
+            if current && self.unreported.remove(&id) {
+                self.metrics.unreported.set(self.unreported.len() as i64);
+                if let Err(e) = store::mark_reported(&self.store, id.clone()).await {
+                    tracing::warn!(device = %id, error = %e, "cannot record the cloud's confirmation");
+                }
             }
             return;
         }
@@ -337,6 +357,7 @@ impl<L: CloudLink> State<L> {
                 continue;
             }
             self.devices.insert(d.id.clone(), row);
+            self.metrics.devices.set(self.devices.len() as i64);
             if is_new {
                 tracing::info!(device = %d.id, "device added");
                 self.publish_membership(
@@ -360,6 +381,8 @@ impl<L: CloudLink> State<L> {
             }
             self.devices.remove(&d.id);
             self.unreported.remove(&d.id);
+            self.metrics.devices.set(self.devices.len() as i64);
+            self.metrics.unreported.set(self.unreported.len() as i64);
             self.generation.remove(&d.id);
             tracing::info!(device = %d.id, "device removed");
             self.publish_membership(
@@ -693,7 +716,10 @@ impl<L: CloudLink> State<L> {
                 let update = payload.and_then(|v| decode_content::<DeviceTwinUpdate>(&v));
                 match update {
                     Ok(u) => self.twin_update(&id, u).await,
-                    Err(e) => self.publish_error(result_topic, &event_id, 400, &e),
+                    Err(e) => {
+                        self.metrics.refused(metrics::Refusal::Malformed);
+                        self.publish_error(result_topic, &event_id, 400, &e)
+                    }
                 }
             }
             Request::TwinGet(id) => self.twin_get(&id, &event_id),
@@ -781,6 +807,7 @@ impl<L: CloudLink> State<L> {
         let mut changed: Vec<String> = Vec::new();
         for (id, event_id, outcome) in applied {
             if !outcome.rows.is_empty() {
+                self.metrics.twin_updates.inc();
                 *self.generation.entry(id.clone()).or_default() += 1;
                 self.unreported.insert(id.clone());
                 if !changed.contains(&id) {
@@ -927,6 +954,8 @@ impl<L: CloudLink> State<L> {
             format!("device/{id}/twin/edge_updated"),
             content,
         );
+        self.metrics.reports_sent.inc();
+        self.metrics.unreported.set(self.unreported.len() as i64);
         let generation = self.generation.get(id).copied().unwrap_or(0);
         self.awaiting
             .insert(msg.header.id.clone(), (id.to_string(), generation));

@@ -328,6 +328,10 @@ async fn bad_mqtt_input_gets_kubeedges_error_results() {
         .published_on("$hw/events/device/thermo-1/twin/update/result")
         .await;
     assert_eq!(e["code"], 400);
+    assert_eq!(
+        r.twin.metrics().refused_count(metrics::Refusal::Malformed),
+        1
+    );
     r.mqtt(
         "$hw/events/device/nope/twin/update",
         r#"{"event_id":"x","twin":{}}"#,
@@ -337,6 +341,12 @@ async fn bad_mqtt_input_gets_kubeedges_error_results() {
         .published_on("$hw/events/device/nope/twin/update/result")
         .await;
     assert_eq!(e["code"], 404);
+    assert_eq!(
+        r.twin
+            .metrics()
+            .refused_count(metrics::Refusal::UnknownDevice),
+        1
+    );
     assert_eq!(e["event_id"], "x");
     r.mqtt(
         "$hw/events/device/thermo-1/twin/update",

@@ -88,9 +88,16 @@ struct Counts([u64; 3]);
 #[derive(Default)]
 pub struct StatusReports {
     pods: Mutex<BTreeMap<(String, String), Counts>>,
+    /// The other modules' metrics, rendered after these.
+    modules: std::sync::OnceLock<std::sync::Arc<crate::module_metrics::ModuleMetrics>>,
 }
 
 impl StatusReports {
+    /// Renders `modules` after the pod status metrics (the first call wins).
+    pub fn attach(&self, modules: std::sync::Arc<crate::module_metrics::ModuleMetrics>) {
+        let _ = self.modules.set(modules);
+    }
+
     pub fn record(&self, namespace: &str, name: &str, outcome: Outcome) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         let counts = pods
@@ -132,6 +139,10 @@ impl StatusReports {
                     counts.0[outcome as usize]
                 );
             }
+        }
+        drop(pods);
+        if let Some(m) = self.modules.get() {
+            m.render(out);
         }
     }
 }
