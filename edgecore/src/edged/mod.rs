@@ -350,6 +350,19 @@ impl Dispatcher {
         );
         self.reap();
         if let Some(w) = self.workers.get(&uid) {
+            // The metamanager tells of a pod from two places (a cloud message, the pod a
+            // status patch returned): an older copy arriving second must not roll edged back.
+            let rv = |p: &Value| {
+                p.pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            if let (Some(new), Some(current)) = (rv(&pod), rv(&w.intent.borrow().object))
+                && new < current
+            {
+                tracing::debug!(pod = %key, rv = new, current, "older copy of a pod ignored");
+                return;
+            }
             let object = Arc::new(pod);
             w.intent.send_modify(|i| i.object = object);
             return;

@@ -212,7 +212,9 @@ impl<L: CloudLink> Context<L> {
                     "stored copy is newer; kept");
                 None
             }
-            Written::Replaced(ReplaceOutcome::NotPresent) => None,
+            Written::Replaced(ReplaceOutcome::NotPresent | ReplaceOutcome::KeptNewer { .. }) => {
+                None
+            }
             Written::Deleted(DeleteOutcome::Deleted | DeleteOutcome::Absent) => {
                 Some(ChangeAction::Delete)
             }
@@ -371,8 +373,17 @@ impl<L: CloudLink> Context<L> {
             None => true,
             Some(plan) => {
                 let key = plan.record.key.clone();
-                match self.store.call(move |c| plan_job(c, &plan)).await {
-                    Ok(_) => true,
+                match self.store.call(move |c| reply_job(c, &plan)).await {
+                    Ok(changed) => {
+                        if let Some(change) = changed {
+                            tracing::debug!(resource = %key, rv = %change.object["metadata"]["resourceVersion"],
+                                "a reply brought a newer pod; edged told");
+                            if self.edged.send(change).await.is_err() {
+                                tracing::debug!(resource = %key, "edged is not listening; it reads the database when it starts");
+                            }
+                        }
+                        true
+                    }
                     Err(e) => {
                         tracing::warn!(resource = %key, error = %e, "object from the cloud not stored; reply not acknowledged");
                         false
@@ -451,6 +462,72 @@ fn plan_job(c: &rusqlite::Connection, plan: &StorePlan) -> Result<Written, Store
     } else {
         upsert_job(c, &plan.record)
     }
+}
+
+/// Writes the object a reply carries. Returns the change edged must be told of when the
+/// reply brought a pod edged runs in a newer form than its stored copy beyond the status:
+/// a status patch's reply is the pod as the API server has it now, e.g. with a
+/// `deletionTimestamp` the cloud's own message carries at an older resourceVersion. Once
+/// this copy is stored, that message is kept out as older (and an inventory sent now reports
+/// the pod current), so edged would never hear of the deletion.
+fn reply_job(
+    c: &rusqlite::Connection,
+    plan: &StorePlan,
+) -> Result<Option<ObjectChange>, StoreError> {
+    let path = ResourcePath::parse(&plan.record.key).ok();
+    let pod = path
+        .as_ref()
+        .filter(|p| p.resource_type == ResourceType::Pod && p.name.is_some());
+    let Some(path) = pod else {
+        plan_job(c, plan)?;
+        return Ok(None);
+    };
+    let before = super::store::stored_value(c, &plan.record.key)?
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok());
+    let written = plan_job(c, plan)?;
+    if !matches!(
+        written,
+        Written::Upserted(UpsertOutcome::Written) | Written::Replaced(ReplaceOutcome::Replaced)
+    ) {
+        return Ok(None);
+    }
+    let Ok(after) = serde_json::from_str::<Value>(&plan.record.value) else {
+        return Ok(None);
+    };
+    // Only a pod edged already has (same UID): a new one reaches edged with the cloud's
+    // own message for it.
+    let Some(before) = before.filter(|b| {
+        b.pointer("/metadata/uid").is_some()
+            && b.pointer("/metadata/uid") == after.pointer("/metadata/uid")
+    }) else {
+        return Ok(None);
+    };
+    if acted_on(&before) == acted_on(&after) {
+        return Ok(None);
+    }
+    Ok(Some(ObjectChange {
+        kind: ObjectKind::Pod,
+        action: ChangeAction::Upsert,
+        key: path.to_wire(),
+        namespace: path.namespace_token().to_string(),
+        name: path.name.clone().unwrap_or_default(),
+        object: after,
+    }))
+}
+
+/// What edged acts on in a pod: everything but its status (edged's own report) and the
+/// server's bookkeeping.
+fn acted_on(pod: &Value) -> Value {
+    let mut v = pod.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("status");
+    }
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        for volatile in ["resourceVersion", "managedFields"] {
+            m.remove(volatile);
+        }
+    }
+    v
 }
 
 /// The object a reply from the cloud carries, if it carries one: the `Object` of a successful
@@ -906,7 +983,7 @@ mod tests {
         *r.link.reply.lock().unwrap() = Some(
             ObjectResp::object(json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "a", "namespace": "default", "uid": "u1", "resourceVersion": "2"},
-                "status": {"phase": "Running"}}))
+                "spec": {"nodeName": "edge-1"}, "status": {"phase": "Running"}}))
             .to_value(),
         );
         let pod = r

@@ -82,6 +82,11 @@ pub enum ReplaceOutcome {
     Replaced,
     /// No row, or a row for another incarnation of the object: nothing written.
     NotPresent,
+    /// The stored copy of the same object has a higher resourceVersion (a cloud message
+    /// written while the reply was on its way): kept.
+    KeptNewer {
+        stored_rv: u64,
+    },
 }
 
 /// What [`MetaStore::delete_pod`] did.
@@ -197,8 +202,9 @@ impl MetaStore {
         self.call(move |conn| upsert_object_in(conn, &record)).await
     }
 
-    /// Writes `record` only over a stored row for the same object (same UID). Used for objects
-    /// the cloud returns after an edge patch: if the pod was deleted meanwhile, it stays deleted.
+    /// Writes `record` only over a stored row for the same object (same UID) that is not newer.
+    /// Used for objects the cloud returns after an edge patch: if the pod was deleted meanwhile,
+    /// it stays deleted; if a newer copy was stored meanwhile, it stays.
     pub async fn replace_if_same_uid(
         &self,
         record: MetaRecord,
@@ -516,7 +522,7 @@ fn skip_corrupt(row: rusqlite::Result<MetaRecord>) -> Result<Option<MetaRecord>,
     }
 }
 
-fn stored_value(conn: &Connection, key: &str) -> Result<Option<String>, StoreError> {
+pub(crate) fn stored_value(conn: &Connection, key: &str) -> Result<Option<String>, StoreError> {
     let mut stmt = conn.prepare_cached("SELECT value FROM meta WHERE key = ?1")?;
     Ok(stmt
         .query_row([key], |r| r.get::<_, String>(0))
@@ -613,6 +619,17 @@ pub(crate) fn replace_if_same_uid_in(
     };
     match stored_value(conn, &r.key)? {
         Some(stored) if uid_of_json(&stored).as_deref() == Some(uid.as_str()) => {
+            let rv = |s: &str| {
+                serde_json::from_str::<Value>(s)
+                    .ok()
+                    .as_ref()
+                    .and_then(rv_of)
+            };
+            if let (Some(stored_rv), Some(new_rv)) = (rv(&stored), rv(&r.value))
+                && stored_rv > new_rv
+            {
+                return Ok(ReplaceOutcome::KeptNewer { stored_rv });
+            }
             upsert_row(conn, r)?;
             mirror_v2(conn, r)?;
             Ok(ReplaceOutcome::Replaced)
