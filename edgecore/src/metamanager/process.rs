@@ -1013,6 +1013,53 @@ mod tests {
         assert_eq!(r.store.get("default/pod/a").await.unwrap(), None);
     }
 
+    /// A status patch's reply showing the pod being deleted (its `deletionTimestamp` newer than
+    /// anything the cloud sent) reaches edged; the cloud's older copy that follows is kept out.
+    #[tokio::test]
+    async fn a_patch_reply_with_a_deletion_reaches_edged() {
+        let mut r = rig(true).await;
+        r.cloud
+            .send(pod_msg(Operation::Insert, "a", "u1", "1"))
+            .await
+            .unwrap();
+        next_change(&mut r.edged).await;
+        *r.link.reply.lock().unwrap() = Some(
+            ObjectResp::object(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "a", "namespace": "default", "uid": "u1", "resourceVersion": "9",
+                    "deletionTimestamp": "2026-11-26T12:00:00Z", "deletionGracePeriodSeconds": 30},
+                "spec": {"nodeName": "edge-1"}, "status": {"phase": "Running"}}))
+            .to_value(),
+        );
+        r.client
+            .patch_pod_status("default", "a", &json!({"status": {"phase": "Running"}}))
+            .await
+            .unwrap();
+        let change = next_change(&mut r.edged).await;
+        assert_eq!(change.action, ChangeAction::Upsert);
+        assert_eq!(
+            change.object["metadata"]["deletionTimestamp"],
+            "2026-11-26T12:00:00Z"
+        );
+        // A status-only reply tells edged nothing.
+        *r.link.reply.lock().unwrap() = Some(
+            ObjectResp::object(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "a", "namespace": "default", "uid": "u1", "resourceVersion": "10",
+                    "deletionTimestamp": "2026-11-26T12:00:00Z", "deletionGracePeriodSeconds": 30},
+                "spec": {"nodeName": "edge-1"}, "status": {"phase": "Succeeded"}}))
+            .to_value(),
+        );
+        r.client
+            .patch_pod_status("default", "a", &json!({"status": {"phase": "Succeeded"}}))
+            .await
+            .unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), r.edged.recv())
+                .await
+                .is_err(),
+            "status-only replies are edged's own news"
+        );
+    }
+
     #[tokio::test]
     async fn node_registration_returns_the_object_or_the_api_error() {
         let r = rig(true).await;
