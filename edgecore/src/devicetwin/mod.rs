@@ -58,6 +58,12 @@ impl DeviceTwinConfig {
     }
 }
 
+/// A stored object's JSON text, parsed (`null` if it is not JSON, which cannot happen for text
+/// written from a `Value`).
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
+}
+
 /// Mapper reports stored in one transaction, at most.
 const MAX_BATCH: usize = 256;
 
@@ -67,8 +73,10 @@ const MAPPER_TYPE: &str = "devicemapper";
 /// The device and model objects the cloud sent, for the mappers (DMI).
 #[derive(Debug, Default)]
 pub struct Objects {
-    pub devices: HashMap<(String, String), Value>,
-    pub models: HashMap<(String, String), Value>,
+    /// Compact JSON text (a parsed `Value` costs several times the memory; these are read
+    /// only when a mapper registers or the object changes).
+    pub devices: HashMap<(String, String), Box<str>>,
+    pub models: HashMap<(String, String), Box<str>>,
 }
 
 struct State<L> {
@@ -427,9 +435,10 @@ impl<L: CloudLink> State<L> {
             &mut self.objects.models
         };
         let old = match o.action {
-            ChangeAction::Upsert => map.insert(key.clone(), o.object.clone()),
+            ChangeAction::Upsert => map.insert(key.clone(), o.object.to_string().into()),
             ChangeAction::Delete => map.remove(&key),
-        };
+        }
+        .map(|text| parse(&text));
         let current = match o.action {
             ChangeAction::Upsert => &o.object,
             ChangeAction::Delete => match &old {
@@ -651,7 +660,12 @@ impl<L: CloudLink> State<L> {
             return Ok(response);
         }
         let mut served = Vec::new();
-        let mut devices: Vec<(&(String, String), &Value)> = self.objects.devices.iter().collect();
+        let mut devices: Vec<(&(String, String), Value)> = self
+            .objects
+            .devices
+            .iter()
+            .map(|(k, text)| (k, parse(text)))
+            .collect();
         devices.sort_by(|a, b| a.0.cmp(b.0));
         for (key, dev) in devices {
             if dev
@@ -669,13 +683,14 @@ impl<L: CloudLink> State<L> {
                 .objects
                 .models
                 .get(&(key.0.clone(), model_name.to_string()))
+                .map(|text| parse(text))
             else {
                 tracing::info!(device = %key.1, model = model_name, "device's model not here yet; not given to the mapper");
                 continue;
             };
             match (
-                kubeedge_dmi::device_from_crd(dev),
-                kubeedge_dmi::model_from_crd(model),
+                kubeedge_dmi::device_from_crd(&dev),
+                kubeedge_dmi::model_from_crd(&model),
             ) {
                 (Ok(d), Ok(m)) => {
                     response.device_list.push(d);
