@@ -58,10 +58,19 @@ impl DeviceTwinConfig {
     }
 }
 
-/// A stored object's JSON text, parsed (`null` if it is not JSON, which cannot happen for text
-/// written from a `Value`).
-fn parse(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or(Value::Null)
+/// Stored objects by `(namespace, name)`.
+fn stored_objects(
+    records: Vec<crate::metamanager::MetaRecord>,
+) -> HashMap<(String, String), Value> {
+    records
+        .into_iter()
+        .filter_map(|r| {
+            let v: Value = serde_json::from_str(&r.value).ok()?;
+            let ns = v.pointer("/metadata/namespace")?.as_str()?.to_string();
+            let name = v.pointer("/metadata/name")?.as_str()?.to_string();
+            Some(((ns, name), v))
+        })
+        .collect()
 }
 
 /// Mapper reports stored in one transaction, at most.
@@ -70,13 +79,43 @@ const MAX_BATCH: usize = 256;
 /// `meta` type of registered mappers (KubeEdge's).
 const MAPPER_TYPE: &str = "devicemapper";
 
-/// The device and model objects the cloud sent, for the mappers (DMI).
+/// What devicetwin remembers of a device or model object the cloud sent: enough to route it
+/// to a mapper and to tell a change of its spec. The objects themselves are in metamanager's
+/// table, read when a mapper registers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectSummary {
+    /// The protocol (device: `spec.protocol.protocolName`, model: `spec.protocol`).
+    pub protocol: Box<str>,
+    /// A hash of `spec`.
+    pub spec_hash: u64,
+}
+
+impl ObjectSummary {
+    fn of(object: &Value, is_device: bool) -> ObjectSummary {
+        use std::hash::{Hash, Hasher};
+        let pointer = if is_device {
+            "/spec/protocol/protocolName"
+        } else {
+            "/spec/protocol"
+        };
+        let protocol = object
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        object.get("spec").map(Value::to_string).hash(&mut h);
+        ObjectSummary {
+            protocol: protocol.into(),
+            spec_hash: h.finish(),
+        }
+    }
+}
+
+/// The device and model objects the cloud sent, by `(namespace, name)`.
 #[derive(Debug, Default)]
 pub struct Objects {
-    /// Compact JSON text (a parsed `Value` costs several times the memory; these are read
-    /// only when a mapper registers or the object changes).
-    pub devices: HashMap<(String, String), Box<str>>,
-    pub models: HashMap<(String, String), Box<str>>,
+    pub devices: HashMap<(String, String), ObjectSummary>,
+    pub models: HashMap<(String, String), ObjectSummary>,
 }
 
 struct State<L> {
@@ -143,6 +182,16 @@ impl DeviceTwin {
                 mappers.insert(protocol.to_string(), PathBuf::from(address));
             }
         }
+        // The objects the cloud sent before, also while offline since.
+        let mut objects = Objects::default();
+        for (ty, map, is_device) in [
+            (ResourceType::Device, &mut objects.devices, true),
+            (ResourceType::DeviceModel, &mut objects.models, false),
+        ] {
+            for (key, v) in stored_objects(store.list_type(ty.as_str()).await?) {
+                map.insert(key, ObjectSummary::of(&v, is_device));
+            }
+        }
         let (dmi_tx, dmi_rx) = mpsc::channel(1024);
         let cancel = CancellationToken::new();
         if let Some(path) = &config.dmi_socket {
@@ -186,7 +235,7 @@ impl DeviceTwin {
             link,
             publish,
             devices: rows.into_iter().map(|d| (d.id.clone(), d)).collect(),
-            objects: Objects::default(),
+            objects,
             unreported: unreported.into_iter().collect(),
             generation: HashMap::new(),
             awaiting: HashMap::new(),
@@ -434,27 +483,18 @@ impl<L: CloudLink> State<L> {
         } else {
             &mut self.objects.models
         };
+        let summary = ObjectSummary::of(&o.object, is_device);
         let old = match o.action {
-            ChangeAction::Upsert => map.insert(key.clone(), o.object.to_string().into()),
+            ChangeAction::Upsert => map.insert(key.clone(), summary.clone()),
             ChangeAction::Delete => map.remove(&key),
-        }
-        .map(|text| parse(&text));
-        let current = match o.action {
-            ChangeAction::Upsert => &o.object,
-            ChangeAction::Delete => match &old {
-                Some(old) => old,
-                None => return,
-            },
         };
-        let protocol_ptr = if is_device {
-            "/spec/protocol/protocolName"
-        } else {
-            "/spec/protocol"
+        let protocol = match (o.action, &old) {
+            (ChangeAction::Upsert, _) => summary.protocol.to_string(),
+            (ChangeAction::Delete, Some(old)) => old.protocol.to_string(),
+            (ChangeAction::Delete, None) => return,
         };
-        let protocol = current
-            .pointer(protocol_ptr)
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let protocol = protocol.as_str();
+        let current = &o.object;
         if is_device && o.action == ChangeAction::Delete {
             self.conditions.remove(&key);
         }
@@ -477,7 +517,7 @@ impl<L: CloudLink> State<L> {
             (ChangeAction::Upsert, true) => {
                 if old
                     .as_ref()
-                    .is_some_and(|o| o.get("spec") == current.get("spec"))
+                    .is_some_and(|o| o.spec_hash == summary.spec_hash)
                 {
                     return;
                 }
@@ -660,13 +700,23 @@ impl<L: CloudLink> State<L> {
             return Ok(response);
         }
         let mut served = Vec::new();
-        let mut devices: Vec<(&(String, String), Value)> = self
-            .objects
-            .devices
-            .iter()
-            .map(|(k, text)| (k, parse(text)))
+        let devices = stored_objects(
+            self.store
+                .list_type(ResourceType::Device.as_str())
+                .await
+                .map_err(|e| format!("cannot read the devices: {e}"))?,
+        );
+        let models = stored_objects(
+            self.store
+                .list_type(ResourceType::DeviceModel.as_str())
+                .await
+                .map_err(|e| format!("cannot read the device models: {e}"))?,
+        );
+        let mut devices: Vec<((String, String), Value)> = devices
+            .into_iter()
+            .filter(|(k, _)| self.objects.devices.contains_key(k))
             .collect();
-        devices.sort_by(|a, b| a.0.cmp(b.0));
+        devices.sort_by(|a, b| a.0.cmp(&b.0));
         for (key, dev) in devices {
             if dev
                 .pointer("/spec/protocol/protocolName")
@@ -679,18 +729,13 @@ impl<L: CloudLink> State<L> {
                 .pointer("/spec/deviceModelRef/name")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            let Some(model) = self
-                .objects
-                .models
-                .get(&(key.0.clone(), model_name.to_string()))
-                .map(|text| parse(text))
-            else {
+            let Some(model) = models.get(&(key.0.clone(), model_name.to_string())) else {
                 tracing::info!(device = %key.1, model = model_name, "device's model not here yet; not given to the mapper");
                 continue;
             };
             match (
                 kubeedge_dmi::device_from_crd(&dev),
-                kubeedge_dmi::model_from_crd(&model),
+                kubeedge_dmi::model_from_crd(model),
             ) {
                 (Ok(d), Ok(m)) => {
                     response.device_list.push(d);

@@ -80,7 +80,7 @@ async fn start(
     let config = DeviceTwinConfig {
         node_name: "edge-1".into(),
         resend_interval: Duration::from_millis(300),
-        dmi_socket: None,
+        dmi_socket: Some(dir.path().join("dmi.sock")),
     };
     let (twin, inputs) = DeviceTwin::start(config, store.clone(), link.clone(), ptx)
         .await
@@ -376,5 +376,98 @@ async fn bad_mqtt_input_gets_kubeedges_error_results() {
     let sent = r.sent_within("state").await;
     assert_eq!(sent[0].route.resource, "device/thermo-1/state/update");
     assert!(sent[0].content.is_string());
+    r.twin.shutdown().await;
+}
+
+async fn register(dir: &std::path::Path) -> kubeedge_dmi::v1beta1::MapperRegisterResponse {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(ch) = kubeedge_dmi::connect_uds(dir.join("dmi.sock")).await {
+            let mut c = kubeedge_dmi::DeviceManagerServiceClient::new(ch);
+            let req = kubeedge_dmi::v1beta1::MapperRegisterRequest {
+                with_data: true,
+                mapper: Some(kubeedge_dmi::v1beta1::MapperInfo {
+                    name: "m".into(),
+                    protocol: "modbus".into(),
+                    address: dir.join("m.sock").display().to_string().into_bytes(),
+                    ..Default::default()
+                }),
+            };
+            if let Ok(r) = c.mapper_register(req).await {
+                return r.into_inner();
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "DMI server not answering"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_mapper_gets_its_devices_also_after_an_offline_restart() {
+    let r = rig(false).await;
+    let device = json!({"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device",
+        "metadata": {"name": "t1", "namespace": "default", "uid": "u1"},
+        "spec": {"deviceModelRef": {"name": "thermo"}, "nodeName": "edge-1",
+            "protocol": {"protocolName": "modbus", "configData": {"ip": "127.0.0.1"}},
+            "properties": [{"name": "temperature"}]}});
+    let model = json!({"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "DeviceModel",
+        "metadata": {"name": "thermo", "namespace": "default", "uid": "m1"},
+        "spec": {"protocol": "modbus", "properties": [{"name": "temperature", "type": "INT"}]}});
+    // As metamanager does: stored first, then handed over.
+    for (key, ty, v) in [
+        (
+            "default/devicemodel/thermo",
+            ResourceType::DeviceModel,
+            &model,
+        ),
+        ("default/device/t1", ResourceType::Device, &device),
+    ] {
+        r.store
+            .upsert(crate::metamanager::MetaRecord::new(
+                key,
+                ty.as_str(),
+                v.to_string(),
+            ))
+            .await
+            .unwrap();
+        r.inputs
+            .meta
+            .send(ToTwin::Object(DeviceObject {
+                resource_type: ty,
+                action: ChangeAction::Upsert,
+                namespace: "default".into(),
+                name: v["metadata"]["name"].as_str().unwrap().into(),
+                object: v.clone(),
+            }))
+            .await
+            .unwrap();
+    }
+    r.membership(&["t1"], &[]).await;
+    let got = register(r._dir.path()).await;
+    assert_eq!(got.device_list.len(), 1);
+    assert_eq!(got.device_list[0].name, "t1");
+    assert_eq!(got.model_list[0].name, "thermo");
+
+    let Rig {
+        _dir,
+        path,
+        store,
+        link,
+        twin,
+        ..
+    } = r;
+    twin.shutdown().await;
+    store.close().await;
+    let store = MetaStore::open(&path).await.unwrap();
+    let r = start(_dir, path, store, link).await;
+    let got = register(r._dir.path()).await;
+    assert_eq!(
+        got.device_list.len(),
+        1,
+        "the restarted edge still knows the device"
+    );
     r.twin.shutdown().await;
 }
