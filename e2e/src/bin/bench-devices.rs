@@ -12,6 +12,8 @@
 //! - reports/s: all reports sent ÷ the time until every Device's status shows the last value;
 //! - the Device status writes cloudcore made for them (later reports fold into pending ones);
 //! - edgecore RSS before the devices, with them, and after the reports, per device.
+//!
+//! `BENCH_HOLD=<seconds>` keeps everything running at the end (the edgecore PIDs are printed).
 
 use anyhow::Context;
 use e2e::apiserver::{ApiServer, Config};
@@ -96,6 +98,41 @@ fn start_edge(
     Ok(Edge { node, dir, process })
 }
 
+/// Waits until the edge's database holds `want` devices (membership rows and device objects).
+async fn wait_rows(edge: &Edge, want: usize, limit: Duration) -> anyhow::Result<()> {
+    let db = edge.dir.join("edgecore.db");
+    let start = Instant::now();
+    loop {
+        let db = db.clone();
+        let counts = tokio::task::spawn_blocking(move || -> rusqlite::Result<(i64, i64)> {
+            let c = rusqlite::Connection::open_with_flags(
+                db,
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+            )?;
+            let rows = c.query_row(r#"SELECT count(*) FROM "device""#, [], |r| r.get(0))?;
+            let objects = c.query_row(
+                r#"SELECT count(*) FROM meta WHERE type='device'"#,
+                [],
+                |r| r.get(0),
+            )?;
+            Ok((rows, objects))
+        })
+        .await?;
+        if let Ok((rows, objects)) = counts
+            && rows as usize >= want
+            && objects as usize >= want
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            start.elapsed() < limit,
+            "{}: {counts:?} of {want} devices at the edge within {limit:?}",
+            edge.node
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Registers a simulated mapper until edgecore lists `want` devices; returns the client.
 async fn register_until(
     edge: &Edge,
@@ -135,7 +172,7 @@ async fn register_until(
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -220,20 +257,24 @@ async fn main() -> anyhow::Result<()> {
                 api_devices.create(&PostParams::default(), &d).await?;
             }
         }
-        mappers.clear();
         for e in &edges {
-            mappers.push(register_until(e, to, Duration::from_secs(300)).await?);
+            wait_rows(e, to, Duration::from_secs(300)).await?;
         }
         if from == 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
             rss_half = edges.iter().map(|e| rss_kb(e.process.pid())).collect();
         }
     }
-    let delivered = t.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_devices: Vec<u64> = edges.iter().map(|e| rss_kb(e.process.pid())).collect();
+    for e in &edges {
+        mappers.push(register_until(e, per_edge, Duration::from_secs(300)).await?);
+    }
+    let delivered = t.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_registered: Vec<u64> = edges.iter().map(|e| rss_kb(e.process.pid())).collect();
     println!(
-        "devices: {} created and at their edges (mapper registration lists them) in {delivered:.1?}",
+        "devices: {} created, stored at their edges and listed to a registering mapper in {delivered:.1?}",
         edges_n * per_edge
     );
 
@@ -315,9 +356,17 @@ async fn main() -> anyhow::Result<()> {
         let per_device_after =
             (rss_after[i] as f64 - rss_idle[i] as f64) * 1024.0 / per_edge.max(1) as f64;
         println!(
-            "edgecore {}: RSS {} KB idle, {} KB with {half} devices, {} KB with {per_edge} ({per_device:.0} B per device), {} KB after the reports (all growth since idle ÷ devices: {per_device_after:.0} B, one-time costs and twins included)",
-            e.node, rss_idle[i], rss_half[i], rss_devices[i], rss_after[i]
+            "edgecore {}: RSS {} KB idle, {} KB with {half} devices, {} KB with {per_edge} ({per_device:.0} B per device), {} KB after a mapper registered (withData: every device listed), {} KB after the reports (all growth since idle ÷ devices: {per_device_after:.0} B, one-time costs and twins included)",
+            e.node, rss_idle[i], rss_half[i], rss_devices[i], rss_registered[i], rss_after[i]
         );
+    }
+    if let Some(secs) = std::env::var("BENCH_HOLD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        let pids: Vec<u32> = edges.iter().map(|e| e.process.pid()).collect();
+        println!("holding {secs} s for inspection; edgecore pids {pids:?}");
+        tokio::time::sleep(Duration::from_secs(secs)).await;
     }
     drop(edges);
     cloud.shutdown().await;

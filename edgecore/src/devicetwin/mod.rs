@@ -73,6 +73,19 @@ fn stored_objects(
         .collect()
 }
 
+/// A registration answer listing this many devices is followed by [`release_freed_memory`].
+const TRIM_AFTER_DEVICES: usize = 500;
+
+/// Gives the memory a large transient job freed back to the system (glibc keeps freed heap
+/// otherwise, and the process's RSS would stay at the job's peak).
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Mapper reports stored in one transaction, at most.
 const MAX_BATCH: usize = 256;
 
@@ -621,7 +634,14 @@ impl<L: CloudLink> State<L> {
                 with_data,
                 reply,
             } => {
-                let _ = reply.send(self.register_mapper(mapper, with_data).await);
+                let answer = self.register_mapper(mapper, with_data).await;
+                let large = answer
+                    .as_ref()
+                    .is_ok_and(|r| r.device_list.len() >= TRIM_AFTER_DEVICES);
+                let _ = reply.send(answer);
+                if large {
+                    release_freed_memory();
+                }
             }
             dmi::DmiRequest::Status(s) => {
                 if let Some(u) = self.mapper_twin_update(&s) {
@@ -700,28 +720,35 @@ impl<L: CloudLink> State<L> {
             return Ok(response);
         }
         let mut served = Vec::new();
-        let devices = stored_objects(
-            self.store
-                .list_type(ResourceType::Device.as_str())
-                .await
-                .map_err(|e| format!("cannot read the devices: {e}"))?,
-        );
+        // One device at a time: only the answer is held, not every object parsed.
         let models = stored_objects(
             self.store
                 .list_type(ResourceType::DeviceModel.as_str())
                 .await
                 .map_err(|e| format!("cannot read the device models: {e}"))?,
         );
-        let mut devices: Vec<((String, String), Value)> = devices
-            .into_iter()
-            .filter(|(k, _)| self.objects.devices.contains_key(k))
-            .collect();
-        devices.sort_by(|a, b| a.0.cmp(&b.0));
-        for (key, dev) in devices {
-            if dev
-                .pointer("/spec/protocol/protocolName")
-                .and_then(Value::as_str)
-                != Some(mapper.protocol.as_str())
+        let mut records = self
+            .store
+            .list_type(ResourceType::Device.as_str())
+            .await
+            .map_err(|e| format!("cannot read the devices: {e}"))?;
+        records.sort_by(|a, b| a.key.cmp(&b.key));
+        for record in records {
+            let Ok(dev) = serde_json::from_str::<Value>(&record.value) else {
+                continue;
+            };
+            let key = match (
+                dev.pointer("/metadata/namespace").and_then(Value::as_str),
+                dev.pointer("/metadata/name").and_then(Value::as_str),
+            ) {
+                (Some(ns), Some(name)) => (ns.to_string(), name.to_string()),
+                _ => continue,
+            };
+            if !self.objects.devices.contains_key(&key)
+                || dev
+                    .pointer("/spec/protocol/protocolName")
+                    .and_then(Value::as_str)
+                    != Some(mapper.protocol.as_str())
             {
                 continue;
             }
@@ -740,7 +767,7 @@ impl<L: CloudLink> State<L> {
                 (Ok(d), Ok(m)) => {
                     response.device_list.push(d);
                     response.model_list.push(m);
-                    served.push(key.clone());
+                    served.push(key);
                 }
                 (Err(e), _) | (_, Err(e)) => {
                     tracing::warn!(device = %key.1, error = %e, "device cannot be expressed in DMI; skipped")

@@ -215,6 +215,8 @@ async fn membership_creates_and_removes_devices_and_tells_mqtt() {
 async fn a_twin_update_is_stored_published_and_reported_until_confirmed() {
     let mut r = rig(true).await;
     r.membership(&["thermo-1"], &[]).await;
+    r.published_on("$hw/events/node/edge-1/membership/updated")
+        .await;
     r.mqtt(
         "$hw/events/device/thermo-1/twin/update",
         r#"{"event_id":"u1","timestamp":1,"twin":{"setpoint":{"expected":{"value":"20"},"actual":{"value":"18"}}}}"#,
@@ -279,8 +281,11 @@ async fn a_twin_update_is_stored_published_and_reported_until_confirmed() {
 
 #[tokio::test]
 async fn changes_made_offline_survive_a_restart_and_reach_the_cloud() {
-    let r = rig(false).await;
+    let mut r = rig(false).await;
     r.membership(&["thermo-1"], &[]).await;
+    // MQTT and the cloud are separate inputs: the device must exist before its update.
+    r.published_on("$hw/events/node/edge-1/membership/updated")
+        .await;
     r.mqtt(
         "$hw/events/device/thermo-1/twin/update",
         r#"{"twin":{"temperature":{"actual":{"value":"31"}}}}"#,
@@ -446,6 +451,11 @@ async fn a_mapper_gets_its_devices_also_after_an_offline_restart() {
             .unwrap();
     }
     r.membership(&["t1"], &[]).await;
+    // The objects came before the membership on the same input: once it is published, they
+    // are known (DMI is a separate input).
+    let mut r = r;
+    r.published_on("$hw/events/node/edge-1/membership/updated")
+        .await;
     let got = register(r._dir.path()).await;
     assert_eq!(got.device_list.len(), 1);
     assert_eq!(got.device_list[0].name, "t1");
