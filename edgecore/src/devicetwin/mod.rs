@@ -640,7 +640,11 @@ impl<L: CloudLink> State<L> {
                     .is_ok_and(|r| r.device_list.len() >= TRIM_AFTER_DEVICES);
                 let _ = reply.send(answer);
                 if large {
-                    release_freed_memory();
+                    // Once the answer is sent (the server still holds it now).
+                    tokio::spawn(async {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        release_freed_memory();
+                    });
                 }
             }
             dmi::DmiRequest::Status(s) => {
