@@ -1,4 +1,4 @@
-//! The Helm chart in `manifests/charts/cloudcore`, checked without Helm (none exists on these
+//! The Helm chart in `charts/cloudcore` and the plain manifests in `manifests/`, checked without Helm (none exists on these
 //! machines): a renderer for the template subset the chart uses (`{{ .Values.x }}`,
 //! `.Release.*`, `.Chart.AppVersion`, `toYaml .Values.x | nindent N`, `if`/`end`), then every
 //! rendered document is parsed and checked against what cloudcore needs.
@@ -11,7 +11,11 @@ const RELEASE_NAME: &str = "cloudcore";
 const NAMESPACE: &str = "kubeedge";
 
 fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/charts/cloudcore")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/cloudcore")
+}
+
+fn manifests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
 }
 
 fn read(path: &Path) -> String {
@@ -523,10 +527,10 @@ fn cluster_role_covers_every_call_cloudcore_makes() {
 #[test]
 fn chart_ships_the_device_crds_unchanged() {
     let chart_crds = read(&chart_dir().join("crds/devices-crds.yaml"));
-    let source = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/devices-crds.yaml"));
+    let source = read(&manifests_dir().join("crds/devices-crds.yaml"));
     assert_eq!(
         chart_crds, source,
-        "copy cloudcore/manifests/devices-crds.yaml to the chart's crds/"
+        "copy manifests/crds/devices-crds.yaml to the chart's crds/"
     );
     let docs = render_chart(installed_values());
     for name in [
@@ -543,11 +547,10 @@ fn chart_ships_the_device_crds_unchanged() {
 #[test]
 fn chart_ships_the_reliablesyncs_crds_unchanged() {
     let chart_crds = read(&chart_dir().join("crds/reliablesyncs-crds.yaml"));
-    let source =
-        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/reliablesyncs-crds.yaml"));
+    let source = read(&manifests_dir().join("crds/reliablesyncs-crds.yaml"));
     assert_eq!(
         chart_crds, source,
-        "copy cloudcore/manifests/reliablesyncs-crds.yaml to the chart's crds/"
+        "copy manifests/crds/reliablesyncs-crds.yaml to the chart's crds/"
     );
     let docs = render_chart(installed_values());
     for name in [
@@ -884,4 +887,153 @@ fn a_stream_cert_secret_is_mounted_where_cloudcore_reads_the_stream_certificate(
             "{f} would be mounted"
         );
     }
+}
+
+/// The plain manifests that come from the chart: each file and the kinds it holds.
+const PLAIN: &[(&str, &[&str])] = &[
+    (
+        "rbac.yaml",
+        &[
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ],
+    ),
+    (
+        "cloudcore.yaml",
+        &["ConfigMap", "Deployment", "Service", "DaemonSet"],
+    ),
+];
+
+fn documents(text: &str, what: &str) -> Vec<Value> {
+    text.split("\n---")
+        .filter(|doc| {
+            doc.lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        })
+        .map(|doc| yaml(doc, what))
+        .collect()
+}
+
+/// `manifests/rbac.yaml` and `manifests/cloudcore.yaml` are the chart rendered with its default
+/// values (`UPDATE_MANIFESTS=1 cargo test -p cloudcore --test helm_chart` rewrites them).
+#[test]
+fn plain_manifests_are_the_chart_with_its_default_values() {
+    let docs = render_chart(default_values());
+    let update = std::env::var_os("UPDATE_MANIFESTS").is_some();
+    for (file, kinds) in PLAIN {
+        let want: Vec<Value> = docs
+            .iter()
+            .filter(|d| kinds.iter().any(|k| d["kind"] == *k))
+            .cloned()
+            .collect();
+        assert!(!want.is_empty(), "{file}: nothing rendered");
+        let path = manifests_dir().join(file);
+        if update {
+            let mut text = format!(
+                "# Generated from charts/cloudcore with its default values by\n\
+                 # `UPDATE_MANIFESTS=1 cargo test -p cloudcore --test helm_chart`: change the chart,\n\
+                 # then regenerate. Kinds: {}.\n",
+                kinds.join(", ")
+            );
+            for d in &want {
+                text.push_str("---\n");
+                text.push_str(&serde_saphyr::to_string(d).expect("YAML"));
+            }
+            std::fs::write(&path, text).expect("write manifest");
+        }
+        let got = documents(&read(&path), file);
+        assert!(
+            got == want,
+            "manifests/{file} is not the chart rendered with its default values: run \
+             UPDATE_MANIFESTS=1 cargo test -p cloudcore --test helm_chart"
+        );
+    }
+    let ns = documents(&read(&manifests_dir().join("namespace.yaml")), "namespace");
+    assert_eq!(ns.len(), 1);
+    assert_eq!(ns[0]["kind"], "Namespace");
+    assert_eq!(ns[0]["metadata"]["name"], NAMESPACE);
+    for (file, _) in PLAIN {
+        for d in documents(&read(&manifests_dir().join(file)), file) {
+            let cluster_scoped = ["ClusterRole", "ClusterRoleBinding"]
+                .contains(&d["kind"].as_str().unwrap_or_default());
+            if !cluster_scoped {
+                assert_eq!(
+                    d["metadata"]["namespace"], NAMESPACE,
+                    "{file}: {}",
+                    d["metadata"]["name"]
+                );
+            }
+        }
+    }
+}
+
+/// `manifests/edgecore.service` runs the edgecore `edgecore join` configures, as root, and
+/// restarts it.
+#[test]
+fn the_edgecore_unit_runs_the_joined_configuration() {
+    let unit = read(&manifests_dir().join("edgecore.service"));
+    let value = |section: &str, key: &str| -> Option<String> {
+        let mut current = "";
+        for line in unit.lines().map(str::trim) {
+            if line.starts_with('[') {
+                current = line;
+            } else if current == section
+                && let Some((k, v)) = line.split_once('=')
+                && k.trim() == key
+            {
+                return Some(v.trim().to_string());
+            }
+        }
+        None
+    };
+    assert_eq!(
+        value("[Service]", "ExecStart").as_deref(),
+        Some("/usr/local/bin/edgecore --config /etc/kubeedge/config/edgecore.yaml")
+    );
+    assert_eq!(value("[Service]", "Restart").as_deref(), Some("always"));
+    assert_eq!(
+        value("[Install]", "WantedBy").as_deref(),
+        Some("multi-user.target")
+    );
+    assert!(value("[Unit]", "After").is_some_and(|a| a.contains("network-online.target")));
+}
+
+/// The sample workloads run on edge nodes: pods select the edge label cloudcore watches and
+/// tolerate the edge taint; the device sample is a complete v1beta1 pair.
+#[test]
+fn sample_workloads_target_edge_nodes() {
+    let samples = manifests_dir().join("samples");
+    let mut kinds = Vec::new();
+    for entry in std::fs::read_dir(&samples).expect("manifests/samples") {
+        let path = entry.expect("entry").path();
+        for d in documents(&read(&path), &path.display().to_string()) {
+            kinds.push(d["kind"].as_str().unwrap_or_default().to_string());
+            if let Some(pod) = d.pointer("/spec/template/spec") {
+                assert!(
+                    pod["nodeSelector"]
+                        .get(kubeedge_shared::constants::EDGE_NODE_LABEL)
+                        .is_some(),
+                    "{}: pods must select edge nodes",
+                    path.display()
+                );
+                assert!(
+                    pod["tolerations"].as_array().is_some_and(|t| t
+                        .iter()
+                        .any(|t| t["key"] == kubeedge_shared::constants::EDGE_NODE_LABEL)),
+                    "{}: pods must tolerate the edge taint",
+                    path.display()
+                );
+            }
+            if d["kind"] == "Device" {
+                assert_eq!(d["apiVersion"], "devices.kubeedge.io/v1beta1");
+                assert!(d.pointer("/spec/deviceModelRef/name").is_some());
+                assert!(d.pointer("/spec/protocol/protocolName").is_some());
+            }
+        }
+    }
+    kinds.sort();
+    assert_eq!(kinds, ["DaemonSet", "Deployment", "Device", "DeviceModel"]);
 }

@@ -1,5 +1,5 @@
 //! Device management for tests: KubeEdge's device CRDs installed from cloudcore's manifest
-//! (`cloudcore/manifests/devices-crds.yaml`), DeviceModel/Device objects, and the Modbus
+//! (`manifests/crds/devices-crds.yaml`), DeviceModel/Device objects, and the Modbus
 //! pieces as real processes: `modbus-sim` (a Modbus TCP device) and `modbus-mapper`.
 
 use crate::process::LoggedProcess;
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-pub const CRDS_YAML: &str = include_str!("../../cloudcore/manifests/devices-crds.yaml");
+pub const CRDS_YAML: &str = include_str!("../../manifests/crds/devices-crds.yaml");
 
 /// The CRDs in the manifest.
 pub fn crds() -> anyhow::Result<Vec<CustomResourceDefinition>> {

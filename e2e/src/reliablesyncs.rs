@@ -1,5 +1,5 @@
 //! KubeEdge's ObjectSync / ClusterObjectSync CRDs for tests: installed from cloudcore's own
-//! manifest (`cloudcore/manifests/reliablesyncs-crds.yaml`), and read back.
+//! manifest (`manifests/crds/reliablesyncs-crds.yaml`), and read back.
 
 use anyhow::Context;
 use cloudcore::controller::objectsync::api_resource;
@@ -8,7 +8,7 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub const CRDS_YAML: &str = include_str!("../../cloudcore/manifests/reliablesyncs-crds.yaml");
+pub const CRDS_YAML: &str = include_str!("../../manifests/crds/reliablesyncs-crds.yaml");
 
 /// The CRDs in the manifest.
 pub fn crds() -> anyhow::Result<Vec<CustomResourceDefinition>> {

@@ -54,7 +54,7 @@ async fn watch(client: kube::Client, ar: ApiResource, kind: Kind, tx: mpsc::Send
             (Err(e), _) => {
                 if !warned {
                     tracing::warn!(resource = %ar.plural, error = %e,
-                        "cannot watch devices.kubeedge.io; device management waits for the CRDs (cloudcore/manifests/devices-crds.yaml)");
+                        "cannot watch devices.kubeedge.io; device management waits for the CRDs (manifests/crds/devices-crds.yaml)");
                     warned = true;
                 } else {
                     tracing::debug!(resource = %ar.plural, error = %e, "device watch failed; retrying");
