@@ -40,6 +40,15 @@ enum Command {
     /// DNAT, not cloudcore's own). cloudcore serves it from
     /// modules.cloudStream.tlsStreamCertFile/tlsStreamPrivateKeyFile. Needs no --config.
     StreamCertificate(StreamCertificateArgs),
+    /// Print the join token edges use (`edgecore join --token`), from Secret
+    /// kubeedge/tokensecret, as `keadm gettoken` does. Uses --kube-config, else
+    /// kubeAPIConfig.kubeConfig of --config when that file exists, else in-cluster or
+    /// $KUBECONFIG.
+    Gettoken {
+        /// A kubeconfig file for the cluster.
+        #[arg(long, value_name = "FILE")]
+        kube_config: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -65,6 +74,48 @@ struct StreamCertificateArgs {
     /// tlsStreamPrivateKeyFile default to /etc/kubeedge/certs/stream.crt and .key).
     #[arg(long, value_name = "DIR", default_value = "/etc/kubeedge/certs")]
     out_dir: PathBuf,
+}
+
+/// `cloudcore gettoken`: prints the token, or why not (exit 1).
+fn gettoken(
+    config: &std::path::Path,
+    kube_config: Option<&std::path::Path>,
+) -> std::process::ExitCode {
+    kubeedge_shared::tls::install_default_provider();
+    let mut cfg = if config.exists() {
+        match CloudCoreConfig::load(config) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cloudcore gettoken: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    } else {
+        CloudCoreConfig::default_config()
+    };
+    if let Some(k) = kube_config {
+        cfg.kube_api_config.kube_config = k.display().to_string();
+    }
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| {
+            rt.block_on(async {
+                let client = cloudcore::app::kube_client(&cfg).await?;
+                cloudcore::join::token_secret::read(client).await
+            })
+        });
+    match result {
+        Ok(token) => {
+            println!("{token}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cloudcore gettoken: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// `cloudcore stream-certificate`: what it wrote, or why not.
@@ -116,6 +167,9 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
+    if let Some(Command::Gettoken { kube_config }) = &args.command {
+        return gettoken(&args.config, kube_config.as_deref());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -159,7 +213,7 @@ fn main() -> std::process::ExitCode {
                 cloudcore::app::run_iptables_manager(cfg, shutdown).await
             }
             // Answered before the config is loaded.
-            Some(Command::StreamCertificate(_)) => Ok(()),
+            Some(Command::StreamCertificate(_) | Command::Gettoken { .. }) => Ok(()),
             None => cloudcore::app::run(cfg, shutdown).await,
         }
     });

@@ -44,6 +44,32 @@ fn fresh_for(secret: &Secret, ca: &CertificateAuthority, refresh: Duration) -> O
     (left > 0).then(|| Duration::from_secs(left as u64))
 }
 
+/// The join token in Secret `kubeedge/tokensecret` (`keadm gettoken`); an error says what to do
+/// when there is none.
+pub async fn read(client: kube::Client) -> anyhow::Result<String> {
+    let secrets: Api<Secret> = Api::namespaced(client, NAMESPACE);
+    let secret = secrets
+        .get_opt(TOKEN_SECRET)
+        .await
+        .with_context(|| format!("reading Secret {NAMESPACE}/{TOKEN_SECRET}"))?
+        .with_context(|| {
+            format!(
+                "Secret {NAMESPACE}/{TOKEN_SECRET} does not exist: cloudcore creates it when it \
+                 starts; is cloudcore running in this cluster?"
+            )
+        })?;
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(TOKEN_KEY))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+        .filter(|t| !t.is_empty())
+        .with_context(|| {
+            format!("Secret {NAMESPACE}/{TOKEN_SECRET} has no {TOKEN_KEY}: restart cloudcore to write one")
+        })?;
+    Ok(token)
+}
+
 /// Makes sure Secret `kubeedge/tokensecret` holds a fresh token for `ca`; returns the token
 /// and how long until it is due for renewal.
 pub async fn ensure(

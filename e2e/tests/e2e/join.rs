@@ -631,3 +631,62 @@ async fn edgecore_join_writes_the_config_and_obtains_the_certificate() {
     );
     assert!(edgecore::app::load_tls(&written).is_ok());
 }
+
+/// `cloudcore gettoken` (keadm gettoken) prints the token cloudcore keeps in
+/// `kubeedge/tokensecret`, and says what to do when there is none. Its own in-memory API server,
+/// so the same on a real cluster.
+#[tokio::test]
+async fn cloudcore_gettoken_prints_the_join_token() {
+    use e2e::apiserver::{ApiServer, Config};
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::PostParams;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let api = ApiServer::start(Config {
+        kubeconfig_path: Some(kubeconfig.clone()),
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let bin = e2e::devices::workspace_binary("cloudcore", "cloudcore").unwrap();
+    let absent = dir.path().join("absent.yaml");
+    let kc = kubeconfig.clone();
+    let run = move || {
+        let out = std::process::Command::new(&bin)
+            .arg("gettoken")
+            .arg("--kube-config")
+            .arg(&kc)
+            .arg("--config")
+            .arg(&absent)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, _, err) = tokio::task::spawn_blocking(run.clone()).await.unwrap();
+    assert!(!ok);
+    assert!(err.contains("tokensecret does not exist"), "{err}");
+
+    let client = api.client().unwrap();
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "kubeedge"}})).unwrap();
+    let _ = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "tokensecret", "namespace": "kubeedge"},
+        "stringData": {"tokendata": "abc.def.ghi\n"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client, "kubeedge")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let (ok, out, err) = tokio::task::spawn_blocking(run).await.unwrap();
+    assert!(ok, "{err}");
+    assert_eq!(out, "abc.def.ghi\n");
+    api.shutdown().await;
+}
