@@ -5,7 +5,7 @@
 //! (with a kubeconfig for kubectl), cloudcore (cloudhub, edge controllers and the stream tunnel)
 //! and edgecore for node `edge-demo` at the test node address (`e2e::node_address`: not
 //! loopback, so the API server's node proxy reaches it); runs a sample pod there, shows it
-//! Running and its `kubectl logs`, and tears it all down on Ctrl-C or SIGTERM.
+//! Running and its `kubectl logs`, and tears it all down on Ctrl-C, SIGTERM or SIGHUP (also when its output was closed).
 //!
 //! Run with `bash scripts/demo.sh` (installs the packages, then
 //! `cargo run --release -p e2e --bin local-demo`). Needs root.
@@ -30,8 +30,17 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use tokio::signal::unix::{SignalKind, signal};
 
+/// `println!` that survives a closed stdout (`| head`, a closed terminal): the demo must still
+/// reach its teardown, so output errors are ignored.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// The local demo: an in-memory control plane, cloudcore and edgecore for node `edge-demo` on
-/// this machine, a private containerd and a sample pod; Ctrl-C or SIGTERM stops it and removes
+/// this machine, a private containerd and a sample pod; Ctrl-C, SIGTERM or SIGHUP stops it and removes
 /// everything it started. Needs root; `bash scripts/demo.sh` installs the packages first.
 #[derive(Parser)]
 #[command(name = "local-demo", version)]
@@ -55,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
     // Signals first, so that a Ctrl-C during start-up still leads to a clean teardown.
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
 
     step(1, "container runtime: private containerd + local registry");
     let started = Instant::now();
@@ -68,29 +78,29 @@ async fn main() -> anyhow::Result<()> {
         .version()
         .await
         .context("CRI Version")?;
-    println!(
+    say!(
         "    {} {} (CRI {}) ready in {:.1?}",
         runtime.runtime_name,
         runtime.runtime_version,
         runtime.runtime_api_version,
         started.elapsed()
     );
-    println!("    CRI endpoint   {}", containerd.endpoint());
-    println!(
+    say!("    CRI endpoint   {}", containerd.endpoint());
+    say!(
         "    registry       http://{}  (localhost:5000/* and docker.io/* resolve to it)",
         containerd.registry().host()
     );
-    println!(
+    say!(
         "    pod network    {} on bridge {}",
         containerd.pod_subnet(),
         containerd.bridge()
     );
-    println!("    images         {BUSYBOX_IMAGE} (= {BUSYBOX_DOCKER_HUB_IMAGE}), {PAUSE_IMAGE}");
-    println!(
+    say!("    images         {BUSYBOX_IMAGE} (= {BUSYBOX_DOCKER_HUB_IMAGE}), {PAUSE_IMAGE}");
+    say!(
         "    inspect        ctr --address {} --namespace k8s.io containers ls",
         containerd.socket().display()
     );
-    println!("    logs           {}", containerd.log_path().display());
+    say!("    logs           {}", containerd.log_path().display());
 
     // ── Control plane ────────────────────────────────────────────────────────────────────
     step(2, "control plane: in-memory Kubernetes API server");
@@ -103,12 +113,12 @@ async fn main() -> anyhow::Result<()> {
     })
     .await
     .context("starting the in-memory API server")?;
-    println!("    API server     {}", api.url());
-    println!(
+    say!("    API server     {}", api.url());
+    say!(
         "    kubectl        export KUBECONFIG={}",
         kubeconfig.display()
     );
-    println!("                   kubectl get nodes,pods -A -o wide");
+    say!("                   kubectl get nodes,pods -A -o wide");
 
     // ── cloudcore ────────────────────────────────────────────────────────────────────────
     step(3, "cloudcore: cloudhub + edge controllers");
@@ -125,7 +135,7 @@ async fn main() -> anyhow::Result<()> {
     let cloud = CloudFixture::start(api.client()?, &pki)
         .await
         .context("starting cloudcore")?;
-    println!(
+    say!(
         "    cloudhub       wss://{}  (CA: {})",
         cloud.hub.local_addr(),
         demo_dir.join("rootCA.crt").display()
@@ -151,7 +161,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await
     .context("starting cloudstream")?;
-    println!(
+    say!(
         "    cloudstream    https://{} (kubelet API), tunnel wss://{}",
         stream.stream_addr(),
         stream.tunnel_addr()
@@ -202,8 +212,8 @@ async fn main() -> anyhow::Result<()> {
     let edge = EdgeCore::start_with(&config, Some(edged))
         .await
         .context("starting edgecore")?;
-    println!("    config         {}", config_path.display());
-    println!(
+    say!("    config         {}", config_path.display());
+    say!(
         "    node address   {}  (stats: kubectl get --raw /api/v1/nodes/{node}/proxy/stats/summary)",
         node_address.ip
     );
@@ -244,9 +254,9 @@ async fn main() -> anyhow::Result<()> {
         .output()
         .await
         .context("running kubectl")?;
-    println!("    $ kubectl get pods -o wide");
+    say!("    $ kubectl get pods -o wide");
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        println!("    {line}");
+        say!("    {line}");
     }
 
     wait_until(
@@ -262,12 +272,12 @@ async fn main() -> anyhow::Result<()> {
         .output()
         .await
         .context("running kubectl logs")?;
-    println!("    $ kubectl logs hello      (through cloudcore's stream tunnel)");
+    say!("    $ kubectl logs hello      (through cloudcore's stream tunnel)");
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        println!("    {line}");
+        say!("    {line}");
     }
     for line in String::from_utf8_lossy(&out.stderr).lines() {
-        println!("    {line}");
+        say!("    {line}");
     }
 
     step(
@@ -277,17 +287,18 @@ async fn main() -> anyhow::Result<()> {
     let devices = device_demo(&client, node, &demo_dir, &kubeconfig)
         .await
         .context("the device demo")?;
-    println!(
+    say!(
         "    MQTT           mosquitto_sub -h 127.0.0.1 -p {mqtt_port} -t '$hw/events/device/#' -v"
     );
 
-    println!("\nReady. Press Ctrl-C to stop and remove everything.");
+    say!("\nReady. Press Ctrl-C to stop and remove everything.");
     tokio::select! {
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
+        _ = hangup.recv() => {}
     }
 
-    println!("\nStopping: removing pods, containerd, registry, bridge and temporary files...");
+    say!("\nStopping: removing pods, containerd, registry, bridge and temporary files...");
     let stopping = Instant::now();
     drop(devices);
     edge.shutdown().await;
@@ -299,7 +310,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || drop(containerd))
         .await
         .context("teardown task")?;
-    println!("Stopped in {:.1?}.", stopping.elapsed());
+    say!("Stopped in {:.1?}.", stopping.elapsed());
     Ok(())
 }
 
@@ -315,8 +326,8 @@ async fn device_demo(
     use e2e::devices;
     let (sim, plc) = devices::start_modbus_sim(dir)?;
     let mapper = devices::start_modbus_mapper(&dir.join("dmi.sock"), dir)?;
-    println!("    Modbus device  modbus-sim on {plc} (register 0: temperature, 1: setpoint)");
-    println!(
+    say!("    Modbus device  modbus-sim on {plc} (register 0: temperature, 1: setpoint)");
+    say!(
         "    mapper         modbus-mapper (log {})",
         mapper.log_path().display()
     );
@@ -353,15 +364,15 @@ async fn device_demo(
         .output()
         .await
         .context("running kubectl get device")?;
-    println!("    $ kubectl get device thermostat -o jsonpath=…   (its status.twins)");
+    say!("    $ kubectl get device thermostat -o jsonpath=…   (its status.twins)");
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        println!("    {line}");
+        say!("    {line}");
     }
     for line in String::from_utf8_lossy(&out.stderr).lines() {
-        println!("    {line}");
+        say!("    {line}");
     }
-    println!("    change the setpoint (register 1) from the cluster:");
-    println!(
+    say!("    change the setpoint (register 1) from the cluster:");
+    say!(
         "      kubectl patch device thermostat --type=json -p '[{{\"op\":\"replace\",\"path\":\"/spec/properties/1/desired/value\",\"value\":\"25\"}}]'"
     );
     Ok((sim, mapper))
@@ -381,7 +392,7 @@ where
             "timed out after {limit:?} waiting for {what}"
         );
         if dots.elapsed() > Duration::from_secs(5) {
-            println!("    … waiting for {what}");
+            say!("    … waiting for {what}");
             dots = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -390,5 +401,5 @@ where
 }
 
 fn step(n: u32, what: &str) {
-    println!("[{n}] {what}");
+    say!("[{n}] {what}");
 }

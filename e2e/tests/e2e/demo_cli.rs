@@ -38,3 +38,107 @@ fn demo_script_help_prints_usage_without_root_or_setup() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Usage: sudo bash scripts/demo.sh"), "{text}");
 }
+
+/// The demo's output closed (`| head`) and then a SIGHUP (its terminal gone): it still removes
+/// every process, mount, bridge and directory it made.
+#[test]
+fn a_demo_with_closed_output_cleans_up_on_sighup() {
+    use std::io::{BufRead, BufReader};
+    if !e2e::process::is_root() {
+        println!("SKIPPED a_demo_with_closed_output_cleans_up_on_sighup: needs root (containerd)");
+        return;
+    }
+    let demo_dir = std::env::temp_dir().join("kubeedge-rs-demo");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_local-demo"))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("local-demo runs");
+    let pid = child.id() as i32;
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let ready = line.starts_with("Ready.");
+            if tx.send(line).is_err() || ready {
+                // Returning drops the read end: the demo's stdout is now closed.
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let ready = line.starts_with("Ready.");
+                seen.push(line);
+                if ready {
+                    break;
+                }
+            }
+            Err(_) => {
+                e2e::process::signal(pid, libc::SIGTERM);
+                let _ = child.wait();
+                panic!(
+                    "the demo did not get ready within 240s:\n{}",
+                    seen.join("\n")
+                );
+            }
+        }
+    }
+    let find = |prefix: &str| {
+        seen.iter()
+            .find_map(|l| l.trim().strip_prefix(prefix).map(|r| r.trim().to_string()))
+            .unwrap_or_else(|| panic!("no line starting with {prefix:?}:\n{}", seen.join("\n")))
+    };
+    let endpoint = find("CRI endpoint");
+    let containerd_dir = endpoint
+        .trim_start_matches("unix://")
+        .trim_end_matches("/containerd.sock")
+        .to_string();
+    let bridge = find("pod network")
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    // Give the reader time to close the pipe, then hang up.
+    std::thread::sleep(Duration::from_millis(500));
+    e2e::process::signal(pid, libc::SIGHUP);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("waiting") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            e2e::process::signal(pid, libc::SIGKILL);
+            panic!("the demo did not stop within 60s of SIGHUP");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "the demo exited with {status}");
+    assert!(!demo_dir.exists(), "{} left behind", demo_dir.display());
+    assert!(
+        !std::path::Path::new(&containerd_dir).exists(),
+        "{containerd_dir} left behind"
+    );
+    for needle in [containerd_dir.as_str(), "kubeedge-rs-demo"] {
+        let left = e2e::process::pids_with_cmdline_containing(needle);
+        assert!(
+            left.is_empty(),
+            "processes left behind ({needle}): {left:?}"
+        );
+    }
+    assert!(
+        e2e::process::mounts_under(std::path::Path::new(&containerd_dir)).is_empty(),
+        "mounts left under {containerd_dir}"
+    );
+    let link = Command::new("ip")
+        .args(["link", "show", &bridge])
+        .output()
+        .expect("ip runs");
+    assert!(!link.status.success(), "bridge {bridge} left behind");
+}
