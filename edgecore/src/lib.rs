@@ -9,6 +9,7 @@ pub mod edged;
 pub mod edgehub;
 pub mod edgestream;
 pub mod eventbus;
+pub mod install;
 pub mod metamanager;
 pub mod module_metrics;
 pub mod tls_files;

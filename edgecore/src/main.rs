@@ -29,6 +29,14 @@ enum Command {
     /// Write edgecore.yaml for a cloudcore and obtain this node's certificate with a join
     /// token (like `keadm join --token`), then exit; start edgecore afterwards.
     Join(edgecore::certmanager::join::JoinOptions),
+    /// Undo `join` (like `keadm reset`): stop and disable edgecore.service, remove the unit,
+    /// the certificates and the configuration (--config), and the edge database after
+    /// confirmation (or with --yes). Pods and containers are left to the runtime.
+    Reset {
+        /// Remove the database without asking.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -59,6 +67,9 @@ fn main() -> ExitCode {
         .init();
     if let Some(Command::Join(opts)) = &args.command {
         return join(opts, &args.config);
+    }
+    if let Some(Command::Reset { yes }) = &args.command {
+        return reset(&args.config, *yes);
     }
     let config = match EdgeCoreConfig::load(&args.config) {
         Ok(c) => c,
@@ -131,15 +142,109 @@ fn join(opts: &edgecore::certmanager::join::JoinOptions, path: &std::path::Path)
         std::time::Duration::from_secs(300),
     )) {
         Ok(()) => {
+            println!("node {} joined", config.node_name());
+            if opts.no_service {
+                println!("start edgecore with --config {}", path.display());
+                return ExitCode::SUCCESS;
+            }
+            install_service(path)
+        }
+        Err(e) => {
+            eprintln!("edgecore join: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Installs edgecore.service for this binary and `config` (enabled and started where systemd
+/// runs).
+fn install_service(config: &std::path::Path) -> ExitCode {
+    use edgecore::install::{self, Installed, SystemSystemctl};
+    let binary = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .unwrap_or_else(|_| PathBuf::from("/usr/local/bin/edgecore"));
+    let config = std::path::absolute(config).unwrap_or_else(|_| config.to_path_buf());
+    match install::install_service(
+        std::path::Path::new("/"),
+        &binary,
+        &config,
+        &SystemSystemctl,
+    ) {
+        Ok(Installed::Started(unit)) => {
             println!(
-                "node {} joined; start edgecore with --config {}",
-                config.node_name(),
-                path.display()
+                "installed {} and started it (systemctl status edgecore)",
+                unit.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(Installed::WrittenOnly(unit)) => {
+            println!(
+                "wrote {}; systemd does not run here: start edgecore with --config {}",
+                unit.display(),
+                config.display()
             );
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("edgecore join: {e}");
+            eprintln!("edgecore join: the node joined, but the service was not installed: {e}");
+            eprintln!(
+                "(start edgecore with --config {}, or re-run join with --no-service)",
+                config.display()
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `edgecore reset`.
+fn reset(config_path: &std::path::Path, yes: bool) -> ExitCode {
+    use edgecore::install::{self, SystemSystemctl};
+    use std::io::IsTerminal;
+    let config = match EdgeCoreConfig::load(config_path) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("edgecore reset: {e}; removing only the service and that file");
+            None
+        }
+    };
+    let remove_database = yes
+        || match &config {
+            Some(c) if std::io::stdin().is_terminal() => {
+                print!(
+                    "remove the edge database {} (all it stored is lost)? [y/N] ",
+                    c.database.data_source
+                );
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+                let mut answer = String::new();
+                let _ = std::io::stdin().read_line(&mut answer);
+                matches!(answer.trim(), "y" | "Y" | "yes")
+            }
+            _ => false,
+        };
+    match install::reset(
+        std::path::Path::new("/"),
+        config_path,
+        config.as_ref(),
+        remove_database,
+        &SystemSystemctl,
+    ) {
+        Ok(report) => {
+            if report.stopped_service {
+                println!("stopped and disabled edgecore.service");
+            }
+            for f in &report.removed {
+                println!("removed {}", f.display());
+            }
+            for f in &report.kept {
+                println!(
+                    "kept {} (remove it with `edgecore reset --yes`)",
+                    f.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("edgecore reset: {e}");
             ExitCode::FAILURE
         }
     }

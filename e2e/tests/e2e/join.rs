@@ -613,6 +613,7 @@ async fn edgecore_join_writes_the_config_and_obtains_the_certificate() {
         edgenode_name: Some("join-cmd".into()),
         certport: port,
         remote_runtime_endpoint: None,
+        no_service: true,
     };
     let config = certmanager::join::join_config(&opts, base).unwrap();
     let path = j.dir.path().join("config/edgecore.yaml");

@@ -25,6 +25,10 @@ pub struct JoinOptions {
     /// CRI endpoint (default unix:///run/containerd/containerd.sock).
     #[arg(long = "remote-runtime-endpoint", short = 'p')]
     pub remote_runtime_endpoint: Option<String>,
+    /// Do not install the systemd unit edgecore.service (by default it is written, and
+    /// enabled and started where systemd runs).
+    #[arg(long)]
+    pub no_service: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +119,7 @@ mod tests {
             edgenode_name: Some("edge-9".into()),
             certport: 10002,
             remote_runtime_endpoint: None,
+            no_service: true,
         }
     }
 
