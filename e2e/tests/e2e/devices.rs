@@ -26,7 +26,7 @@ use std::time::Duration;
 
 struct DeviceEnv {
     cluster: TestCluster,
-    _cloud: CloudFixture,
+    cloud: CloudFixture,
     link: FaultProxy,
     dir: tempfile::TempDir,
     node: String,
@@ -83,7 +83,7 @@ impl DeviceEnv {
         let ns = cluster.temp_namespace("devices").await.expect("namespace");
         Some(DeviceEnv {
             cluster,
-            _cloud: cloud,
+            cloud: cloud,
             link,
             dir,
             node,
@@ -469,4 +469,56 @@ async fn a_kubeedge_edge_gets_kubeedge_shapes_and_its_reports_are_written() {
         json!({"value": "23", "metadata": {"timestamp": "1718000000456", "type": "string"}})
     );
     cluster.delete_namespace(&ns).await;
+}
+
+/// The cloud router's eventbus operations reach MQTT through the real edge: `publish` appears
+/// on the broker, `subscribe` is kept in `sub_topics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn router_publish_and_subscribe_reach_the_edges_mqtt() {
+    use kubeedge_shared::operation::source;
+    use kubeedge_shared::{Group, Message, Operation};
+    let Some(env) = DeviceEnv::start("devices: router operations").await else {
+        return;
+    };
+    let mut client = MqttClient::connect(env.broker.addr(), "e2e-router").await;
+    client.subscribe("rule/out/#").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let got = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "router publish not seen on MQTT"
+        );
+        let msg = Message::new(
+            source::ROUTER_EVENTBUS,
+            Group::User,
+            Operation::Publish,
+            "rule/out/temperature",
+            json!("21.5"),
+        );
+        // The edge may still be connecting.
+        let _ = env.cloud.hub.send(&env.node, msg);
+        if let Some(p) = client
+            .next_on("rule/out/temperature", Duration::from_millis(500))
+            .await
+        {
+            break p;
+        }
+    };
+    assert_eq!(&got.payload[..], b"21.5");
+
+    let sub = Message::new(
+        source::ROUTER_EVENTBUS,
+        Group::User,
+        Operation::Subscribe,
+        "default/rule-in",
+        Value::Null,
+    );
+    env.cloud.hub.send(&env.node, sub).expect("queued");
+    until("the subscription stored at the edge", || async {
+        env.edge_rows(r#"SELECT count(*) FROM "sub_topics" WHERE "topic"='default/rule-in'"#)
+            .await
+            == 1
+    })
+    .await;
+    env.cleanup().await;
 }
