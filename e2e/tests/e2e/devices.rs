@@ -83,7 +83,7 @@ impl DeviceEnv {
         let ns = cluster.temp_namespace("devices").await.expect("namespace");
         Some(DeviceEnv {
             cluster,
-            cloud: cloud,
+            cloud,
             link,
             dir,
             node,
