@@ -117,6 +117,9 @@ impl Role {
     }
 }
 
+/// While the broker stays unreachable, one warning per this many attempts.
+const WARN_EVERY: u32 = 60;
+
 async fn run(
     role: Role,
     mut events: EventLoop,
@@ -125,6 +128,9 @@ async fn run(
     cancel: CancellationToken,
 ) {
     let metrics = dispatcher.metrics().clone();
+    // Failed attempts since the last connection: the first is a warning, then one every
+    // `WARN_EVERY` (a broker that is not installed must not flood the log).
+    let mut failures: u32 = 0;
     loop {
         let event = tokio::select! {
             _ = cancel.cancelled() => break,
@@ -132,6 +138,7 @@ async fn run(
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                failures = 0;
                 tracing::info!(
                     client = role.name(),
                     "eventbus: connected to the MQTT broker"
@@ -165,12 +172,19 @@ async fn run(
                     metrics.count_malformed(kind);
                 }
                 metrics.connection_losses.get_or_create(&BROKER).inc();
-                tracing::warn!(
-                    client = role.name(),
-                    error = %e,
-                    "eventbus: MQTT broker connection lost or refused; retrying in {:?}",
-                    reconnect_interval
-                );
+                if failures % WARN_EVERY == 0 {
+                    tracing::warn!(
+                        client = role.name(),
+                        error = %e,
+                        attempts = failures + 1,
+                        "eventbus: MQTT broker connection lost or refused; retrying every {:?} \
+                         (is the broker of modules.eventBus.mqttServerExternal running?)",
+                        reconnect_interval
+                    );
+                } else {
+                    tracing::debug!(client = role.name(), error = %e, "eventbus: MQTT broker still unreachable");
+                }
+                failures = failures.saturating_add(1);
                 tokio::select! {
                     _ = cancel.cancelled() => break,
                     _ = tokio::time::sleep(reconnect_interval) => {}
