@@ -172,7 +172,7 @@ async fn run(
                     metrics.count_malformed(kind);
                 }
                 metrics.connection_losses.get_or_create(&BROKER).inc();
-                if failures % WARN_EVERY == 0 {
+                if failures.is_multiple_of(WARN_EVERY) {
                     tracing::warn!(
                         client = role.name(),
                         error = %e,
