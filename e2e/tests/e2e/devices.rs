@@ -18,7 +18,7 @@ use e2e::mqtt::MqttClient;
 use e2e::process::LoggedProcess;
 use edgecore::app::EdgeCore;
 use edgecore::config::EdgeCoreConfig;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, PostParams};
 use serde_json::{Value, json};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -100,20 +100,20 @@ impl DeviceEnv {
         devices::devices(&self.cluster.client(), &self.ns)
     }
 
+    /// `kubectl apply` of a DeviceModel and a Device bound to the edge node.
     async fn create(&self, model: &str, device: &str, desired: &str) {
-        let m: DynamicObject = serde_json::from_value(devices::thermostat_model(model)).unwrap();
-        devices::models(&self.cluster.client(), &self.ns)
-            .create(&PostParams::default(), &m)
-            .await
-            .expect("create DeviceModel");
-        let d: DynamicObject = serde_json::from_value(devices::thermostat(
-            device, model, &self.node, self.plc, desired,
-        ))
-        .unwrap();
-        self.devices()
-            .create(&PostParams::default(), &d)
-            .await
-            .expect("create Device");
+        let objects = [
+            devices::thermostat_model(model),
+            devices::thermostat(device, model, &self.node, self.plc, desired),
+        ];
+        for o in objects {
+            let out = self
+                .cluster
+                .kubectl_run(&["-n", &self.ns, "apply", "-f", "-"], Some(&o.to_string()))
+                .await
+                .expect("kubectl runs");
+            assert!(out.success, "kubectl apply: {}", out.stderr);
+        }
     }
 
     /// Waits until the Device's status satisfies `ok`; returns it.
@@ -211,15 +211,25 @@ async fn a_modbus_register_becomes_a_reported_twin_and_a_desired_value_reaches_t
     let doc: Value = serde_json::from_slice(&doc.payload).unwrap();
     assert!(doc["twin"].is_object(), "{doc}");
 
-    // A desired value edited in the cluster reaches the register.
-    let patch = json!({"spec": {"properties": [
-        devices::thermostat("thermo-1", "thermostat", &env.node, env.plc, "55")["spec"]["properties"][0].clone(),
-        devices::thermostat("thermo-1", "thermostat", &env.node, env.plc, "55")["spec"]["properties"][1].clone(),
-    ]}});
-    env.devices()
-        .patch("thermo-1", &PatchParams::default(), &Patch::Merge(&patch))
+    // A desired value edited with kubectl reaches the register.
+    let out = env
+        .cluster
+        .kubectl_run(
+            &[
+                "-n",
+                &env.ns,
+                "patch",
+                "device",
+                "thermo-1",
+                "--type=json",
+                "-p",
+                r#"[{"op":"replace","path":"/spec/properties/1/desired/value","value":"55"}]"#,
+            ],
+            None,
+        )
         .await
-        .expect("patch desired");
+        .expect("kubectl runs");
+    assert!(out.success, "kubectl patch: {}", out.stderr);
     until("setpoint register = 55", || async {
         read_register(env.plc, 1).await.ok() == Some(55)
     })
@@ -228,6 +238,20 @@ async fn a_modbus_register_becomes_a_reported_twin_and_a_desired_value_reaches_t
         twin_value(d, "setpoint", "observedDesired").as_deref() == Some("55")
     })
     .await;
+    let out = env
+        .cluster
+        .kubectl_run(
+            &["-n", &env.ns, "get", "device", "thermo-1", "-o", "yaml"],
+            None,
+        )
+        .await
+        .expect("kubectl runs");
+    assert!(out.success, "kubectl get device: {}", out.stderr);
+    assert!(
+        out.stdout.contains("propertyName: setpoint") && out.stdout.contains("value: \"55\""),
+        "kubectl get device -o yaml:\n{}",
+        out.stdout
+    );
 
     // The edge keeps KubeEdge's tables.
     assert_eq!(
