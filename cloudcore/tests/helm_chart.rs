@@ -217,14 +217,7 @@ fn render_chart(values: Value) -> Vec<Value> {
     let mut docs = Vec::new();
     for f in files {
         let rendered = render(&read(&f), &scope);
-        for doc in rendered.split("\n---") {
-            let meaningful = doc
-                .lines()
-                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
-            if meaningful {
-                docs.push(yaml(doc, &f.display().to_string()));
-            }
-        }
+        docs.extend(documents(&rendered, &f.display().to_string()));
     }
     for d in &docs {
         for field in ["apiVersion", "kind"] {

@@ -5,8 +5,7 @@
 use crate::process::LoggedProcess;
 use anyhow::Context;
 use cloudcore::controller::devices::{device_resource, model_resource};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,42 +14,9 @@ use std::time::Duration;
 
 pub const CRDS_YAML: &str = include_str!("../../manifests/crds/devices-crds.yaml");
 
-/// The CRDs in the manifest.
-pub fn crds() -> anyhow::Result<Vec<CustomResourceDefinition>> {
-    CRDS_YAML
-        .split("\n---\n")
-        .map(str::trim)
-        .filter(|doc| doc.lines().any(|l| l.starts_with("kind:")))
-        .map(|doc| {
-            let v: Value = serde_saphyr::from_str(doc).context("CRD manifest")?;
-            Ok(serde_json::from_value(v)?)
-        })
-        .collect()
-}
-
 /// Creates both CRDs (existing ones are kept) and waits until they are served.
 pub async fn install(client: &kube::Client) -> anyhow::Result<()> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in crds()? {
-        match api.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    for ar in [device_resource(), model_resource()] {
-        let objects: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        while objects.list(&ListParams::default().limit(1)).await.is_err() {
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "{} not served",
-                ar.plural
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    Ok(())
+    crate::crds::install(client, CRDS_YAML, &[device_resource(), model_resource()]).await
 }
 
 pub fn devices(client: &kube::Client, ns: &str) -> Api<DynamicObject> {

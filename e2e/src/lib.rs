@@ -6,6 +6,7 @@ pub mod channel;
 pub mod cloud;
 pub mod cluster;
 pub mod containerd;
+pub mod crds;
 pub mod devices;
 pub mod edge;
 pub mod images;
