@@ -60,6 +60,8 @@ pub struct EdgeOptions {
     pub endpoint: Option<String>,
     /// `tailoredKubeletConfig.nodeStatusUpdateFrequency` in seconds.
     pub node_status_update_frequency_secs: u32,
+    /// Runs the MetaServer (on a free loopback port).
+    pub metaserver: bool,
 }
 
 impl EdgeOptions {
@@ -68,6 +70,7 @@ impl EdgeOptions {
             prefix: prefix.to_string(),
             endpoint: None,
             node_status_update_frequency_secs: 1,
+            metaserver: false,
         }
     }
 }
@@ -143,6 +146,7 @@ impl EdgeEnv {
              modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
              \x20   websocket:\n      server: {server}\n\
              \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
+             \x20 metaManager:\n    metaServer:\n      enable: {metaserver}\n      server: 127.0.0.1:0\n\
              \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
              \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\
              \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
@@ -157,6 +161,7 @@ impl EdgeEnv {
             pause = PAUSE_IMAGE,
             root = d.join("edged").display(),
             status = options.node_status_update_frequency_secs,
+            metaserver = options.metaserver,
         );
         let path = d.join("edgecore.yaml");
         std::fs::write(&path, yaml).expect("write edgecore.yaml");

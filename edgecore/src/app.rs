@@ -36,6 +36,8 @@ pub enum StartError {
     DeviceTwin(#[from] crate::devicetwin::DeviceTwinError),
     #[error("cannot start the eventbus: {0}")]
     EventBus(#[from] crate::eventbus::EventBusError),
+    #[error("cannot start the MetaServer: {0}")]
+    MetaServer(#[from] crate::metaserver::MetaServerError),
 }
 
 /// The running edge: edgehub, the database and the metamanager.
@@ -49,6 +51,7 @@ pub struct EdgeCore {
     rotation: tokio_util::sync::CancellationToken,
     stream: Option<crate::edgestream::EdgeStream>,
     devices: Option<Devices>,
+    metaserver: Option<crate::metaserver::MetaServer>,
 }
 
 /// devicetwin and the eventbus, when enabled.
@@ -114,6 +117,27 @@ impl EdgeCore {
                 return Err(e);
             }
         };
+        // Before the metamanager writes anything, so that the watch history misses nothing.
+        let metaserver = match crate::metaserver::MetaServerConfig::from_edgecore(config)
+            .map_err(StartError::Unsupported)
+        {
+            Ok(Some(ms)) => {
+                match crate::metaserver::MetaServer::start(ms, store.clone(), hub.clone()).await {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        hub.shutdown();
+                        store.close().await;
+                        return Err(e.into());
+                    }
+                }
+            }
+            Ok(None) => None,
+            Err(e) => {
+                hub.shutdown();
+                store.close().await;
+                return Err(e);
+            }
+        };
         let (meta, client, changes) = MetaManager::start_routed(
             MetaManagerConfig::from_edgecore(config),
             store.clone(),
@@ -161,7 +185,18 @@ impl EdgeCore {
             rotation,
             stream,
             devices,
+            metaserver,
         })
+    }
+
+    /// The MetaServer's address, when it runs.
+    pub fn metaserver_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metaserver.as_ref().map(|m| m.local_addr())
+    }
+
+    /// Events and bytes in the MetaServer's watch history, when it runs.
+    pub fn metaserver_history(&self) -> Option<(usize, usize)> {
+        self.metaserver.as_ref().map(|m| m.history_size())
     }
 
     /// What edged needs: the client and the channel of database changes, when edged is not
@@ -177,6 +212,9 @@ impl EdgeCore {
     /// Stops edged (pods keep running), the metamanager (letting writes in progress
     /// finish), the cloud link and the database, in that order.
     pub async fn shutdown(self) {
+        if let Some(ms) = self.metaserver {
+            ms.shutdown().await;
+        }
         if let Some(stream) = self.stream {
             stream.shutdown().await;
         }

@@ -11,5 +11,6 @@ pub mod edgestream;
 pub mod eventbus;
 pub mod install;
 pub mod metamanager;
+pub mod metaserver;
 pub mod module_metrics;
 pub mod tls_files;

@@ -425,7 +425,7 @@ async fn resource_request(
     let watch_param = ctx.query.bool("watch")?;
     match (&ctx.method, t.name, t.sub) {
         (&Method::GET, None, None) | (&Method::HEAD, None, None) => {
-            let filter = Filter::parse(
+            let filter = super::selectors::parse_filter(
                 &info,
                 ctx.query.get("labelSelector"),
                 ctx.query.get("fieldSelector"),
@@ -441,7 +441,7 @@ async fn resource_request(
             list_response(ctx, &info, t.ns, &filter)
         }
         (&Method::GET, Some(name), None) if watch_param || t.watch => {
-            let filter = Filter::parse(
+            let filter = super::selectors::parse_filter(
                 &info,
                 ctx.query.get("labelSelector"),
                 Some(&format!("metadata.name={name}")),
@@ -510,7 +510,7 @@ async fn resource_request(
             }
         }
         (&Method::DELETE, None, None) => {
-            let filter = Filter::parse(
+            let filter = super::selectors::parse_filter(
                 &info,
                 ctx.query.get("labelSelector"),
                 ctx.query.get("fieldSelector"),

@@ -4,6 +4,7 @@
 //! carried as JSON text frames over the cloudhub WebSocket), see
 //! `docs/kubeedge-protocol.md` §1–§3 (cited as "protocol §N" throughout).
 
+pub mod application;
 pub mod codec;
 pub mod config;
 pub mod constants;
@@ -18,6 +19,7 @@ pub mod operation;
 pub mod pki;
 pub mod resource;
 pub mod resource_type;
+pub mod selectors;
 pub mod stream;
 pub mod tls;
 pub mod token;

@@ -195,8 +195,18 @@ async fn dispatch_upstream(
     msg: Message,
     cancel: &CancellationToken,
 ) -> bool {
-    // The resource is parsed here, once; the controllers get it typed.
-    let path = match ResourcePath::parse(&msg.route.resource) {
+    // The resource is parsed here, once; the controllers get it typed. A MetaServer request's
+    // resource is `null` (or `watchapp/sync`): it carries its key inside.
+    let parsed = if kubeedge_shared::application::Application::is_request(&msg) {
+        Ok(ResourcePath {
+            namespace: None,
+            resource_type: kubeedge_shared::ResourceType::Other("application".into()),
+            name: None,
+        })
+    } else {
+        ResourcePath::parse(&msg.route.resource)
+    };
+    let path = match parsed {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(node, resource = %msg.route.resource, error = %e, "malformed resource path from edge; dropped");

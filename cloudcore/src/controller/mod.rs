@@ -3,6 +3,7 @@
 
 pub mod devices;
 pub mod downstream;
+pub mod dynamic;
 pub mod location;
 pub mod node_fields;
 pub mod node_restriction;
@@ -79,12 +80,18 @@ pub async fn run_with(
         hub.subscribe(),
         shutdown.clone(),
     );
+    let dynamic =
+        dynamic::DynamicController::new(client.clone(), Arc::new(hub.clone()), shutdown.clone());
     let handler = UpstreamHandler::new(client, hub, 64, metrics, services, location);
     loop {
         let up = tokio::select! {
             _ = shutdown.cancelled() => break,
             m = upstream.recv() => match m { Some(m) => m, None => break },
         };
+        if kubeedge_shared::application::Application::is_request(&up.message) {
+            dynamic.dispatch(up.node, up.message);
+            continue;
+        }
         if up.message.route.source == kubeedge_shared::operation::source::TWIN {
             devices.report(up.node, up.message).await;
             continue;

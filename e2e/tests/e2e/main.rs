@@ -16,6 +16,7 @@ mod image_gc;
 mod join;
 mod kubeedge_cloud;
 mod metamanager;
+mod metaserver;
 mod metrics;
 mod objectsync;
 mod resilience;

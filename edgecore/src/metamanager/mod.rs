@@ -11,10 +11,12 @@
 //! * On every connect it sends the cloud an inventory of the database (see
 //!   `edgecore/INVENTORY.md`).
 
+pub mod changes;
 mod client;
 mod process;
 pub mod store;
 
+pub use changes::{ChangeSink, V2Change};
 pub use client::{MetaClient, MetaError};
 pub use store::{DeleteOutcome, MetaRecord, MetaStore, StoreError, UpsertOutcome};
 

@@ -148,13 +148,21 @@ impl<L: CloudLink> Context<L> {
         };
         let store = self.store.clone();
         let rx = if op == Operation::Delete {
+            let rv = object
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse::<u64>().ok());
             if ty == ResourceType::Pod {
                 let uid = object
                     .pointer("/metadata/uid")
                     .and_then(Value::as_str)
                     .map(str::to_string);
                 store
-                    .submit(move |c| delete_pod_job(c, &key, uid.as_deref()))
+                    .submit(move |c| {
+                        super::changes::with_delete_rv(rv, || {
+                            delete_pod_job(c, &key, uid.as_deref())
+                        })
+                    })
                     .await
             } else {
                 // A delete naming a UID leaves a newer incarnation (another UID) alone; one
@@ -164,7 +172,9 @@ impl<L: CloudLink> Context<L> {
                     .and_then(Value::as_str)
                     .map(str::to_string);
                 store
-                    .submit(move |c| delete_job(c, &key, uid.as_deref()))
+                    .submit(move |c| {
+                        super::changes::with_delete_rv(rv, || delete_job(c, &key, uid.as_deref()))
+                    })
                     .await
             }
         } else {

@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
+use super::changes::{self, ChangeSink, SinkSlot, V2Change};
+
 /// Jobs queued for the database thread, at most. Producers wait (backpressure) beyond it.
 const JOB_QUEUE: usize = 1024;
 /// Jobs run in one transaction, at most.
@@ -114,6 +116,7 @@ enum Job {
 pub struct MetaStore {
     jobs: mpsc::Sender<Job>,
     path: Arc<PathBuf>,
+    sink: SinkSlot,
 }
 
 impl MetaStore {
@@ -123,12 +126,14 @@ impl MetaStore {
         let (jobs, rx) = mpsc::channel(JOB_QUEUE);
         let (opened_tx, opened_rx) = oneshot::channel();
         let thread_path = path.clone();
+        let sink = SinkSlot::default();
+        let thread_sink = sink.clone();
         std::thread::Builder::new()
             .name("metastore".into())
             .spawn(move || match open_connection(&thread_path) {
                 Ok(conn) => {
                     let _ = opened_tx.send(Ok(()));
-                    run_jobs(conn, rx);
+                    run_jobs(conn, rx, &thread_sink);
                 }
                 Err(e) => {
                     let _ = opened_tx.send(Err(e));
@@ -142,7 +147,16 @@ impl MetaStore {
         Ok(MetaStore {
             jobs,
             path: Arc::new(path),
+            sink,
         })
+    }
+
+    /// From now on, every committed change of `meta_v2` is handed to `sink` (on the database
+    /// thread, after the commit). One sink per store; a second call replaces the first.
+    pub fn set_change_sink(&self, sink: ChangeSink) {
+        if let Ok(mut slot) = self.sink.write() {
+            *slot = Some(sink);
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -316,6 +330,135 @@ impl MetaStore {
         .await
     }
 
+    /// The objects of `meta_v2` whose key starts with `prefix` + `/` (a resource
+    /// `/<group or core>/<version>/<plural>`, optionally followed by `/<namespace>`), ordered
+    /// by key, with the highest resourceVersion in the whole table (the list's revision).
+    pub async fn list_v2(&self, prefix: &str) -> Result<(Vec<String>, u64), StoreError> {
+        let lo = format!("{prefix}/");
+        let hi = format!("{prefix}0");
+        self.call(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT value FROM meta_v2 WHERE key >= ?1 AND key < ?2 ORDER BY key",
+            )?;
+            let values = stmt
+                .query_map([lo, hi], |r| r.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((values, max_v2_rv(conn)?))
+        })
+        .await
+    }
+
+    /// One object of `meta_v2` by key.
+    pub async fn get_v2(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let key = key.to_string();
+        self.call(move |conn| v2_value(conn, &key)).await
+    }
+
+    /// The highest resourceVersion in `meta_v2` (0 when empty).
+    pub async fn max_v2_rv(&self) -> Result<u64, StoreError> {
+        self.call(max_v2_rv).await
+    }
+
+    /// The resources `meta_v2` holds objects of: `/<group or core>/<version>/<plural>` with the
+    /// `kind` of one of its objects and whether that object has a namespace.
+    pub async fn v2_resources(&self) -> Result<Vec<(String, String, bool)>, StoreError> {
+        self.call(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT key, value, namespace FROM meta_v2 WHERE rowid IN (SELECT min(rowid) FROM meta_v2 GROUP BY groupversionresource)",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (key, value, namespace) = row?;
+                let kind = serde_json::from_str::<Value>(&value)
+                    .ok()
+                    .and_then(|v| v.get("kind").and_then(Value::as_str).map(str::to_string));
+                if let Some(kind) = kind {
+                    out.push((
+                        changes::resource_of_key(&key).to_string(),
+                        kind,
+                        !namespace.is_empty(),
+                    ));
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Objects the MetaServer fetched from the cloud (kinds the cloud does not push): written
+    /// like the cloud's own messages (key `<ns or null>/<lower-case kind>/<name>`, newer stored
+    /// copies kept) and mirrored into `meta_v2`. Objects without kind or name are skipped.
+    pub async fn cache_objects(&self, objects: Vec<Value>) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            for obj in &objects {
+                if let Some(record) = cache_record(obj) {
+                    upsert_object_in(conn, &record)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Removes the cached objects whose `meta_v2` key starts with `prefix` + `/`, that
+    /// `matches` and whose key is not in `keep` (the cloud's list no longer has them).
+    /// Returns how many were removed.
+    pub async fn uncache_missing(
+        &self,
+        prefix: String,
+        keep: std::collections::HashSet<String>,
+        matches: Box<dyn Fn(&Value) -> bool + Send>,
+    ) -> Result<usize, StoreError> {
+        self.call(move |conn| {
+            let lo = format!("{prefix}/");
+            let hi = format!("{prefix}0");
+            let mut stmt =
+                conn.prepare_cached("SELECT key, value FROM meta_v2 WHERE key >= ?1 AND key < ?2")?;
+            let rows = stmt
+                .query_map([lo, hi], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut removed = 0;
+            for (key, value) in rows {
+                if keep.contains(&key) {
+                    continue;
+                }
+                let Ok(obj) = serde_json::from_str::<Value>(&value) else {
+                    continue;
+                };
+                if !matches(&obj) {
+                    continue;
+                }
+                if let Some(record) = cache_record(&obj)
+                    && delete_key_in(conn, &record.key)?
+                {
+                    removed += 1;
+                }
+            }
+            Ok(removed)
+        })
+        .await
+    }
+
+    /// Removes one cached object (the cloud deleted it on the MetaServer's request).
+    pub async fn uncache(&self, obj: Value) -> Result<(), StoreError> {
+        self.call(move |conn| {
+            if let Some(record) = cache_record(&obj) {
+                delete_key_in(conn, &record.key)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Number of rows in `meta`.
     pub async fn count(&self) -> Result<u64, StoreError> {
         self.call(|conn| {
@@ -405,7 +548,7 @@ fn integrity_check(conn: &Connection) -> Result<(), StoreError> {
     }
 }
 
-fn run_jobs(conn: Connection, mut rx: mpsc::Receiver<Job>) {
+fn run_jobs(conn: Connection, mut rx: mpsc::Receiver<Job>, sink: &SinkSlot) {
     while let Some(first) = rx.blocking_recv() {
         let mut work = Vec::new();
         let mut close = None;
@@ -423,7 +566,7 @@ fn run_jobs(conn: Connection, mut rx: mpsc::Receiver<Job>) {
             }
         }
         if !work.is_empty() {
-            run_batch(&conn, work);
+            run_batch(&conn, work, sink);
         }
         if let Some(tx) = close {
             rx.close();
@@ -436,7 +579,7 @@ fn run_jobs(conn: Connection, mut rx: mpsc::Receiver<Job>) {
     }
 }
 
-fn run_batch(conn: &Connection, work: Vec<Work>) {
+fn run_batch(conn: &Connection, work: Vec<Work>, sink: &SinkSlot) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "cannot begin a database transaction");
         let e = StoreError::from(e);
@@ -446,6 +589,7 @@ fn run_batch(conn: &Connection, work: Vec<Work>) {
         }
         return;
     }
+    changes::begin_batch(sink);
     let mut completions = Vec::with_capacity(work.len());
     let mut aborted = None;
     let mut work = work.into_iter();
@@ -456,8 +600,12 @@ fn run_batch(conn: &Connection, work: Vec<Work>) {
             aborted = Some(e);
             break;
         }
+        let mark = changes::mark();
         let (ok, done) = w(Ok(conn));
         completions.push(done);
+        if !ok {
+            changes::rollback_to(mark);
+        }
         if conn.is_autocommit() {
             // SQLite rolled the whole transaction back (I/O error, disk full): nothing of this
             // batch is durable.
@@ -492,6 +640,7 @@ fn run_batch(conn: &Connection, work: Vec<Work>) {
             let _ = conn.execute_batch("ROLLBACK");
         }
     }
+    changes::end_batch(sink, outcome.is_ok());
     for done in completions {
         done(outcome.clone());
     }
@@ -722,6 +871,11 @@ fn mirror_v2(conn: &Connection, r: &MetaRecord) -> Result<(), StoreError> {
         return Ok(());
     };
     let Some(row) = v2_row(&v) else { return Ok(()) };
+    let previous = if changes::collecting() {
+        v2_value(conn, &row.key)?
+    } else {
+        None
+    };
     let mut stmt = conn.prepare_cached(
         "INSERT OR REPLACE INTO meta_v2 (key, groupversionresource, namespace, name, resourceversion, value)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -734,6 +888,14 @@ fn mirror_v2(conn: &Connection, r: &MetaRecord) -> Result<(), StoreError> {
         row.resource_version as i64,
         r.value
     ])?;
+    if changes::collecting() && previous.as_deref() != Some(r.value.as_str()) {
+        changes::push(V2Change {
+            key: row.key,
+            object: Some(r.value.clone()),
+            previous,
+            deleted_rv: None,
+        });
+    }
     Ok(())
 }
 
@@ -742,10 +904,57 @@ fn unmirror_v2(conn: &Connection, stored: &str) -> Result<(), StoreError> {
         return Ok(());
     };
     if let Some(row) = v2_row(&v) {
+        let previous = if changes::collecting() {
+            v2_value(conn, &row.key)?
+        } else {
+            None
+        };
         let mut stmt = conn.prepare_cached("DELETE FROM meta_v2 WHERE key = ?1")?;
-        stmt.execute([row.key])?;
+        stmt.execute([&row.key])?;
+        if let Some(previous) = previous {
+            let deleted_rv = changes::delete_rv()
+                .filter(|rv| *rv > row.resource_version)
+                .unwrap_or(row.resource_version);
+            changes::push(V2Change {
+                key: row.key,
+                object: None,
+                previous: Some(previous),
+                deleted_rv: Some(deleted_rv),
+            });
+        }
     }
     Ok(())
+}
+
+/// The `meta` row of an object the cloud's dynamic controller would send: KubeEdge's resource
+/// `<ns or null>/<lower-case kind>/<name>` and type.
+pub fn cache_record(obj: &Value) -> Option<MetaRecord> {
+    let kind = obj.get("kind")?.as_str()?.to_ascii_lowercase();
+    let name = obj.pointer("/metadata/name")?.as_str()?;
+    let ns = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .unwrap_or("null");
+    if kind.is_empty() || name.is_empty() {
+        return None;
+    }
+    Some(MetaRecord::new(
+        format!("{ns}/{kind}/{name}"),
+        kind,
+        obj.to_string(),
+    ))
+}
+
+fn max_v2_rv(conn: &Connection) -> Result<u64, StoreError> {
+    let rv: Option<i64> =
+        conn.query_row("SELECT max(resourceversion) FROM meta_v2", [], |r| r.get(0))?;
+    Ok(rv.unwrap_or(0).max(0) as u64)
+}
+
+fn v2_value(conn: &Connection, key: &str) -> Result<Option<String>, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT value FROM meta_v2 WHERE key = ?1")?;
+    Ok(stmt.query_row([key], |r| r.get(0)).optional()?)
 }
 
 #[cfg(test)]

@@ -1,0 +1,215 @@
+//! Watch registrations of edges' MetaServers: one apiserver watch per resource (shared by all
+//! edges), each change sent to the edges whose registration it matches — only to them.
+
+use super::{Served, normalise};
+use crate::controller::downstream::HubSink;
+use futures_util::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use kubeedge_shared::operation::source;
+use kubeedge_shared::selectors::Filter;
+use kubeedge_shared::{Group, Message, Operation, StatusError};
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+
+/// One edge watch.
+#[derive(Debug, Clone)]
+pub struct Listener {
+    pub id: String,
+    pub node: String,
+    pub served: Served,
+    pub namespace: Option<String>,
+    pub label_selector: String,
+    pub field_selector: String,
+}
+
+type ResourceKey = (String, String, String);
+/// Registrations of one resource, by (node, Application ID).
+type ByNode = HashMap<(String, String), Registered>;
+type Registry = Arc<Mutex<HashMap<ResourceKey, ByNode>>>;
+
+struct Registered {
+    listener: Listener,
+    filter: Filter,
+}
+
+pub struct Listeners {
+    client: kube::Client,
+    hub: Arc<dyn HubSink>,
+    cancel: CancellationToken,
+    by_resource: Registry,
+    watching: Mutex<HashSet<ResourceKey>>,
+}
+
+fn resource_key(s: &Served) -> ResourceKey {
+    (s.group.clone(), s.version.clone(), s.plural.clone())
+}
+
+impl Listeners {
+    pub fn new(client: kube::Client, hub: Arc<dyn HubSink>, cancel: CancellationToken) -> Self {
+        Listeners {
+            client,
+            hub,
+            cancel,
+            by_resource: Arc::default(),
+            watching: Mutex::default(),
+        }
+    }
+
+    /// Registers `l` (again): its objects are sent now, their changes from now on.
+    pub async fn add(&self, l: Listener) -> Result<(), StatusError> {
+        let filter = Filter::parse(
+            Some(l.label_selector.as_str()).filter(|s| !s.is_empty()),
+            Some(l.field_selector.as_str()).filter(|s| !s.is_empty()),
+        )
+        .map_err(|e| StatusError::new(400, "BadRequest", e))?;
+        let key = resource_key(&l.served);
+        let ar = api_resource(&l.served);
+        let api: Api<DynamicObject> = match &l.namespace {
+            Some(ns) if l.served.namespaced => Api::namespaced_with(self.client.clone(), ns, &ar),
+            _ => Api::all_with(self.client.clone(), &ar),
+        };
+        let mut lp = kube::api::ListParams::default();
+        if !l.label_selector.is_empty() {
+            lp = lp.labels(&l.label_selector);
+        }
+        if !l.field_selector.is_empty() {
+            lp = lp.fields(&l.field_selector);
+        }
+        let listed = api
+            .list(&lp)
+            .await
+            .map_err(|e| crate::controller::rest::status_error(&e))?;
+        let (node, id) = (l.node.clone(), l.id.clone());
+        for obj in listed.items {
+            let value = object_value(&obj, &l.served);
+            send(&*self.hub, &node, Operation::Insert, &l.served, value);
+        }
+        if let Ok(mut m) = self.by_resource.lock() {
+            m.entry(key.clone()).or_default().insert(
+                (node.clone(), id),
+                Registered {
+                    listener: l.clone(),
+                    filter,
+                },
+            );
+        }
+        self.ensure_watch(key, l.served);
+        tracing::info!(%node, resource = %ar.plural, "edge watch registered");
+        Ok(())
+    }
+
+    /// Keeps only the listed registrations of `node`.
+    pub fn retain(&self, node: &str, ids: &[String]) {
+        if let Ok(mut m) = self.by_resource.lock() {
+            for regs in m.values_mut() {
+                regs.retain(|(n, id), _| n != node || ids.contains(id));
+            }
+        }
+    }
+
+    fn ensure_watch(&self, key: ResourceKey, served: Served) {
+        let Ok(mut watching) = self.watching.lock() else {
+            return;
+        };
+        if !watching.insert(key.clone()) {
+            return;
+        }
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &api_resource(&served));
+        let regs = self.by_resource.clone();
+        let hub = self.hub.clone();
+        let cancel = self.cancel.clone();
+        tokio::spawn(async move {
+            let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+            loop {
+                let ev = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    ev = stream.next() => match ev { Some(e) => e, None => return },
+                };
+                let (op, obj) = match ev {
+                    Ok(Event::Apply(o)) => (Operation::Update, o),
+                    Ok(Event::InitApply(o)) => (Operation::Insert, o),
+                    Ok(Event::Delete(o)) => (Operation::Delete, o),
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::debug!(resource = %served.plural, error = %e, "watch for edge listeners failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                let value = object_value(&obj, &served);
+                let ns = value
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                let targets: Vec<String> = match regs.lock() {
+                    Ok(m) => m
+                        .get(&key)
+                        .map(|r| {
+                            r.values()
+                                .filter(|reg| {
+                                    reg.listener.namespace.as_ref().is_none_or(|n| *n == ns)
+                                        && reg.filter.matches(&value)
+                                })
+                                .map(|reg| reg.listener.node.clone())
+                                .collect::<HashSet<_>>()
+                                .into_iter()
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    Err(_) => Vec::new(),
+                };
+                for node in targets {
+                    send(&*hub, &node, op.clone(), &served, value.clone());
+                }
+            }
+        });
+    }
+}
+
+fn api_resource(s: &Served) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&s.group, &s.version, &s.kind),
+        &s.plural,
+    )
+}
+
+fn object_value(obj: &DynamicObject, served: &Served) -> Value {
+    let mut v = serde_json::to_value(obj).unwrap_or(Value::Null);
+    normalise(&mut v, served);
+    v
+}
+
+/// Sends an object as KubeEdge's dynamiccontroller does: `<ns or null>/<kind>/<name>`,
+/// resourceversion header = the object's.
+fn send(hub: &dyn HubSink, node: &str, op: Operation, served: &Served, value: Value) {
+    let Some(name) = value.pointer("/metadata/name").and_then(Value::as_str) else {
+        return;
+    };
+    let ns = value
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .unwrap_or("null");
+    let rv = value
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let resource = format!("{ns}/{}/{name}", served.kind.to_ascii_lowercase());
+    let msg = Message::new(
+        source::DYNAMIC_CONTROLLER,
+        Group::Resource,
+        op,
+        resource,
+        value,
+    )
+    .with_resource_version(rv);
+    if let Err(e) = hub.send(node, msg) {
+        tracing::debug!(%node, error = %e, "object for an edge watch not sent; sent again when the edge re-registers");
+    }
+}

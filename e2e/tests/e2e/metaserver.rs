@@ -1,0 +1,316 @@
+//! The MetaServer of a real edgecore (cloudcore, edgecore and containerd in the test): kubectl
+//! and kube-rs at the edge, online, across a cloud disconnect and after an offline restart;
+//! kinds the cloud does not push (Services, a custom resource) through the dynamic controller;
+//! Kubernetes-style errors for bad requests.
+
+use e2e::devices;
+use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, wait_for};
+use e2e::images::BUSYBOX_IMAGE;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+fn sleeper(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"app": "ms"}},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"]}]},
+    })
+}
+
+fn service(name: &str) -> Service {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "labels": {"app": "ms"}},
+        "spec": {"ports": [{"port": 80}], "selector": {"app": "ms"}},
+    }))
+    .expect("a Service")
+}
+
+fn metaserver(env: &EdgeEnv) -> SocketAddr {
+    env.edge
+        .as_ref()
+        .and_then(|e| e.metaserver_addr())
+        .expect("the MetaServer runs")
+}
+
+fn client(addr: SocketAddr) -> kube::Client {
+    let config = kube::Config::new(format!("http://{addr}").parse().expect("a URL"));
+    kube::Client::try_from(config).expect("a client")
+}
+
+/// kubectl against the MetaServer only (an empty kubeconfig, its own discovery cache).
+async fn kubectl(env: &EdgeEnv, addr: SocketAddr, args: &[&str]) -> (bool, String, String) {
+    let d = env.dir.path();
+    let empty = d.join("empty-kubeconfig");
+    std::fs::write(&empty, "apiVersion: v1\nkind: Config\n").expect("write kubeconfig");
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&empty)
+            .arg("--cache-dir")
+            .arg(d.join(format!("kubectl-cache-{}", addr.port())))
+            .arg("--server")
+            .arg(format!("http://{addr}"))
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("kubectl finished within 30 s")
+    .expect("kubectl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn wait_kubectl_lists(env: &EdgeEnv, addr: SocketAddr, args: &[&str], names: &[&str]) {
+    wait_for(
+        &format!("kubectl {args:?} lists {names:?}"),
+        WAIT,
+        || async {
+            let (ok, out, _) = kubectl(env, addr, args).await;
+            (ok && names.iter().all(|n| out.contains(n))).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metaserver_serves_the_edge_online_offline_and_after_an_offline_restart() {
+    let mut env = EdgeEnv::start_with(EdgeOptions {
+        metaserver: true,
+        ..EdgeOptions::new("ms")
+    })
+    .await;
+    env.wait_node_ready().await;
+    let ns = env.ns.clone();
+    let addr = metaserver(&env);
+    env.create_pod(sleeper("ms-a")).await;
+
+    // kubectl (Tables) and kube-rs at the edge.
+    wait_kubectl_lists(&env, addr, &["get", "pods", "-n", &ns], &["ms-a"]).await;
+    let (ok, out, err) =
+        kubectl(&env, addr, &["get", "pod", "ms-a", "-n", &ns, "-o", "json"]).await;
+    assert!(ok, "kubectl get -o json: {err}");
+    let pod: Value = serde_json::from_str(&out).expect("a pod as JSON");
+    assert_eq!(pod["spec"]["nodeName"], env.node);
+
+    let edge_pods: Api<Pod> = Api::namespaced(client(addr), &ns);
+    let (store, writer) = reflector::store();
+    let reflector_task = tokio::spawn(
+        reflector(
+            writer,
+            watcher(edge_pods.clone(), watcher::Config::default()),
+        )
+        .applied_objects()
+        .for_each(|_| async {}),
+    );
+    wait_for(
+        "the kube-rs reflector at the edge has ms-a",
+        WAIT,
+        || async {
+            store
+                .state()
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some("ms-a"))
+                .then_some(())
+        },
+    )
+    .await;
+
+    // A watch from the list's version, kept open across a disconnect.
+    let listed = edge_pods
+        .list(&Default::default())
+        .await
+        .expect("list at the edge");
+    let rv = listed
+        .metadata
+        .resource_version
+        .clone()
+        .expect("a list version");
+    let mut stream = edge_pods
+        .watch(&WatchParams::default().timeout(290), &rv)
+        .await
+        .expect("watch at the edge")
+        .boxed();
+    let (events_tx, mut events) =
+        tokio::sync::mpsc::unbounded_channel::<(String, String, String)>();
+    let watch_task = tokio::spawn(async move {
+        while let Some(ev) = stream.next().await {
+            let item = match ev {
+                Ok(WatchEvent::Added(p)) => ("ADDED", p),
+                Ok(WatchEvent::Modified(p)) => ("MODIFIED", p),
+                Ok(WatchEvent::Deleted(p)) => ("DELETED", p),
+                Ok(WatchEvent::Error(e)) => panic!("watch error at the edge: {e:?}"),
+                _ => continue,
+            };
+            let _ = events_tx.send((
+                item.0.to_string(),
+                item.1.metadata.name.unwrap_or_default(),
+                item.1.metadata.resource_version.unwrap_or_default(),
+            ));
+        }
+    });
+
+    env.link.freeze();
+    env.wait_edge_link(false).await;
+    env.create_pod(sleeper("ms-b")).await;
+    let (ok, out, _) = kubectl(&env, addr, &["get", "pods", "-n", &ns]).await;
+    assert!(
+        ok && out.contains("ms-a"),
+        "offline reads answer from the edge database: {out}"
+    );
+    let (ok, _, err) = kubectl(&env, addr, &["label", "pod", "ms-a", "-n", &ns, "x=y"]).await;
+    assert!(
+        !ok && err.contains("disconnected"),
+        "offline writes are refused clearly: {err}"
+    );
+    env.link.thaw();
+    env.wait_edge_link(true).await;
+
+    let mut seen: Vec<(String, String, String)> = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !seen.iter().any(|(t, n, _)| t == "ADDED" && n == "ms-b") {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Some(e)) => seen.push(e),
+            _ => panic!("the watch never saw ms-b after the reconnect; saw {seen:?}"),
+        }
+    }
+    // Let the reconnect's resync settle, then check the whole history.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    while let Ok(e) = events.try_recv() {
+        seen.push(e);
+    }
+    let unique: HashSet<_> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no event twice: {seen:?}");
+    assert!(
+        !seen.iter().any(|(t, n, _)| t == "ADDED" && n == "ms-a"),
+        "ms-a was listed, not added again: {seen:?}"
+    );
+    assert_eq!(
+        seen.iter()
+            .filter(|(t, n, _)| t == "ADDED" && n == "ms-b")
+            .count(),
+        1
+    );
+    wait_for("the reflector has ms-b", WAIT, || async {
+        store
+            .state()
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some("ms-b"))
+            .then_some(())
+    })
+    .await;
+    watch_task.abort();
+    reflector_task.abort();
+
+    // A kind the cloud does not push: read through the dynamic controller, then watched.
+    let services: Api<Service> = Api::namespaced(env.cluster.client(), &ns);
+    services
+        .create(&PostParams::default(), &service("ms-svc"))
+        .await
+        .expect("service");
+    wait_kubectl_lists(&env, addr, &["get", "services", "-n", &ns], &["ms-svc"]).await;
+    let edge_services: Api<Service> = Api::namespaced(client(addr), &ns);
+    let (svc_store, svc_writer) = reflector::store();
+    let svc_task = tokio::spawn(
+        reflector(
+            svc_writer,
+            watcher(edge_services, watcher::Config::default()),
+        )
+        .applied_objects()
+        .for_each(|_| async {}),
+    );
+    services
+        .create(&PostParams::default(), &service("ms-svc2"))
+        .await
+        .expect("service");
+    wait_for("the edge's Service watch sees ms-svc2", WAIT, || async {
+        svc_store
+            .state()
+            .iter()
+            .any(|s| s.metadata.name.as_deref() == Some("ms-svc2"))
+            .then_some(())
+    })
+    .await;
+    svc_task.abort();
+
+    // A custom resource through the same path.
+    devices::install(&env.cluster.client())
+        .await
+        .expect("device CRDs");
+    let models = devices::models(&env.cluster.client(), &ns);
+    let model: kube::api::DynamicObject =
+        serde_json::from_value(devices::thermostat_model("ms-model")).expect("a DeviceModel");
+    models
+        .create(&PostParams::default(), &model)
+        .await
+        .expect("model created");
+    wait_kubectl_lists(
+        &env,
+        addr,
+        &["get", "devicemodels.devices.kubeedge.io", "-n", &ns],
+        &["ms-model"],
+    )
+    .await;
+
+    // Offline restart: everything read before is served from the database.
+    env.link.freeze();
+    env.stop_edge().await;
+    env.start_edge().await;
+    let addr = metaserver(&env);
+    let (ok, out, err) = kubectl(&env, addr, &["get", "pods", "-n", &ns]).await;
+    assert!(
+        ok && out.contains("ms-a") && out.contains("ms-b"),
+        "pods after an offline restart: {out} {err}"
+    );
+    let (ok, out, err) = kubectl(&env, addr, &["get", "services", "-n", &ns]).await;
+    assert!(
+        ok && out.contains("ms-svc") && out.contains("ms-svc2"),
+        "cached services after an offline restart: {out} {err}"
+    );
+
+    // Bad requests get Kubernetes errors.
+    let (ok, _, err) = kubectl(&env, addr, &["get", "pods", "-n", &ns, "-l", "a in b"]).await;
+    assert!(
+        !ok && (err.contains("BadRequest") || err.contains("unable to parse")),
+        "bad selector: {err}"
+    );
+    let (_, out, _) = kubectl(
+        &env,
+        addr,
+        &[
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/{ns}/pods?watch=1&resourceVersion=1"),
+        ],
+    )
+    .await;
+    assert!(
+        out.contains("\"code\":410") && out.contains("Expired"),
+        "a too old version is 410 Gone: {out}"
+    );
+    let (ok, _, err) = kubectl(
+        &env,
+        addr,
+        &["get", "--raw", "/apis/nope.example/v1/things"],
+    )
+    .await;
+    assert!(
+        !ok && err.contains("NotFound"),
+        "unknown resources are 404 offline: {err}"
+    );
+
+    env.link.thaw();
+    env.finish().await;
+}
