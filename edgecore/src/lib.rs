@@ -10,6 +10,7 @@ pub mod edgehub;
 pub mod edgestream;
 pub mod eventbus;
 pub mod install;
+pub mod memory;
 pub mod metamanager;
 pub mod metaserver;
 pub mod module_metrics;

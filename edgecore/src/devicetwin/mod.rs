@@ -76,15 +76,7 @@ fn stored_objects(
 /// A registration answer listing this many devices is followed by [`release_freed_memory`].
 const TRIM_AFTER_DEVICES: usize = 500;
 
-/// Gives the memory a large transient job freed back to the system (glibc keeps freed heap
-/// otherwise, and the process's RSS would stay at the job's peak).
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free heap pages to the kernel; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
+use crate::memory::release_freed_memory;
 
 /// Mapper reports stored in one transaction, at most.
 const MAX_BATCH: usize = 256;

@@ -31,10 +31,11 @@ pub struct Event {
     pub name: String,
     pub kind: EventType,
     pub rv: u64,
-    /// The object now (the last state for deletions, with the deletion's version).
-    pub object: Value,
+    /// The object now as JSON (the last state for deletions, with the deletion's version):
+    /// kept as text, parsed only for watchers with selectors or Tables.
+    pub object: String,
     /// The object before a modification (to tell watchers with selectors that it left them).
-    pub previous: Option<Value>,
+    pub previous: Option<String>,
     size: usize,
 }
 
@@ -180,42 +181,39 @@ impl Feed {
 }
 
 fn to_event(seq: u64, change: V2Change) -> Option<Event> {
-    let mut segs = change.key.split('/').skip(1);
+    let key = change.key.clone();
+    let mut segs = key.split('/').skip(1);
     let (group, version, plural) = (segs.next()?, segs.next()?, segs.next()?);
     let ns = segs.next()?;
     let name = segs.next()?;
-    let parse = |s: &str| serde_json::from_str::<Value>(s).ok();
-    let (kind, object, previous, size) = match (&change.object, &change.previous) {
+    let (kind, object, previous) = match (change.object, change.previous) {
         (Some(now), before) => {
             let kind = if before.is_some() {
                 EventType::Modified
             } else {
                 EventType::Added
             };
-            (
-                kind,
-                parse(now)?,
-                before.as_deref().and_then(parse),
-                now.len() + before.as_ref().map_or(0, String::len),
-            )
+            (kind, now, before)
         }
         (None, Some(before)) => {
-            let mut obj = parse(before)?;
+            let mut obj = serde_json::from_str::<Value>(&before).ok()?;
             if let (Some(rv), Some(meta)) = (
                 change.deleted_rv,
                 obj.get_mut("metadata").and_then(Value::as_object_mut),
             ) {
                 meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
             }
-            (EventType::Deleted, obj, None, before.len())
+            (EventType::Deleted, obj.to_string(), None)
         }
         (None, None) => return None,
     };
-    let rv = object
+    let parsed: Value = serde_json::from_str(&object).ok()?;
+    let rv = parsed
         .pointer("/metadata/resourceVersion")
         .and_then(Value::as_str)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
+    let size = object.len() + previous.as_ref().map_or(0, String::len);
     Some(Event {
         seq,
         resource: format!("/{group}/{version}/{plural}"),
@@ -267,7 +265,8 @@ mod tests {
         let (replay, cursor) = feed.since("/core/v1/configmaps", 11).unwrap();
         let kinds: Vec<_> = replay.iter().map(|e| (e.kind, e.rv)).collect();
         assert_eq!(kinds, [(EventType::Modified, 12), (EventType::Deleted, 13)]);
-        assert_eq!(replay[1].object["metadata"]["resourceVersion"], "13");
+        let deleted: Value = serde_json::from_str(&replay[1].object).unwrap();
+        assert_eq!(deleted["metadata"]["resourceVersion"], "13");
         assert_eq!(cursor, 3);
         assert!(feed.since("/core/v1/pods", 11).unwrap().0.is_empty());
         assert_eq!(

@@ -246,12 +246,7 @@ async fn read<L: CloudLink>(
             }
         }
         _ => match local_list(&sh, &r, &filter).await {
-            Ok((items, rv)) => {
-                let (api_version, kind_name) = api_version_kind(&r, kind.as_ref());
-                let list = json!({"kind": format!("{kind_name}List"), "apiVersion": api_version,
-                                  "metadata": {"resourceVersion": rv.to_string()}, "items": items});
-                render(&r, kind.as_ref(), list, &opts, repr)
-            }
+            Ok((items, rv)) => list_response(&r, kind.as_ref(), items, rv, &opts, repr),
             Err(e) => status(500, "InternalError", e),
         },
     }
@@ -265,26 +260,106 @@ fn list_prefix(r: &ResourceRequest) -> String {
     }
 }
 
+/// The metadata a watch needs of a listed object (parsing only this is cheap).
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct Meta {
+    metadata: MetaFields,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct MetaFields {
+    name: String,
+    namespace: String,
+    resource_version: String,
+}
+
+/// The stored objects a list or watch covers, as JSON text, and the list's revision. Objects
+/// are parsed only when a selector or a name must be checked.
 async fn local_list<L: CloudLink>(
     sh: &Shared<L>,
     r: &ResourceRequest,
     filter: &Filter,
-) -> Result<(Vec<Value>, u64), String> {
+) -> Result<(Vec<String>, u64), String> {
     let (values, db_rv) = sh
         .store
         .list_v2(&list_prefix(r))
         .await
         .map_err(|e| e.to_string())?;
-    let items = values
-        .iter()
-        .filter_map(|v| serde_json::from_str::<Value>(v).ok())
-        .filter(|o| filter.matches(o))
-        .filter(|o| {
-            r.name.is_none()
-                || o.pointer("/metadata/name").and_then(Value::as_str) == r.name.as_deref()
-        })
-        .collect();
+    let items = if filter.is_empty() && r.name.is_none() {
+        values
+    } else {
+        values
+            .into_iter()
+            .filter(|v| {
+                serde_json::from_str::<Value>(v).is_ok_and(|o| {
+                    filter.matches(&o)
+                        && (r.name.is_none()
+                            || o.pointer("/metadata/name").and_then(Value::as_str)
+                                == r.name.as_deref())
+                })
+            })
+            .collect()
+    };
     Ok((items, db_rv.max(sh.feed.revision())))
+}
+
+/// Objects in a list above which the memory the answer took is handed back at once.
+const TRIM_AFTER: usize = 256;
+
+/// A list answer built from the stored JSON text (parsed only for Tables).
+fn list_response(
+    r: &ResourceRequest,
+    kind: Option<&Kind>,
+    items: Vec<String>,
+    rv: u64,
+    opts: &Options,
+    repr: Representation,
+) -> Response<Body> {
+    let (api_version, kind_name) = api_version_kind(r, kind);
+    let count = items.len();
+    let resp = if repr == Representation::Table {
+        let objects: Vec<Value> = items
+            .iter()
+            .filter_map(|i| serde_json::from_str(i).ok())
+            .collect();
+        json_response(
+            StatusCode::OK,
+            &table::table(
+                &r.resource,
+                &objects,
+                &rv.to_string(),
+                opts.include_object.as_deref(),
+            ),
+        )
+    } else {
+        let mut body = Vec::with_capacity(items.iter().map(String::len).sum::<usize>() + 256);
+        let head = json!({"kind": format!("{kind_name}List"), "apiVersion": api_version,
+                          "metadata": {"resourceVersion": rv.to_string()}})
+        .to_string();
+        // The head object without its closing brace, then the items.
+        body.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+        body.extend_from_slice(b",\"items\":[");
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(item.as_bytes());
+        }
+        body.extend_from_slice(b"]}");
+        drop(items);
+        let mut r = Response::new(full(body));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    if count > TRIM_AFTER {
+        crate::memory::release_freed_memory();
+    }
+    resp
 }
 
 /// A get or list of a kind the cloud does not push, asked of the cloud; what it returns is
@@ -454,12 +529,24 @@ fn gone_line(g: Gone, asked: Option<u64>) -> Bytes {
 /// What a watch sends for an event, if anything: selectors turn modifications into
 /// additions or deletions as an object enters or leaves the selection.
 fn translate(ev: &Event, filter: &Filter) -> Option<&'static str> {
-    let now = filter.matches(&ev.object);
+    if filter.is_empty() {
+        return Some(match ev.kind {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        });
+    }
+    let matches = |s: &str| {
+        serde_json::from_str::<Value>(s)
+            .map(|v| filter.matches(&v))
+            .unwrap_or(false)
+    };
+    let now = matches(&ev.object);
     match ev.kind {
         EventType::Added => now.then_some("ADDED"),
         EventType::Deleted => now.then_some("DELETED"),
         EventType::Modified => {
-            let before = ev.previous.as_ref().map_or(now, |p| filter.matches(p));
+            let before = ev.previous.as_deref().map_or(now, matches);
             match (before, now) {
                 (true, true) => Some("MODIFIED"),
                 (false, true) => Some("ADDED"),
@@ -467,6 +554,51 @@ fn translate(ev: &Event, filter: &Filter) -> Option<&'static str> {
                 (false, false) => None,
             }
         }
+    }
+}
+
+/// How a watch writes its events: JSON objects, or one-row Tables for `kubectl get -w`.
+struct Encoder {
+    table: bool,
+    plural: String,
+    include: Option<String>,
+}
+
+impl Encoder {
+    fn value(&self, kind: &str, obj: &Value) -> Bytes {
+        if !self.table {
+            return event_line(kind, obj);
+        }
+        let rv = obj
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        event_line(
+            kind,
+            &table::table(
+                &self.plural,
+                std::slice::from_ref(obj),
+                rv,
+                self.include.as_deref(),
+            ),
+        )
+    }
+
+    /// An event of a stored object's JSON text (parsed only for Tables).
+    fn raw(&self, kind: &str, json: &str) -> Bytes {
+        if self.table {
+            return match serde_json::from_str::<Value>(json) {
+                Ok(v) => self.value(kind, &v),
+                Err(_) => Bytes::new(),
+            };
+        }
+        let mut line = Vec::with_capacity(json.len() + 32);
+        line.extend_from_slice(b"{\"type\":\"");
+        line.extend_from_slice(kind.as_bytes());
+        line.extend_from_slice(b"\",\"object\":");
+        line.extend_from_slice(json.as_bytes());
+        line.extend_from_slice(b"}\n");
+        Bytes::from(line)
     }
 }
 
@@ -499,22 +631,10 @@ async fn watch<L: CloudLink>(
     };
     let from = opts.resource_version_number().ok().flatten();
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let as_table = repr == Representation::Table;
-    let plural = r.resource.clone();
-    let include = opts.include_object.clone();
-    let encode = move |kind: &str, obj: &Value| -> Bytes {
-        if as_table && kind != "ERROR" && kind != "BOOKMARK" {
-            let rv = obj
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            event_line(
-                kind,
-                &table::table(&plural, std::slice::from_ref(obj), rv, include.as_deref()),
-            )
-        } else {
-            event_line(kind, obj)
-        }
+    let enc = Encoder {
+        table: repr == Representation::Table,
+        plural: r.resource.clone(),
+        include: opts.include_object.clone(),
     };
     // Where the live part starts, what the client gets first, and the objects the initial
     // list already showed (changes racing with that list are not sent twice).
@@ -525,7 +645,7 @@ async fn watch<L: CloudLink>(
             Ok((replay, cursor)) => {
                 for ev in replay.iter().filter(|e| scope.covers(e)) {
                     if let Some(t) = translate(ev, &filter) {
-                        initial.push(encode(t, &ev.object));
+                        initial.push(enc.raw(t, &ev.object));
                     }
                 }
                 (cursor, cursor)
@@ -541,23 +661,14 @@ async fn watch<L: CloudLink>(
             match local_list(&sh, &r, &filter).await {
                 Ok((items, _)) => {
                     for o in &items {
-                        let ns = o
-                            .pointer("/metadata/namespace")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_string();
-                        let name = o
-                            .pointer("/metadata/name")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_string();
-                        let rv = o
-                            .pointer("/metadata/resourceVersion")
-                            .and_then(Value::as_str)
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(0);
-                        listed.insert((ns, name), rv);
-                        initial.push(encode("ADDED", o));
+                        let m = serde_json::from_str::<Meta>(o).unwrap_or_default().metadata;
+                        let rv = m.resource_version.parse().unwrap_or(0);
+                        listed.insert((m.namespace, m.name), rv);
+                        initial.push(enc.raw("ADDED", o));
+                    }
+                    if items.len() > TRIM_AFTER {
+                        drop(items);
+                        crate::memory::release_freed_memory();
                     }
                 }
                 Err(e) => return status(500, "InternalError", e),
@@ -635,7 +746,7 @@ async fn watch<L: CloudLink>(
                         continue;
                     }
                     if let Some(t) = translate(&ev, &filter)
-                        && tx.send(encode(t, &ev.object)).await.is_err()
+                        && tx.send(enc.raw(t, &ev.object)).await.is_err()
                     {
                         break 'outer;
                     }
