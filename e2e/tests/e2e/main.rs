@@ -18,6 +18,7 @@ mod kubeedge_cloud;
 mod metamanager;
 mod metrics;
 mod objectsync;
+mod portforward;
 mod resilience;
 mod stream;
 mod stream_auth;

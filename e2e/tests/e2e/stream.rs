@@ -483,6 +483,37 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         (connect.connect_id, MessageType::RemoveConnect)
     );
 
+    // port-forward: this edge (as every released KubeEdge edge) did not advertise it in its
+    // handshake, and such edges crash on a connect type they do not know, so the cloud
+    // answers 501 itself and sends the edge nothing; a ping still gets its pong after.
+    let mut client = send_raw(
+        &stream,
+        &apiserver,
+        &format!(
+            "POST /portForward/{ns}/web HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+             Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n"
+        ),
+    )
+    .await;
+    let (head, mut body) = read_response_head(&mut client).await;
+    assert_eq!(head.status, 501);
+    let len: usize = head
+        .header("content-length")
+        .and_then(|l| l.parse().ok())
+        .expect("a length");
+    read_at_least(&mut client, &mut body, len).await;
+    assert!(
+        String::from_utf8_lossy(&body).contains("does not serve port-forward"),
+        "{body:?}"
+    );
+    w.write_all(&ws::encode_frame(ws::OP_PING, b"after", Some([5, 5, 5, 5])))
+        .await
+        .unwrap();
+    match tokio::time::timeout(WAIT, reader.next()).await {
+        Ok(Ok(Some(WsEvent::Pong(p)))) => assert_eq!(p, b"after", "nothing before the pong"),
+        other => panic!("expected only a pong, got {other:?}"),
+    }
+
     // A pod on a node without a tunnel: a clear error.
     let other: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
         "metadata": {"name": "elsewhere"},

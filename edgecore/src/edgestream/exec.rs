@@ -209,7 +209,7 @@ pub fn split_url(url: &str) -> Option<(String, String)> {
 }
 
 /// Connects to the streaming server and sends the upgrade request.
-async fn dial(c: &Connector, url: &str) -> Result<tokio::net::TcpStream, Refusal> {
+pub(super) async fn dial(c: &Connector, url: &str) -> Result<tokio::net::TcpStream, Refusal> {
     let (host, target) = split_url(url).ok_or_else(|| {
         Refusal(
             500,
@@ -238,13 +238,52 @@ async fn dial(c: &Connector, url: &str) -> Result<tokio::net::TcpStream, Refusal
     Ok(tcp)
 }
 
+/// Relays the runtime's streaming connection and the tunnel connection `id` until either
+/// ends, the stream idles for [`IDLE_TIMEOUT`] or `cancel`.
+pub(super) async fn relay(
+    id: u64,
+    tcp: tokio::net::TcpStream,
+    tunnel: &TunnelSender,
+    mut data: mpsc::Receiver<Vec<u8>>,
+    cancel: &CancellationToken,
+) {
+    let (mut rd, mut wr) = tcp.into_split();
+    let mut buf = vec![0u8; CHUNK];
+    let mut to_runtime_open = true;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(IDLE_TIMEOUT) => {
+                tracing::info!(id, "stream idle for {IDLE_TIMEOUT:?}; closing it");
+                break;
+            }
+            n = rd.read(&mut buf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if !tunnel.data(id, buf[..n].to_vec(), cancel).await {
+                        break;
+                    }
+                }
+            },
+            chunk = data.recv(), if to_runtime_open => match chunk {
+                Some(chunk) => {
+                    if wr.write_all(&chunk).await.is_err() {
+                        break;
+                    }
+                }
+                None => to_runtime_open = false,
+            },
+        }
+    }
+}
+
 /// Serves one exec/attach connection; `data` carries the cloud's DATA for it.
 pub async fn serve(
     id: u64,
     connector: Connector,
     runtime: Runtime,
     tunnel: TunnelSender,
-    mut data: mpsc::Receiver<Vec<u8>>,
+    data: mpsc::Receiver<Vec<u8>>,
     cancel: CancellationToken,
 ) {
     let started = async {
@@ -265,34 +304,7 @@ pub async fn serve(
     };
     if let Some(tcp) = tcp {
         tracing::debug!(id, path = %connector.url.path, "exec/attach stream opened");
-        let (mut rd, mut wr) = tcp.into_split();
-        let mut buf = vec![0u8; CHUNK];
-        let mut to_runtime_open = true;
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(IDLE_TIMEOUT) => {
-                    tracing::info!(id, "exec/attach stream idle for {IDLE_TIMEOUT:?}; closing it");
-                    break;
-                }
-                n = rd.read(&mut buf) => match n {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if !tunnel.data(id, buf[..n].to_vec(), &cancel).await {
-                            break;
-                        }
-                    }
-                },
-                chunk = data.recv(), if to_runtime_open => match chunk {
-                    Some(chunk) => {
-                        if wr.write_all(&chunk).await.is_err() {
-                            break;
-                        }
-                    }
-                    None => to_runtime_open = false,
-                },
-            }
-        }
+        relay(id, tcp, &tunnel, data, &cancel).await;
         tracing::debug!(id, "exec/attach stream ended");
     }
     tunnel.finish(id, &cancel).await;
