@@ -206,6 +206,31 @@ async fn kubectl_port_forward_reaches_a_server_in_an_edge_pod() {
         .await;
     }
 
+    // A port nothing listens on in the pod: the runtime's refusal reaches kubectl (which
+    // closes the local connection and reports it), and the tunnel connection ends with it.
+    let pf = PortForward::start(&env, "server", 9, true).await;
+    let mut c = TcpStream::connect(("127.0.0.1", pf.local))
+        .await
+        .expect("kubectl accepts the local connection");
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(WAIT, c.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the local connection is closed: {closed:?} {rest:?}"
+    );
+    let err = pf.stop().await;
+    assert!(
+        err.contains("error forwarding port 9") && err.contains("connection refused"),
+        "kubectl reports the refused port: {err}"
+    );
+    wait_for(
+        "the failed port-forward connection to close",
+        WAIT,
+        || async { (stream.open_connections(&env.node) == 0).then_some(()) },
+    )
+    .await;
+    assert!(stream.is_connected(&env.node), "the tunnel is still up");
+
     // A pod that does not exist: the API server says so.
     let out = env
         .cluster

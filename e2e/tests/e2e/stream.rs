@@ -949,6 +949,10 @@ impl GoCloud {
             .map(|(_, v)| v.trim().to_string())
             .expect("a WebSocket key");
         assert!(text.contains("SessionHostNameOverride: "), "{text}");
+        assert!(
+            text.contains("X-KubeEdge-RS-Capabilities: port-forward"),
+            "{text}"
+        );
         let answer = format!(
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
             ws::accept_key(key.as_bytes())
@@ -1119,6 +1123,89 @@ async fn edgestream_serves_exec_for_a_kubeedge_cloud() {
     assert_eq!(
         String::from_utf8_lossy(&body),
         "container not found (\"other\")\n"
+    );
+
+    // PORT_FORWARD_CONNECT (7) as KubeEdge's port-forward change (PR #7019) sends it: the
+    // exec payload for the kubelet's /portForward path; containerd's streaming server
+    // upgrades. A bad port is the kubelet's 400, then REMOVE_CONNECT.
+    let forward = |id: u64, query: &str| {
+        let v = json!({
+            "MessID": id,
+            "method": "POST",
+            "header": {
+                "Connection": ["Upgrade"],
+                "Upgrade": ["SPDY/3.1"],
+                "X-Stream-Protocol-Version": ["portforward.k8s.io"],
+            },
+            "url": {"Scheme": "http", "Host": "127.0.0.1:10350",
+                    "Path": format!("/portForward/{}/target", env.ns), "RawQuery": query},
+        });
+        serde_json::to_vec(&v).expect("json")
+    };
+    cloud
+        .send(TunnelMessage::new(
+            9,
+            MessageType::PortForwardConnect,
+            forward(9, ""),
+        ))
+        .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut buf = Vec::new();
+    let head = loop {
+        assert!(tokio::time::Instant::now() < deadline, "no answer: {buf:?}");
+        let m = cloud.next().await;
+        if m.connect_id != 9 {
+            continue; // leftovers of the connections above
+        }
+        assert_eq!(m.kind, MessageType::Data);
+        buf.extend(m.data);
+        if let Some((head, _)) =
+            kubeedge_shared::stream::http::parse_response_head(&buf).expect("HTTP")
+        {
+            break head;
+        }
+    };
+    assert_eq!(head.status, 101, "{head:?}");
+    assert_eq!(
+        head.header("x-stream-protocol-version"),
+        Some("portforward.k8s.io")
+    );
+    cloud
+        .send(TunnelMessage::new(
+            9,
+            MessageType::RemoveConnect,
+            Vec::new(),
+        ))
+        .await;
+    cloud
+        .send(TunnelMessage::new(
+            10,
+            MessageType::PortForwardConnect,
+            forward(10, "port=0"),
+        ))
+        .await;
+    let mut body = Vec::new();
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no answer: {body:?}"
+        );
+        let m = cloud.next().await;
+        if m.connect_id != 10 {
+            continue;
+        }
+        if m.kind == MessageType::RemoveConnect {
+            break;
+        }
+        body.extend(m.data);
+    }
+    let (head, used) = kubeedge_shared::stream::http::parse_response_head(&body)
+        .expect("HTTP")
+        .expect("a head");
+    assert_eq!(head.status, 400);
+    assert_eq!(
+        String::from_utf8_lossy(&body[used..]),
+        "port \"0\" must be > 0\n"
     );
     env.finish().await;
 }
