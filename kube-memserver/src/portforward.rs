@@ -38,19 +38,29 @@ const MAX_MESSAGE: usize = 1 << 20;
 const CHUNK: usize = 32 * 1024;
 
 /// The kubelet query for the client's `ports` options: `port=` with the ports joined by
-/// commas, or nothing (Go's `url.Values.Encode` escapes the comma).
+/// commas, or nothing (Go's `url.Values.Encode` escapes the comma). Each `ports` value may
+/// itself hold comma-separated ports, each a 16-bit unsigned number, else `400`, as the
+/// apiserver's `Convert_Slice_string_To_Slice_int32` reads them (0 passes; the kubelet
+/// refuses it).
 pub fn kubelet_query(raw_query: &str) -> ApiResult<String> {
     let mut ports = Vec::new();
     for (k, v) in kubeedge_shared::stream::parse_query(raw_query) {
         if k != "ports" {
             continue;
         }
-        let p: i32 = v.trim().parse().map_err(|_| {
-            ApiError::bad_request(format!(
-                "ports: invalid value {v:?}: strconv.ParseInt: parsing {v:?}: invalid syntax"
-            ))
-        })?;
-        ports.push(p.to_string());
+        for p in v.split(',') {
+            let n: u16 = p.parse().map_err(|_| {
+                let why = if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+                    "value out of range"
+                } else {
+                    "invalid syntax"
+                };
+                ApiError::bad_request(format!(
+                    "cannot convert to []int32: strconv.ParseUint: parsing {p:?}: {why}"
+                ))
+            })?;
+            ports.push(n.to_string());
+        }
     }
     Ok(if ports.is_empty() {
         String::new()
@@ -267,7 +277,13 @@ mod tests {
             kubelet_query("ports=8080&ports=9090").unwrap(),
             "port=8080%2C9090"
         );
-        assert_eq!(kubelet_query("ports=x").unwrap_err().code, 400);
+        assert_eq!(
+            kubelet_query("ports=80%2C443&ports=8080").unwrap(),
+            "port=80%2C443%2C8080"
+        );
+        for bad in ["ports=x", "ports=70000", "ports=-1", "ports=80,"] {
+            assert_eq!(kubelet_query(bad).unwrap_err().code, 400, "{bad}");
+        }
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -7,7 +7,10 @@
 //!
 //! The ports travel in the SPDY stream headers. A `port` query parameter (what the apiserver
 //! sends when the client names ports in the URL, comma-separated) is checked as the kubelet
-//! checks it for WebSocket requests (`NewV4Options`): each a number in 1–65535.
+//! checks it for WebSocket requests (`NewV4Options`, same messages): each a number in
+//! 1–65535, else 400. Stricter than the kubelet, which ignores the parameter for SPDY
+//! requests: a bad port is a clear error rather than silently unused. (A WebSocket request
+//! without it is refused by the runtime's streaming server, which runs the same check.)
 
 use super::exec::{Refusal, dial, error_response, relay};
 use super::sender::TunnelSender;
@@ -48,8 +51,14 @@ impl PortForwardRequest {
             .iter()
             .filter(|(k, _)| k == PARAM_PORT)
         {
+            if value.is_empty() {
+                return Err(Refusal(
+                    400,
+                    format!("query parameter {PARAM_PORT:?} cannot be empty"),
+                ));
+            }
             for p in value.split(',') {
-                ports.push(parse_port(p)?);
+                ports.push(parse_port(value, p)?);
             }
         }
         Ok(PortForwardRequest {
@@ -61,14 +70,23 @@ impl PortForwardRequest {
     }
 }
 
-/// One port as the kubelet reads it (`strconv.ParseUint(p, 10, 16)`, then `> 0`).
-fn parse_port(p: &str) -> Result<u16, Refusal> {
+/// One port `p` of the parameter `value` as the kubelet reads it (`strconv.ParseUint(p, 10,
+/// 16)`, then `> 0`), with its messages.
+fn parse_port(value: &str, p: &str) -> Result<u16, Refusal> {
+    let syntax = !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
     match p.parse::<u16>() {
-        Ok(0) => Err(Refusal(400, format!("port {p:?} must be > 0"))),
+        Ok(0) => Err(Refusal(400, format!("port {value:?} must be > 0"))),
         Ok(n) => Ok(n),
-        Err(e) => Err(Refusal(
+        Err(_) => Err(Refusal(
             400,
-            format!("unable to parse {p:?} as a port: {e}"),
+            format!(
+                "unable to parse {value:?} as a port: strconv.ParseUint: parsing {p:?}: {}",
+                if syntax {
+                    "value out of range"
+                } else {
+                    "invalid syntax"
+                }
+            ),
         )),
     }
 }
@@ -176,12 +194,21 @@ mod tests {
             let e = PortForwardRequest::parse("/portForward/ns/web", q).unwrap_err();
             assert_eq!(e.0, 400, "{q}: {e:?}");
         }
-        assert_eq!(
-            PortForwardRequest::parse("/portForward/ns/web", "port=70000")
+        let msg = |q| {
+            PortForwardRequest::parse("/portForward/ns/web", q)
                 .unwrap_err()
-                .1,
-            "unable to parse \"70000\" as a port: number too large to fit in target type"
+                .1
+        };
+        assert_eq!(
+            msg("port=70000"),
+            "unable to parse \"70000\" as a port: strconv.ParseUint: parsing \"70000\": value out of range"
         );
+        assert_eq!(
+            msg("port=80%2Cx"),
+            "unable to parse \"80,x\" as a port: strconv.ParseUint: parsing \"x\": invalid syntax"
+        );
+        assert_eq!(msg("port="), "query parameter \"port\" cannot be empty");
+        assert_eq!(msg("port=0"), "port \"0\" must be > 0");
         for p in [
             "/portForward/ns",
             "/portForward//web",
