@@ -15,8 +15,50 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-/// The port the pod's server listens on.
+/// The port the pod's greeting server listens on.
 const POD_PORT: u16 = 8080;
+/// The port of the pod's HTTP server (busybox httpd), which serves [`big_file`] as `/big`.
+const HTTP_PORT: u16 = 8081;
+/// Size of `/big`: many SPDY frames, tunnel messages and WebSocket messages.
+const BIG: usize = 2 << 20;
+
+/// What `yes 0123456789abcdef | head -c BIG` writes.
+fn big_file() -> Vec<u8> {
+    b"0123456789abcdef\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(BIG)
+        .collect()
+}
+
+/// `GET /big` through the forwarded port: the whole body, byte for byte.
+async fn fetch_big(local: u16) -> Result<(), String> {
+    let mut c = TcpStream::connect(("127.0.0.1", local))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    c.write_all(b"GET /big HTTP/1.0\r\n\r\n")
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut all = Vec::new();
+    tokio::time::timeout(WAIT, c.read_to_end(&mut all))
+        .await
+        .map_err(|_| format!("not all within {WAIT:?}: {} bytes", all.len()))?
+        .map_err(|e| format!("read: {e}"))?;
+    let at = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP head in {} bytes", all.len()))?;
+    let head = String::from_utf8_lossy(&all[..at]).into_owned();
+    if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
+        return Err(format!("answer: {head}"));
+    }
+    let body = &all[at + 4..];
+    if body != big_file().as_slice() {
+        return Err(format!("body of {} bytes differs from /big", body.len()));
+    }
+    Ok(())
+}
 
 /// A free port on the loopback interface (bound, read, released).
 fn free_local_port() -> u16 {
@@ -170,7 +212,9 @@ async fn kubectl_port_forward_reaches_a_server_in_an_edge_pod() {
                 "name": "main",
                 "image": BUSYBOX_IMAGE,
                 "command": ["sh", "-c", format!(
-                    "mkdir -p /tmp && printf '{script}' > /tmp/s && chmod +x /tmp/s && \
+                    "mkdir -p /tmp /www && printf '{script}' > /tmp/s && chmod +x /tmp/s && \
+                     yes 0123456789abcdef | head -c {BIG} > /www/big && \
+                     httpd -p {HTTP_PORT} -h /www && \
                      exec nc -ll -p {POD_PORT} -e /tmp/s"
                 )],
             }],
@@ -195,6 +239,22 @@ async fn kubectl_port_forward_reaches_a_server_in_an_edge_pod() {
             1,
             "one tunnel connection per kubectl port-forward ({how})"
         );
+        let err = pf.stop().await;
+        assert!(
+            !err.contains("error"),
+            "kubectl port-forward ({how}) reported: {err}"
+        );
+        wait_for("the port-forward connection to close", WAIT, || async {
+            (stream.open_connections(&env.node) == 0).then_some(())
+        })
+        .await;
+
+        // 2 MiB from the pod's HTTP server, intact.
+        let pf = PortForward::start(&env, "server", HTTP_PORT, websockets).await;
+        if let Err(e) = fetch_big(pf.local).await {
+            let err = pf.stop().await;
+            panic!("GET /big through port-forward ({how}): {e}; kubectl: {err}");
+        }
         let err = pf.stop().await;
         assert!(
             !err.contains("error"),
