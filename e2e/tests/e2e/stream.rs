@@ -506,6 +506,27 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         String::from_utf8_lossy(&body).contains("does not serve port-forward"),
         "{body:?}"
     );
+    // A pod that does not exist: 404 before any tunnel is involved.
+    let mut client = send_raw(
+        &stream,
+        &apiserver,
+        &format!(
+            "POST /portForward/{ns}/nope HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+             Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n"
+        ),
+    )
+    .await;
+    let (head, mut body) = read_response_head(&mut client).await;
+    assert_eq!(head.status, 404);
+    let len: usize = head
+        .header("content-length")
+        .and_then(|l| l.parse().ok())
+        .expect("a length");
+    read_at_least(&mut client, &mut body, len).await;
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        format!("pod {ns}/nope not found")
+    );
     w.write_all(&ws::encode_frame(ws::OP_PING, b"after", Some([5, 5, 5, 5])))
         .await
         .unwrap();
