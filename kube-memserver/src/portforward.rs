@@ -270,6 +270,49 @@ where
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn the_tunnel_carries_spdy_bytes_in_binary_messages_both_ways() {
+        let (client, client_peer) = tokio::io::duplex(1 << 16);
+        let (kubelet, mut kubelet_peer) = tokio::io::duplex(1 << 16);
+        let task = tokio::spawn(tunnel(client_peer, kubelet));
+        let (cr, mut cw) = tokio::io::split(client);
+        let mut from_server = WsReader::new(cr, MAX_MESSAGE);
+        // kubectl's side: masked binary messages, a ping in between.
+        let mask = Some([1, 2, 3, 4]);
+        cw.write_all(&ws::encode_frame(ws::OP_BINARY, b"\x80\x03spdy", mask))
+            .await
+            .unwrap();
+        cw.write_all(&ws::encode_frame(ws::OP_PING, b"p", mask))
+            .await
+            .unwrap();
+        cw.write_all(&ws::encode_frame(ws::OP_BINARY, b"-frames", mask))
+            .await
+            .unwrap();
+        let mut got = vec![0u8; 13];
+        kubelet_peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, b"\x80\x03spdy-frames");
+        assert_eq!(
+            from_server.next().await.unwrap(),
+            Some(WsEvent::Pong(b"p".to_vec()))
+        );
+        // The kubelet's bytes come back as binary messages.
+        kubelet_peer.write_all(b"\x80\x03reply").await.unwrap();
+        assert_eq!(
+            from_server.next().await.unwrap(),
+            Some(WsEvent::Data {
+                opcode: ws::OP_BINARY,
+                payload: b"\x80\x03reply".to_vec()
+            })
+        );
+        // The kubelet ending ends the tunnel with a normal closure.
+        drop(kubelet_peer);
+        assert_eq!(from_server.next().await.unwrap(), Some(WsEvent::Close));
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("the tunnel ends")
+            .unwrap();
+    }
+
     #[test]
     fn ports_become_the_kubelet_s_port_param() {
         assert_eq!(kubelet_query("").unwrap(), "");
