@@ -12,7 +12,7 @@
 //! requests: a bad port is a clear error rather than silently unused. (A WebSocket request
 //! without it is refused by the runtime's streaming server, which runs the same check.)
 
-use super::exec::{Refusal, dial, error_response, relay};
+use super::exec::{Refusal, Upgrade};
 use super::sender::TunnelSender;
 use crate::cri::api;
 use crate::cri::runtime::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime};
@@ -132,28 +132,18 @@ pub async fn serve(
     data: mpsc::Receiver<Vec<u8>>,
     cancel: CancellationToken,
 ) {
-    let started = async {
+    let url = async {
         let req = PortForwardRequest::parse(&connector.url.path, &connector.url.raw_query)?;
-        let url = streaming_url(&runtime, &req).await?;
-        dial(&connector, &url).await
+        streaming_url(&runtime, &req).await
     };
-    let tcp = tokio::select! {
-        _ = cancel.cancelled() => None,
-        r = started => match r {
-            Ok(tcp) => Some(tcp),
-            Err(refusal) => {
-                tracing::info!(id, path = %connector.url.path, status = refusal.0, error = %refusal.1, "port-forward request refused");
-                tunnel.data(id, error_response(&refusal), &cancel).await;
-                None
-            }
-        },
+    let conn = Upgrade {
+        what: "port-forward",
+        id,
+        connector: &connector,
+        tunnel: &tunnel,
+        cancel: &cancel,
     };
-    if let Some(tcp) = tcp {
-        tracing::debug!(id, path = %connector.url.path, "port-forward stream opened");
-        relay(id, tcp, &tunnel, data, &cancel).await;
-        tracing::debug!(id, "port-forward stream ended");
-    }
-    tunnel.finish(id, &cancel).await;
+    conn.serve(url, data).await;
 }
 
 #[cfg(test)]
