@@ -2,8 +2,8 @@
 //! the API server (`pods/<name>/portforward`, proxied to the node's kubelet endpoint as
 //! `/portForward/<ns>/<pod>`) → cloudcore's stream server → the WSS tunnel (PORT_FORWARD_CONNECT)
 //! → edgecore's edgestream → CRI `PortForward` on the real containerd, whose streaming server
-//! dials the port inside the pod's network namespace. kubectl ≥ 1.31 asks for SPDY tunneled
-//! over WebSocket first (the API server translates it to SPDY for the kubelet); with
+//! dials the port inside the pod's network namespace. kubectl ≥ 1.31 asks by default for SPDY
+//! tunneled over WebSocket first (the API server translates it to SPDY for the kubelet); with
 //! `KUBECTL_PORT_FORWARD_WEBSOCKETS=false` it speaks SPDY all the way. Both are checked.
 
 use crate::stream::stream_env;
@@ -85,12 +85,13 @@ impl PortForward {
             &format!("pod/{pod}"),
             &format!("{local}:{remote}"),
         ])
-        .env(
-            "KUBECTL_PORT_FORWARD_WEBSOCKETS",
-            if websockets { "true" } else { "false" },
-        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+        // kubectl's default (WebSocket first since 1.31), or SPDY only.
+        match websockets {
+            true => cmd.env_remove("KUBECTL_PORT_FORWARD_WEBSOCKETS"),
+            false => cmd.env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false"),
+        };
         let mut child = cmd.spawn().expect("kubectl port-forward");
         let mut err = child.stderr.take().expect("stderr");
         let stderr = tokio::spawn(async move {
