@@ -124,13 +124,13 @@ pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value
         }
         resources.push(r);
         for sub in &info.subresources {
-            let (g, v, k) = info.subresource_kind(sub);
+            let (g, v, k) = subresource_kind(info, sub);
             let mut s = json!({
                 "name": format!("{}/{sub}", info.plural),
                 "singularName": "",
                 "namespaced": info.namespaced,
                 "kind": k,
-                "verbs": ResourceInfo::subresource_verbs(sub),
+                "verbs": subresource_verbs(sub),
             });
             if g != info.group || v != info.version {
                 s["group"] = json!(g);
@@ -147,6 +147,22 @@ pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value
     Some(
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
     )
+}
+
+// `pods/portforward` is a connecter like exec and attach (GET and POST). Its kind and verbs
+// belong with theirs in `ResourceInfo`; they live here until resources.rs is free to change.
+fn subresource_kind(info: &ResourceInfo, sub: &str) -> (String, String, String) {
+    match sub {
+        "portforward" => (String::new(), "v1".into(), "PodPortForwardOptions".into()),
+        _ => info.subresource_kind(sub),
+    }
+}
+
+fn subresource_verbs(sub: &str) -> Vec<&'static str> {
+    match sub {
+        "portforward" => vec!["create", "get"],
+        _ => ResourceInfo::subresource_verbs(sub),
+    }
 }
 
 fn resource_discovery(info: &ResourceInfo) -> Value {
@@ -168,11 +184,11 @@ fn resource_discovery(info: &ResourceInfo) -> Value {
             info.subresources
                 .iter()
                 .map(|sub| {
-                    let (g, v, k) = info.subresource_kind(sub);
+                    let (g, v, k) = subresource_kind(info, sub);
                     json!({
                         "subresource": sub,
                         "responseKind": {"group": g, "version": v, "kind": k},
-                        "verbs": ResourceInfo::subresource_verbs(sub),
+                        "verbs": subresource_verbs(sub),
                     })
                 })
                 .collect(),
@@ -297,5 +313,13 @@ mod tests {
             .find(|r| r["name"] == "serviceaccounts/token")
             .unwrap();
         assert_eq!(token["group"], "authentication.k8s.io");
+        // As upstream: `{"name":"pods/portforward","kind":"PodPortForwardOptions",
+        // "verbs":["create","get"]}`, like exec and attach.
+        let pf = res
+            .iter()
+            .find(|r| r["name"] == "pods/portforward")
+            .unwrap();
+        assert_eq!(pf["kind"], "PodPortForwardOptions");
+        assert_eq!(pf["verbs"], json!(["create", "get"]));
     }
 }

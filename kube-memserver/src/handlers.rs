@@ -96,9 +96,12 @@ pub async fn handle(
     }
     // Upgrades keep the connection: served before the body is read.
     if let Some((ns, name, sub)) = super::remotecommand::target(&method, &path) {
-        return super::remotecommand::serve(&st, req, &ns, &name, sub)
-            .await
-            .unwrap_or_else(|e| error_response(&e));
+        let served = if sub == "portforward" {
+            super::portforward::serve(&st, req, &ns, &name).await
+        } else {
+            super::remotecommand::serve(&st, req, &ns, &name, sub).await
+        };
+        return served.unwrap_or_else(|e| error_response(&e));
     }
     if let Some((node, sub)) = super::node_proxy::target(&method, &path) {
         return super::node_proxy::serve(&st, req, &node, &sub)

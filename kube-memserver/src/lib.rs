@@ -30,6 +30,7 @@ mod node_lifecycle;
 mod node_proxy;
 pub mod patch;
 mod persist;
+mod portforward;
 mod protobuf;
 mod query;
 mod remotecommand;

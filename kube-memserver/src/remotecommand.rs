@@ -25,7 +25,7 @@ use super::verbs;
 /// Largest kubelet error body relayed.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// `(namespace, pod, "exec"|"attach")` when `path` is such a request.
+/// `(namespace, pod, "exec"|"attach"|"portforward")` when `path` is such a request.
 pub fn target(method: &Method, path: &str) -> Option<(String, String, &'static str)> {
     if method != Method::GET && method != Method::POST {
         return None;
@@ -43,6 +43,7 @@ pub fn target(method: &Method, path: &str) -> Option<(String, String, &'static s
             let sub = match *sub {
                 "exec" => "exec",
                 "attach" => "attach",
+                "portforward" => "portforward",
                 _ => return None,
             };
             Some((ns.to_string(), name.to_string(), sub))
@@ -133,61 +134,13 @@ pub async fn serve(
     let container = kubelet::pick_container(&pod, pod_name, &query)?;
     let q = kubelet_query(sub, req.uri().query().unwrap_or_default())?;
     let path = format!("/{sub}/{ns}/{pod_name}/{container}?{q}");
-    let verb = if req.method() == Method::POST {
-        "Post"
-    } else {
-        "Get"
-    };
-    let (tls, authority) =
-        kubelet::connect(st, &pod, pod_name, verb, &path, &st.kubelet_tls.default).await?;
-    let fail = |e: &dyn std::fmt::Display| {
-        ApiError::internal(format!("{verb} https://{authority}{path}: {e}"))
-    };
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| fail(&e))?;
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-    });
-    let mut upstream = Request::builder()
-        .method(req.method().clone())
-        .uri(path.as_str())
-        .header(header::HOST, authority.as_str());
-    for (k, v) in req.headers() {
-        if forwarded(k) {
-            upstream = upstream.header(k, v);
-        }
-    }
-    let upstream = upstream.body(Empty::<Bytes>::new()).map_err(|e| fail(&e))?;
-    let resp = sender.send_request(upstream).await.map_err(|e| fail(&e))?;
-    let status = resp.status();
-    if status != StatusCode::SWITCHING_PROTOCOLS {
+    let resp = kubelet_upgrade(st, &pod, pod_name, req.method(), &path, req.headers()).await?;
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The kubelet's refusal goes back as it is (a WebSocket client sees the failed
         // handshake and may fall back to SPDY).
-        let headers = resp.headers().clone();
-        let body = Limited::new(resp.into_body(), MAX_ERROR_BODY)
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        let mut out = Response::new(Full::new(body).boxed());
-        *out.status_mut() = status;
-        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-            out.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
-        }
-        return Ok(out);
+        return Ok(refusal(resp).await);
     }
-    let mut out = Response::new(Empty::new().boxed());
-    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    for (k, v) in resp.headers() {
-        if k != header::CONTENT_LENGTH && k != header::TRANSFER_ENCODING {
-            out.headers_mut().append(k, v.clone());
-        }
-    }
-    if !out.headers().contains_key(header::CONNECTION) {
-        out.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    }
+    let out = switching_protocols(resp.headers());
     let kubelet_side = hyper::upgrade::on(resp);
     let client_side = hyper::upgrade::on(req);
     tokio::spawn(async move {
@@ -200,9 +153,81 @@ pub async fn serve(
     Ok(out)
 }
 
+/// Sends the upgrade request `method path` with `headers` (those [`forwarded`]) to the
+/// kubelet of the node `pod` runs on, and returns its answer (a `101` can be upgraded).
+pub(super) async fn kubelet_upgrade(
+    st: &State,
+    pod: &Value,
+    pod_name: &str,
+    method: &Method,
+    path: &str,
+    headers: &http::HeaderMap,
+) -> ApiResult<Response<Incoming>> {
+    let verb = if method == Method::POST {
+        "Post"
+    } else {
+        "Get"
+    };
+    let (tls, authority) =
+        kubelet::connect(st, pod, pod_name, verb, path, &st.kubelet_tls.default).await?;
+    let fail = |e: &dyn std::fmt::Display| {
+        ApiError::internal(format!("{verb} https://{authority}{path}: {e}"))
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| fail(&e))?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let mut upstream = Request::builder()
+        .method(method.clone())
+        .uri(path)
+        .header(header::HOST, authority.as_str());
+    for (k, v) in headers {
+        if forwarded(k) {
+            upstream = upstream.header(k, v);
+        }
+    }
+    let upstream = upstream.body(Empty::<Bytes>::new()).map_err(|e| fail(&e))?;
+    sender.send_request(upstream).await.map_err(|e| fail(&e))
+}
+
+/// A kubelet's non-upgrade answer, relayed: its status, content type and (bounded) body.
+pub(super) async fn refusal(resp: Response<Incoming>) -> Response<Body> {
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = Limited::new(resp.into_body(), MAX_ERROR_BODY)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut out = Response::new(Full::new(body).boxed());
+    *out.status_mut() = status;
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        out.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+    }
+    out
+}
+
+/// The client's `101` with the kubelet's upgrade headers.
+pub(super) fn switching_protocols(kubelet: &http::HeaderMap) -> Response<Body> {
+    let mut out = Response::new(Empty::new().boxed());
+    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    for (k, v) in kubelet {
+        if k != header::CONTENT_LENGTH && k != header::TRANSFER_ENCODING {
+            out.headers_mut().append(k, v.clone());
+        }
+    }
+    if !out.headers().contains_key(header::CONNECTION) {
+        out.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    }
+    out
+}
+
 /// Copies both ways until one direction ends, then closes both (the apiserver's
 /// upgrade-aware proxy does the same).
-async fn splice<A, B>(a: A, b: B)
+pub(super) async fn splice<A, B>(a: A, b: B)
 where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -231,6 +256,10 @@ mod tests {
         assert_eq!(
             target(&Method::GET, "/api/v1/namespaces/ns/pods/web/attach"),
             Some(("ns".into(), "web".into(), "attach"))
+        );
+        assert_eq!(
+            target(&Method::POST, "/api/v1/namespaces/ns/pods/web/portforward"),
+            Some(("ns".into(), "web".into(), "portforward"))
         );
         assert_eq!(
             target(&Method::PUT, "/api/v1/namespaces/ns/pods/web/exec"),

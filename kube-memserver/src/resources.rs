@@ -170,7 +170,7 @@ const EVENT_FIELDS: &[&str] = &[
 #[rustfmt::skip]
 const BUILTINS: &[Builtin] = &[
     Builtin { group: "", version: "v1", plural: "namespaces", kind: "Namespace", namespaced: false, short: &["ns"], subs: &["status", "finalize"], returns_deleted: true, create_on_update: false, name_rule: NameRule::Label, fields: &["status.phase"], categories: &[] },
-    Builtin { group: "", version: "v1", plural: "pods", kind: "Pod", namespaced: true, short: &["po"], subs: &["status", "binding", "log", "exec", "attach"], returns_deleted: true, create_on_update: false, name_rule: NameRule::Subdomain, fields: POD_FIELDS, categories: &["all"] },
+    Builtin { group: "", version: "v1", plural: "pods", kind: "Pod", namespaced: true, short: &["po"], subs: &["status", "binding", "log", "exec", "attach", "portforward"], returns_deleted: true, create_on_update: false, name_rule: NameRule::Subdomain, fields: POD_FIELDS, categories: &["all"] },
     Builtin { group: "", version: "v1", plural: "nodes", kind: "Node", namespaced: false, short: &["no"], subs: &["status"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &["spec.unschedulable"], categories: &[] },
     Builtin { group: "", version: "v1", plural: "configmaps", kind: "ConfigMap", namespaced: true, short: &["cm"], subs: &[], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &[] },
     Builtin { group: "", version: "v1", plural: "secrets", kind: "Secret", namespaced: true, short: &[], subs: &[], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &["type"], categories: &[] },

@@ -11,6 +11,10 @@ pub const CONNECTION_USE_MSG: &str = "msg";
 /// Real KubeEdge peers ignore unknown headers and are served in compatibility mode.
 pub const HEADER_CAPABILITIES: &str = "X-KubeEdge-RS-Capabilities";
 pub const CAPABILITY_INVENTORY: &str = "inventory-resync";
+/// Sent by edgestream in the stream tunnel handshake (same header): the edge serves
+/// PORT_FORWARD_CONNECT. Released KubeEdge edges crash on connect types they do not know,
+/// so the cloud sends it to no other edge.
+pub const CAPABILITY_PORT_FORWARD: &str = "port-forward";
 
 pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
 pub const DEFAULT_CLOUDHUB_PORT: u16 = 10000;

@@ -1,12 +1,15 @@
-//! `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}` and `/attach/…` on the stream server: the
-//! apiserver's upgrade request (SPDY, or WebSocket from apiservers that proxy it) goes to
-//! the pod's node as EXEC_CONNECT/ATTACH_CONNECT with the method, the URL rewritten to
+//! `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}`, `/attach/…` and
+//! `/portForward/{ns}/{pod}[/{uid}]` on the stream server: the apiserver's upgrade request
+//! (SPDY, or WebSocket from apiservers that proxy it) goes to the pod's node as
+//! EXEC_CONNECT/ATTACH_CONNECT/PORT_FORWARD_CONNECT with the method, the URL rewritten to
 //! `http://127.0.0.1:10350` and the request headers (KubeEdge's `EdgedExecConnection`).
 //! The edge answers with the raw HTTP response of its streaming server in DATA frames;
 //! KubeEdge writes those bytes to the hijacked client connection, and since hyper parses the
 //! request here, the response head is parsed back out of them: `101` upgrades the client
 //! connection and from then on bytes are relayed both ways; any other status is answered
 //! with its headers and body. Either side ending ends both (as the apiserver's proxy does).
+//! PORT_FORWARD_CONNECT (type 7, as in KubeEdge's pending port-forward change) goes only to
+//! edges whose tunnel handshake advertised it; others get 501.
 
 use super::relay::{Body, ConnGuard, connect, session_for_pod, text};
 use super::session::Sessions;
@@ -42,13 +45,23 @@ pub async fn serve(
         Ok(s) => s,
         Err(r) => return r,
     };
+    if kind == MessageType::PortForwardConnect && !session.capabilities.port_forward {
+        // Released KubeEdge edges crash on a connect type they do not know: never send it.
+        return text(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "edge node {} does not serve port-forward through the stream tunnel (KubeEdge's edgecore does not); it needs kubeedge-rs edgecore",
+                session.node
+            ),
+        );
+    }
     let method = Some(req.method().to_string());
     let (guard, mut rx) = match connect(sessions, &session, kind, &req, method).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     let id = guard.id;
-    tracing::debug!(node = %session.node, id, ?kind, path = %req.uri().path(), "exec/attach connection opened");
+    tracing::debug!(node = %session.node, id, ?kind, path = %req.uri().path(), "upgrade connection opened");
     let (head, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut rx)).await {
         Ok(Ok(x)) => x,
         Ok(Err(msg)) => {
@@ -69,7 +82,7 @@ pub async fn serve(
         }
     };
     if head.status != 101 {
-        tracing::info!(node = %session.node, id, status = head.status, "edge refused the exec/attach upgrade");
+        tracing::info!(node = %session.node, id, ?kind, status = head.status, "edge refused the upgrade");
         let body = read_body(&head, rest, &mut rx).await;
         return respond(&head, Full::new(Bytes::from(body)).boxed());
     }
@@ -205,7 +218,7 @@ where
         }
     };
     let _ = cw.shutdown().await;
-    tracing::debug!(id, why, "exec/attach connection ended");
+    tracing::debug!(id, why, "upgrade connection ended");
     drop(guard);
 }
 

@@ -4,8 +4,8 @@
 //! tunnel as LOGS_CONNECT with the URL rewritten to `http://127.0.0.1:10350`, and the DATA
 //! the edge sends back is the response body. Like KubeEdge, the answer is 200 with a chunked
 //! body once the tunnel is found; edge-side errors arrive as text in the body.
-//! `GET|POST /exec/…` and `/attach/…` are upgrades relayed byte for byte (see
-//! [`super::exec`]); `GET /stats…` and `/metrics…` go to the node found by IP or name (see
+//! `GET|POST /exec/…`, `/attach/…` and `/portForward/{ns}/{pod}[/{uid}]` are upgrades
+//! relayed byte for byte (see [`super::exec`]); `GET /stats…` and `/metrics…` go to the node found by IP or name (see
 //! [`super::metrics`]). Every request on a connection whose client certificate does not
 //! chain to the stream CA is answered 401 Unauthorized, as the kubelet ([`super::client_auth`]).
 //! What the routes share (the pod's tunnel, opening a connection on it) is in [`super::relay`].
@@ -94,36 +94,85 @@ fn unauthorized() -> Response<Body> {
     r
 }
 
+/// What a stream server request asks for: parsed once from the method and path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route {
+    Logs {
+        ns: String,
+        pod: String,
+    },
+    /// exec, attach or port-forward: an upgrade relayed to the pod's node as `kind`.
+    Upgrade {
+        kind: MessageType,
+        ns: String,
+        pod: String,
+    },
+    Metrics,
+    NotFound,
+}
+
+impl Route {
+    /// The kubelet's routes: `/containerLogs/{ns}/{pod}/{container}`,
+    /// `/exec|attach/{ns}/{pod}[/{uid}]/{container}`, `/portForward/{ns}/{pod}[/{uid}]`
+    /// (GET or POST), `/stats…` and `/metrics…`.
+    fn parse(method: &http::Method, path: &str) -> Route {
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let upgrade = |kind, ns: &str, pod: &str| Route::Upgrade {
+            kind,
+            ns: ns.to_string(),
+            pod: pod.to_string(),
+        };
+        let up = method == http::Method::GET || method == http::Method::POST;
+        match parts.as_slice() {
+            ["containerLogs", ns, pod, container]
+                if method == http::Method::GET
+                    && !ns.is_empty()
+                    && !pod.is_empty()
+                    && !container.is_empty() =>
+            {
+                Route::Logs {
+                    ns: ns.to_string(),
+                    pod: pod.to_string(),
+                }
+            }
+            [kind @ ("exec" | "attach"), ns, pod, rest @ ..]
+                if up
+                    && !ns.is_empty()
+                    && !pod.is_empty()
+                    && matches!(rest, [c] | [_, c] if !c.is_empty()) =>
+            {
+                let kind = if *kind == "exec" {
+                    MessageType::ExecConnect
+                } else {
+                    MessageType::AttachConnect
+                };
+                upgrade(kind, ns, pod)
+            }
+            ["portForward", ns, pod] | ["portForward", ns, pod, _]
+                if up && !ns.is_empty() && !pod.is_empty() =>
+            {
+                upgrade(MessageType::PortForwardConnect, ns, pod)
+            }
+            parts if method == http::Method::GET && super::metrics::is_route(parts) => {
+                Route::Metrics
+            }
+            _ => Route::NotFound,
+        }
+    }
+}
+
 async fn route(
     req: Request<Incoming>,
     sessions: &Sessions,
     client: kube::Client,
 ) -> Response<Body> {
-    let path = req.uri().path().to_string();
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match (req.method(), parts.as_slice()) {
-        (&http::Method::GET, ["containerLogs", ns, pod, container])
-            if !ns.is_empty() && !pod.is_empty() && !container.is_empty() =>
-        {
-            let (ns, pod) = (ns.to_string(), pod.to_string());
-            logs(req, sessions, client, &ns, &pod).await
-        }
-        (
-            &http::Method::GET | &http::Method::POST,
-            [kind @ ("exec" | "attach"), ns, pod, rest @ ..],
-        ) if !ns.is_empty() && !pod.is_empty() && matches!(rest, [c] | [_, c] if !c.is_empty()) => {
-            let kind = if *kind == "exec" {
-                MessageType::ExecConnect
-            } else {
-                MessageType::AttachConnect
-            };
-            let (ns, pod) = (ns.to_string(), pod.to_string());
+    match Route::parse(req.method(), req.uri().path()) {
+        Route::Logs { ns, pod } => logs(req, sessions, client, &ns, &pod).await,
+        Route::Upgrade { kind, ns, pod } => {
             super::exec::serve(req, kind, sessions, client, &ns, &pod).await
         }
-        (&http::Method::GET, parts) if super::metrics::is_route(parts) => {
-            super::metrics::serve(req, sessions).await
-        }
-        _ => text(StatusCode::NOT_FOUND, "404 page not found".into()),
+        Route::Metrics => super::metrics::serve(req, sessions).await,
+        Route::NotFound => text(StatusCode::NOT_FOUND, "404 page not found".into()),
     }
 }
 
@@ -155,4 +204,63 @@ async fn logs(
         http::HeaderValue::from_static("text/plain"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    fn upgrade(kind: MessageType) -> Route {
+        Route::Upgrade {
+            kind,
+            ns: "ns".into(),
+            pod: "web".into(),
+        }
+    }
+
+    #[test]
+    fn kubelet_routes_are_recognised() {
+        assert_eq!(
+            Route::parse(&Method::GET, "/containerLogs/ns/web/main"),
+            Route::Logs {
+                ns: "ns".into(),
+                pod: "web".into()
+            }
+        );
+        assert_eq!(
+            Route::parse(&Method::POST, "/exec/ns/web/main"),
+            upgrade(MessageType::ExecConnect)
+        );
+        assert_eq!(
+            Route::parse(&Method::GET, "/attach/ns/web/uid/main"),
+            upgrade(MessageType::AttachConnect)
+        );
+        assert_eq!(Route::parse(&Method::GET, "/stats/summary"), Route::Metrics);
+    }
+
+    #[test]
+    fn port_forward_is_the_kubelet_s_path_with_or_without_uid() {
+        // What the apiserver sends (`PortForwardLocation`): POST /portForward/{ns}/{pod}.
+        for (m, p) in [
+            (Method::POST, "/portForward/ns/web"),
+            (Method::GET, "/portForward/ns/web"),
+            (Method::POST, "/portForward/ns/web/0c1f-uid"),
+        ] {
+            assert_eq!(
+                Route::parse(&m, p),
+                upgrade(MessageType::PortForwardConnect),
+                "{m} {p}"
+            );
+        }
+        for (m, p) in [
+            (Method::PUT, "/portForward/ns/web"),
+            (Method::POST, "/portforward/ns/web"),
+            (Method::POST, "/portForward/ns"),
+            (Method::POST, "/portForward//web"),
+            (Method::POST, "/portForward/ns/web/uid/extra"),
+        ] {
+            assert_eq!(Route::parse(&m, p), Route::NotFound, "{m} {p}");
+        }
+    }
 }

@@ -37,9 +37,29 @@ pub enum Outgoing {
     Pong(Vec<u8>),
 }
 
+/// What the edge at the other end of a tunnel serves beyond KubeEdge's connect types, from
+/// its `X-KubeEdge-RS-Capabilities` handshake header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EdgeCapabilities {
+    /// PORT_FORWARD_CONNECT (released KubeEdge edges crash on it).
+    pub port_forward: bool,
+}
+
+impl EdgeCapabilities {
+    /// From the handshake header's comma-separated value.
+    pub fn parse(header: &str) -> Self {
+        EdgeCapabilities {
+            port_forward: header
+                .split(',')
+                .any(|c| c.trim() == kubeedge_shared::constants::CAPABILITY_PORT_FORWARD),
+        }
+    }
+}
+
 pub struct Session {
     pub node: String,
     pub ip: String,
+    pub capabilities: EdgeCapabilities,
     serial: u64,
     out: mpsc::Sender<Outgoing>,
     conns: Mutex<HashMap<u64, mpsc::Sender<Vec<u8>>>>,
@@ -128,10 +148,17 @@ pub struct Sessions {
 impl Sessions {
     /// Registers a new tunnel (replacing and closing an older one of the same node; an IP
     /// key another node held now points at this one).
-    pub fn add(&self, node: &str, ip: &str, out: mpsc::Sender<Outgoing>) -> Arc<Session> {
+    pub fn add(
+        &self,
+        node: &str,
+        ip: &str,
+        capabilities: EdgeCapabilities,
+        out: mpsc::Sender<Outgoing>,
+    ) -> Arc<Session> {
         let session = Arc::new(Session {
             node: node.to_string(),
             ip: ip.to_string(),
+            capabilities,
             serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
             out,
             conns: Mutex::new(HashMap::new()),
@@ -206,13 +233,21 @@ impl Sessions {
 mod tests {
     use super::*;
 
+    #[test]
+    fn capabilities_come_from_the_handshake_header() {
+        assert!(EdgeCapabilities::parse("inventory-resync, port-forward").port_forward);
+        assert!(EdgeCapabilities::parse("port-forward").port_forward);
+        assert!(!EdgeCapabilities::parse("").port_forward, "a KubeEdge edge");
+        assert!(!EdgeCapabilities::parse("port-forwarding").port_forward);
+    }
+
     #[tokio::test]
     async fn reconnecting_edge_replaces_its_session() {
         let s = Sessions::default();
         let (tx, _rx) = mpsc::channel(1);
-        let a = s.add("n1", "10.0.0.1", tx.clone());
+        let a = s.add("n1", "10.0.0.1", EdgeCapabilities::default(), tx.clone());
         let (id, mut data) = s.open(&a).unwrap();
-        let b = s.add("n1", "10.0.0.1", tx);
+        let b = s.add("n1", "10.0.0.1", EdgeCapabilities::default(), tx);
         assert!(a.closed.is_cancelled());
         assert!(data.recv().await.is_none(), "old connections end");
         assert_eq!(s.open(&a).err(), Some(OpenError::Closed));
@@ -228,7 +263,7 @@ mod tests {
     async fn a_tunnel_carries_a_bounded_number_of_connections() {
         let s = Sessions::default();
         let (tx, _rx) = mpsc::channel(1);
-        let a = s.add("n1", "", tx);
+        let a = s.add("n1", "", EdgeCapabilities::default(), tx);
         let first = s.open_within(&a, 2).unwrap();
         let _second = s.open_within(&a, 2).unwrap();
         assert_eq!(s.open_within(&a, 2).err(), Some(OpenError::Full));
@@ -241,8 +276,13 @@ mod tests {
     async fn nodes_sharing_an_internal_ip_keep_their_tunnels() {
         let s = Sessions::default();
         let (tx, _rx) = mpsc::channel(1);
-        let a = s.add("n1", "192.168.1.10", tx.clone());
-        let b = s.add("n2", "192.168.1.10", tx);
+        let a = s.add(
+            "n1",
+            "192.168.1.10",
+            EdgeCapabilities::default(),
+            tx.clone(),
+        );
+        let b = s.add("n2", "192.168.1.10", EdgeCapabilities::default(), tx);
         assert!(!a.closed.is_cancelled(), "n2 must not close n1's tunnel");
         assert!(s.open(&a).is_ok());
         assert_eq!(s.get("n1").map(|x| x.serial), Some(a.serial));
@@ -255,7 +295,7 @@ mod tests {
     async fn a_stalled_connection_is_removed_and_the_edge_told() {
         let s = Sessions::default();
         let (tx, mut out) = mpsc::channel(16);
-        let a = s.add("n1", "", tx);
+        let a = s.add("n1", "", EdgeCapabilities::default(), tx);
         let (id, _data) = s.open(&a).unwrap();
         let limit = Duration::from_millis(50);
         for _ in 0..CONN_BUFFER {

@@ -3,13 +3,14 @@
 //! connection becomes a [`Session`]. Tunnel messages travel in TEXT frames with binary
 //! payloads (read with [`kubeedge_shared::stream::ws`], never UTF-8 checked).
 
-use super::session::{OUT_BUFFER, Outgoing, Session, Sessions};
+use super::session::{EdgeCapabilities, OUT_BUFFER, Outgoing, Session, Sessions};
 use crate::cloudhub::handshake::certificate_identity;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use kubeedge_shared::constants::HEADER_CAPABILITIES;
 use kubeedge_shared::names::valid_node_name;
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader, WsWriter};
 use kubeedge_shared::stream::{self, MessageType, TunnelMessage};
@@ -149,11 +150,19 @@ fn upgrade(
         tracing::warn!(peer = %identity.peer, %node, %status, %msg, "stream tunnel refused");
         return plain(status, &msg);
     }
+    let capabilities = EdgeCapabilities::parse(&header(HEADER_CAPABILITIES));
     let accept = ws::accept_key(key.as_bytes());
     let on_upgrade = hyper::upgrade::on(req);
     tokio::spawn(async move {
         match on_upgrade.await {
-            Ok(io) => run_session(TokioIo::new(io), node, ip, node_port, sessions, shutdown).await,
+            Ok(io) => {
+                let edge = Edge {
+                    node,
+                    ip,
+                    capabilities,
+                };
+                run_session(TokioIo::new(io), edge, node_port, sessions, shutdown).await
+            }
             Err(e) => tracing::info!(%node, error = %e, "tunnel upgrade failed"),
         }
     });
@@ -173,10 +182,16 @@ fn upgrade(
     r
 }
 
-async fn run_session<S>(
-    io: S,
+/// The edge a tunnel connects, as its handshake named it.
+struct Edge {
     node: String,
     ip: String,
+    capabilities: EdgeCapabilities,
+}
+
+async fn run_session<S>(
+    io: S,
+    edge: Edge,
     node_port: Option<NodePort>,
     sessions: Arc<Sessions>,
     shutdown: CancellationToken,
@@ -185,8 +200,13 @@ async fn run_session<S>(
 {
     let (r, w) = tokio::io::split(io);
     let (out_tx, mut out_rx) = mpsc::channel(OUT_BUFFER);
-    let session = sessions.add(&node, &ip, out_tx);
-    tracing::info!(%node, %ip, "edge stream tunnel connected");
+    let Edge {
+        node,
+        ip,
+        capabilities,
+    } = edge;
+    let session = sessions.add(&node, &ip, capabilities, out_tx);
+    tracing::info!(%node, %ip, port_forward = capabilities.port_forward, "edge stream tunnel connected");
     if let Some(np) = node_port {
         tokio::spawn(set_kubelet_port(np, session.clone()));
     }

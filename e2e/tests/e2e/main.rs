@@ -19,6 +19,7 @@ mod metamanager;
 mod metaserver;
 mod metrics;
 mod objectsync;
+mod portforward;
 mod resilience;
 mod stream;
 mod stream_auth;

@@ -483,6 +483,58 @@ async fn cloudstream_speaks_kubeedge_tunnel_protocol_to_a_go_edge() {
         (connect.connect_id, MessageType::RemoveConnect)
     );
 
+    // port-forward: this edge (as every released KubeEdge edge) did not advertise it in its
+    // handshake, and such edges crash on a connect type they do not know, so the cloud
+    // answers 501 itself and sends the edge nothing; a ping still gets its pong after.
+    let mut client = send_raw(
+        &stream,
+        &apiserver,
+        &format!(
+            "POST /portForward/{ns}/web HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+             Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n"
+        ),
+    )
+    .await;
+    let (head, mut body) = read_response_head(&mut client).await;
+    assert_eq!(head.status, 501);
+    let len: usize = head
+        .header("content-length")
+        .and_then(|l| l.parse().ok())
+        .expect("a length");
+    read_at_least(&mut client, &mut body, len).await;
+    assert!(
+        String::from_utf8_lossy(&body).contains("does not serve port-forward"),
+        "{body:?}"
+    );
+    // A pod that does not exist: 404 before any tunnel is involved.
+    let mut client = send_raw(
+        &stream,
+        &apiserver,
+        &format!(
+            "POST /portForward/{ns}/nope HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+             Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n"
+        ),
+    )
+    .await;
+    let (head, mut body) = read_response_head(&mut client).await;
+    assert_eq!(head.status, 404);
+    let len: usize = head
+        .header("content-length")
+        .and_then(|l| l.parse().ok())
+        .expect("a length");
+    read_at_least(&mut client, &mut body, len).await;
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        format!("pod {ns}/nope not found")
+    );
+    w.write_all(&ws::encode_frame(ws::OP_PING, b"after", Some([5, 5, 5, 5])))
+        .await
+        .unwrap();
+    match tokio::time::timeout(WAIT, reader.next()).await {
+        Ok(Ok(Some(WsEvent::Pong(p)))) => assert_eq!(p, b"after", "nothing before the pong"),
+        other => panic!("expected only a pong, got {other:?}"),
+    }
+
     // A pod on a node without a tunnel: a clear error.
     let other: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
         "metadata": {"name": "elsewhere"},
@@ -918,6 +970,10 @@ impl GoCloud {
             .map(|(_, v)| v.trim().to_string())
             .expect("a WebSocket key");
         assert!(text.contains("SessionHostNameOverride: "), "{text}");
+        assert!(
+            text.contains("X-KubeEdge-RS-Capabilities: port-forward"),
+            "{text}"
+        );
         let answer = format!(
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
             ws::accept_key(key.as_bytes())
@@ -1088,6 +1144,89 @@ async fn edgestream_serves_exec_for_a_kubeedge_cloud() {
     assert_eq!(
         String::from_utf8_lossy(&body),
         "container not found (\"other\")\n"
+    );
+
+    // PORT_FORWARD_CONNECT (7) as KubeEdge's port-forward change (PR #7019) sends it: the
+    // exec payload for the kubelet's /portForward path; containerd's streaming server
+    // upgrades. A bad port is the kubelet's 400, then REMOVE_CONNECT.
+    let forward = |id: u64, query: &str| {
+        let v = json!({
+            "MessID": id,
+            "method": "POST",
+            "header": {
+                "Connection": ["Upgrade"],
+                "Upgrade": ["SPDY/3.1"],
+                "X-Stream-Protocol-Version": ["portforward.k8s.io"],
+            },
+            "url": {"Scheme": "http", "Host": "127.0.0.1:10350",
+                    "Path": format!("/portForward/{}/target", env.ns), "RawQuery": query},
+        });
+        serde_json::to_vec(&v).expect("json")
+    };
+    cloud
+        .send(TunnelMessage::new(
+            9,
+            MessageType::PortForwardConnect,
+            forward(9, ""),
+        ))
+        .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut buf = Vec::new();
+    let head = loop {
+        assert!(tokio::time::Instant::now() < deadline, "no answer: {buf:?}");
+        let m = cloud.next().await;
+        if m.connect_id != 9 {
+            continue; // leftovers of the connections above
+        }
+        assert_eq!(m.kind, MessageType::Data);
+        buf.extend(m.data);
+        if let Some((head, _)) =
+            kubeedge_shared::stream::http::parse_response_head(&buf).expect("HTTP")
+        {
+            break head;
+        }
+    };
+    assert_eq!(head.status, 101, "{head:?}");
+    assert_eq!(
+        head.header("x-stream-protocol-version"),
+        Some("portforward.k8s.io")
+    );
+    cloud
+        .send(TunnelMessage::new(
+            9,
+            MessageType::RemoveConnect,
+            Vec::new(),
+        ))
+        .await;
+    cloud
+        .send(TunnelMessage::new(
+            10,
+            MessageType::PortForwardConnect,
+            forward(10, "port=0"),
+        ))
+        .await;
+    let mut body = Vec::new();
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no answer: {body:?}"
+        );
+        let m = cloud.next().await;
+        if m.connect_id != 10 {
+            continue;
+        }
+        if m.kind == MessageType::RemoveConnect {
+            break;
+        }
+        body.extend(m.data);
+    }
+    let (head, used) = kubeedge_shared::stream::http::parse_response_head(&body)
+        .expect("HTTP")
+        .expect("a head");
+    assert_eq!(head.status, 400);
+    assert_eq!(
+        String::from_utf8_lossy(&body[used..]),
+        "port \"0\" must be > 0\n"
     );
     env.finish().await;
 }

@@ -300,6 +300,26 @@ impl Runtime {
             .url)
     }
 
+    /// Prepares a port forward into a sandbox's network namespace (`kubectl port-forward`):
+    /// the URL of the runtime's streaming server that serves it, for one upgrade request.
+    pub async fn port_forward(
+        &self,
+        sandbox_id: &str,
+        ports: Vec<i32>,
+    ) -> Result<String, RuntimeError> {
+        let req = api::PortForwardRequest {
+            pod_sandbox_id: sandbox_id.into(),
+            port: ports,
+        };
+        Ok(call(
+            "PortForward",
+            self.timeout,
+            self.cri.runtime().port_forward(req),
+        )
+        .await?
+        .url)
+    }
+
     /// The image if the runtime has it (`ImageStatus` answers OK with no image otherwise).
     pub async fn image_status(&self, image: &str) -> Result<Option<api::Image>, RuntimeError> {
         let req = api::ImageStatusRequest {

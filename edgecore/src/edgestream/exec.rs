@@ -244,27 +244,66 @@ pub async fn serve(
     connector: Connector,
     runtime: Runtime,
     tunnel: TunnelSender,
-    mut data: mpsc::Receiver<Vec<u8>>,
+    data: mpsc::Receiver<Vec<u8>>,
     cancel: CancellationToken,
 ) {
-    let started = async {
+    let url = async {
         let req = StreamRequest::parse(&connector.url.path, &connector.url.raw_query)?;
-        let url = streaming_url(&runtime, &req).await?;
-        dial(&connector, &url).await
+        streaming_url(&runtime, &req).await
     };
-    let tcp = tokio::select! {
-        _ = cancel.cancelled() => None,
-        r = started => match r {
-            Ok(tcp) => Some(tcp),
-            Err(refusal) => {
-                tracing::info!(id, path = %connector.url.path, status = refusal.0, error = %refusal.1, "exec/attach request refused");
-                tunnel.data(id, error_response(&refusal), &cancel).await;
-                None
-            }
-        },
+    let conn = Upgrade {
+        what: "exec/attach",
+        id,
+        connector: &connector,
+        tunnel: &tunnel,
+        cancel: &cancel,
     };
-    if let Some(tcp) = tcp {
-        tracing::debug!(id, path = %connector.url.path, "exec/attach stream opened");
+    conn.serve(url, data).await;
+}
+
+/// One upgrade connection relayed to the runtime's streaming server (exec, attach,
+/// port-forward): what it is for the logs, its tunnel connection and its request.
+pub(super) struct Upgrade<'a> {
+    pub what: &'static str,
+    pub id: u64,
+    pub connector: &'a Connector,
+    pub tunnel: &'a TunnelSender,
+    pub cancel: &'a CancellationToken,
+}
+
+impl Upgrade<'_> {
+    /// Once `url` gives the streaming URL, sends the request there and relays both ways;
+    /// a refusal goes back as the kubelet's HTTP error. Ends the tunnel connection.
+    pub async fn serve(
+        &self,
+        url: impl std::future::Future<Output = Result<String, Refusal>>,
+        data: mpsc::Receiver<Vec<u8>>,
+    ) {
+        let (id, what, path) = (self.id, self.what, &self.connector.url.path);
+        let started = async { dial(self.connector, &url.await?).await };
+        let tcp = tokio::select! {
+            _ = self.cancel.cancelled() => None,
+            r = started => match r {
+                Ok(tcp) => Some(tcp),
+                Err(refusal) => {
+                    tracing::info!(id, %path, status = refusal.0, error = %refusal.1, "{what} request refused");
+                    self.tunnel.data(id, error_response(&refusal), self.cancel).await;
+                    None
+                }
+            },
+        };
+        if let Some(tcp) = tcp {
+            tracing::debug!(id, %path, "{what} stream opened");
+            self.relay(tcp, data).await;
+            tracing::debug!(id, "{what} stream ended");
+        }
+        self.tunnel.finish(id, self.cancel).await;
+    }
+
+    /// Relays the runtime's connection and the tunnel connection until either ends, the
+    /// stream idles for [`IDLE_TIMEOUT`] or the connection is cancelled.
+    async fn relay(&self, tcp: tokio::net::TcpStream, mut data: mpsc::Receiver<Vec<u8>>) {
+        let (id, cancel) = (self.id, self.cancel);
         let (mut rd, mut wr) = tcp.into_split();
         let mut buf = vec![0u8; CHUNK];
         let mut to_runtime_open = true;
@@ -272,13 +311,13 @@ pub async fn serve(
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(IDLE_TIMEOUT) => {
-                    tracing::info!(id, "exec/attach stream idle for {IDLE_TIMEOUT:?}; closing it");
+                    tracing::info!(id, "{} stream idle for {IDLE_TIMEOUT:?}; closing it", self.what);
                     break;
                 }
                 n = rd.read(&mut buf) => match n {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        if !tunnel.data(id, buf[..n].to_vec(), &cancel).await {
+                        if !self.tunnel.data(id, buf[..n].to_vec(), cancel).await {
                             break;
                         }
                     }
@@ -293,9 +332,7 @@ pub async fn serve(
                 },
             }
         }
-        tracing::debug!(id, "exec/attach stream ended");
     }
-    tunnel.finish(id, &cancel).await;
 }
 
 #[cfg(test)]

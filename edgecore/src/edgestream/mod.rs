@@ -4,7 +4,10 @@
 //! serves LOGS_CONNECT from the container log files the runtime writes (in-process, where
 //! KubeEdge's edge forwards to edged's `127.0.0.1:10350`), streaming DATA frames back until
 //! the log ends or the cloud sends REMOVE_CONNECT, and EXEC_CONNECT/ATTACH_CONNECT by
-//! relaying the upgrade request to the runtime's streaming server (see [`exec`]), and
+//! relaying the upgrade request to the runtime's streaming server (see [`exec`]),
+//! PORT_FORWARD_CONNECT the same way after the CRI `PortForward` call (see [`portforward`];
+//! the edge says it serves it with an `X-KubeEdge-RS-Capabilities: port-forward` handshake
+//! header), and
 //! METRIC_CONNECT with the kubelet's `/stats/summary`, `/metrics/resource` and `/metrics`
 //! (see [`metrics`]).
 
@@ -12,6 +15,7 @@ pub mod crilog;
 pub mod exec;
 pub mod logs;
 pub mod metrics;
+pub mod portforward;
 pub mod sender;
 pub mod tunnel;
 

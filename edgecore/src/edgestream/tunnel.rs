@@ -6,6 +6,7 @@ use super::EdgeStreamSettings;
 pub use super::sender::TunnelSender;
 use crate::cri::runtime::Runtime;
 use crate::edged::stats::StatsProvider;
+use kubeedge_shared::constants::{CAPABILITY_PORT_FORWARD, HEADER_CAPABILITIES};
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader, WsWriter};
 use kubeedge_shared::stream::{self, Connector, MessageType, TunnelMessage};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -128,6 +129,7 @@ pub async fn connect(
             &[
                 (stream::HEADER_HOSTNAME, s.node_name.as_str()),
                 (stream::HEADER_INTERNAL_IP, s.node_ip.as_str()),
+                (HEADER_CAPABILITIES, CAPABILITY_PORT_FORWARD),
             ],
         )
         .await?;
@@ -288,6 +290,21 @@ pub async fn serve(
                     token,
                 ));
             }
+            MessageType::PortForwardConnect => {
+                let Some(connector) = connector_of(&m, &sender).await else {
+                    continue;
+                };
+                let (data_tx, data_rx) = mpsc::channel(CONN_BUFFER);
+                let token = open(&mut conns, &session, m.connect_id, Some(data_tx));
+                tokio::spawn(super::portforward::serve(
+                    m.connect_id,
+                    connector,
+                    runtime.clone(),
+                    sender.clone(),
+                    data_rx,
+                    token,
+                ));
+            }
             MessageType::RemoveConnect => {
                 if let Some(c) = conns.remove(&m.connect_id) {
                     c.cancel.cancel();
@@ -309,7 +326,10 @@ pub async fn serve(
                 if let Err(mpsc::error::SendTimeoutError::Timeout(_)) =
                     tx.send_timeout(m.data, STALL_LIMIT).await
                 {
-                    tracing::warn!(id = m.connect_id, "exec/attach stream stalled; closing it");
+                    tracing::warn!(
+                        id = m.connect_id,
+                        "exec/attach/port-forward stream stalled; closing it"
+                    );
                     if let Some(c) = conns.remove(&m.connect_id) {
                         c.cancel.cancel();
                     }

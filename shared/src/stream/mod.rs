@@ -29,6 +29,11 @@ pub enum MessageType {
     RemoveConnect,
     CloseConnect,
     AttachConnect,
+    /// `7`: not in any released KubeEdge (v1.15–v1.23 edges panic on a connect type they do
+    /// not know); the number and connect payload of KubeEdge's pending port-forward change
+    /// (kubeedge/kubeedge#7019). Sent only to edges that advertise
+    /// [`crate::constants::CAPABILITY_PORT_FORWARD`].
+    PortForwardConnect,
     Unknown(u64),
 }
 
@@ -42,6 +47,7 @@ impl MessageType {
             MessageType::RemoveConnect => 4,
             MessageType::CloseConnect => 5,
             MessageType::AttachConnect => 6,
+            MessageType::PortForwardConnect => 7,
             MessageType::Unknown(c) => c,
         }
     }
@@ -55,6 +61,7 @@ impl MessageType {
             4 => MessageType::RemoveConnect,
             5 => MessageType::CloseConnect,
             6 => MessageType::AttachConnect,
+            7 => MessageType::PortForwardConnect,
             other => MessageType::Unknown(other),
         }
     }
@@ -259,9 +266,10 @@ mod tests {
             TunnelMessage::decode(&[7, 42, 1]).unwrap().kind,
             MessageType::Unknown(42)
         );
-        for c in 0..7 {
+        for c in 0..9 {
             assert_eq!(MessageType::from_code(c).code(), c);
         }
+        assert_eq!(MessageType::from_code(7), MessageType::PortForwardConnect);
         assert_eq!(TunnelMessage::decode(&[7]), Err(TunnelError::Truncated));
         let mut big = vec![1, 3];
         big.resize(2 + MAX_DATA + 1, b'x');
