@@ -3,12 +3,13 @@
 //! kinds the cloud does not push (Services, a custom resource) through the dynamic controller;
 //! Kubernetes-style errors for bad requests.
 
-use e2e::devices;
 use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, PostParams, WatchEvent, WatchParams,
+};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::{Value, json};
 use std::collections::HashSet;
@@ -31,6 +32,40 @@ fn service(name: &str) -> Service {
         "spec": {"ports": [{"port": 80}], "selector": {"app": "ms"}},
     }))
     .expect("a Service")
+}
+
+const WIDGET_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.metaserver.e2e.kubeedge-rs.io
+spec:
+  group: metaserver.e2e.kubeedge-rs.io
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget, listKind: WidgetList}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+"#;
+
+fn widgets_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("metaserver.e2e.kubeedge-rs.io", "v1", "Widget"),
+        "widgets",
+    )
+}
+
+fn widget(name: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "metaserver.e2e.kubeedge-rs.io/v1", "kind": "Widget",
+        "metadata": {"name": name}, "spec": {"size": 3}
+    }))
+    .expect("a Widget")
 }
 
 fn metaserver(env: &EdgeEnv) -> SocketAddr {
@@ -245,24 +280,40 @@ async fn metaserver_serves_the_edge_online_offline_and_after_an_offline_restart(
     .await;
     svc_task.abort();
 
-    // A custom resource through the same path.
-    devices::install(&env.cluster.client())
+    // A custom resource through the same path: listed with kubectl, watched with kube-rs.
+    e2e::crds::install(&env.cluster.client(), WIDGET_CRD, &[widgets_resource()])
         .await
-        .expect("device CRDs");
-    let models = devices::models(&env.cluster.client(), &ns);
-    let model: kube::api::DynamicObject =
-        serde_json::from_value(devices::thermostat_model("ms-model")).expect("a DeviceModel");
-    models
-        .create(&PostParams::default(), &model)
+        .expect("the Widget CRD");
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(env.cluster.client(), &ns, &widgets_resource());
+    widgets
+        .create(&PostParams::default(), &widget("w1"))
         .await
-        .expect("model created");
-    wait_kubectl_lists(
-        &env,
-        addr,
-        &["get", "devicemodels.devices.kubeedge.io", "-n", &ns],
-        &["ms-model"],
-    )
+        .expect("widget created");
+    wait_kubectl_lists(&env, addr, &["get", "widgets", "-n", &ns], &["w1"]).await;
+    let edge_widgets: Api<DynamicObject> =
+        Api::namespaced_with(client(addr), &ns, &widgets_resource());
+    let w_writer = reflector::store::Writer::new(widgets_resource());
+    let w_store = w_writer.as_reader();
+    let w_task = tokio::spawn(
+        reflector(w_writer, watcher(edge_widgets, watcher::Config::default()))
+            .applied_objects()
+            .for_each(|_| async {}),
+    );
+    widgets
+        .create(&PostParams::default(), &widget("w2"))
+        .await
+        .expect("widget created");
+    wait_for("the edge's Widget watch sees w1 and w2", WAIT, || async {
+        let names: HashSet<String> = w_store
+            .state()
+            .iter()
+            .filter_map(|w| w.metadata.name.clone())
+            .collect();
+        (names.contains("w1") && names.contains("w2")).then_some(())
+    })
     .await;
+    w_task.abort();
 
     // Offline restart: everything read before is served from the database.
     env.link.freeze();

@@ -394,11 +394,15 @@ impl MetaStore {
 
     /// Objects the MetaServer fetched from the cloud (kinds the cloud does not push): written
     /// like the cloud's own messages (key `<ns or null>/<lower-case kind>/<name>`, newer stored
-    /// copies kept) and mirrored into `meta_v2`. Objects without kind or name are skipped.
+    /// copies kept) and mirrored into `meta_v2`. Objects without kind or name are skipped, and
+    /// so are kinds other modules own (devices: the cloud sends this node's own, and their rows
+    /// are devicetwin's).
     pub async fn cache_objects(&self, objects: Vec<Value>) -> Result<(), StoreError> {
         self.call(move |conn| {
             for obj in &objects {
-                if let Some(record) = cache_record(obj) {
+                if let Some(record) = cache_record(obj)
+                    && !OWNED_ELSEWHERE.contains(&record.resource_type.as_str())
+                {
                     upsert_object_in(conn, &record)?;
                 }
             }
@@ -438,6 +442,7 @@ impl MetaStore {
                     continue;
                 }
                 if let Some(record) = cache_record(&obj)
+                    && !OWNED_ELSEWHERE.contains(&record.resource_type.as_str())
                     && delete_key_in(conn, &record.key)?
                 {
                     removed += 1;
@@ -448,10 +453,27 @@ impl MetaStore {
         .await
     }
 
+    /// Stores a document under a raw path key of `meta_v2` (KubeEdge keeps the cloud's
+    /// discovery answers so, keyed by their path).
+    pub async fn put_v2_raw(&self, key: &str, value: String) -> Result<(), StoreError> {
+        let key = key.to_string();
+        self.call(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "INSERT OR REPLACE INTO meta_v2 (key, groupversionresource, namespace, name, resourceversion, value)
+                 VALUES (?1, '', '', '', 0, ?2)",
+            )?;
+            stmt.execute(params![key, value])?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Removes one cached object (the cloud deleted it on the MetaServer's request).
     pub async fn uncache(&self, obj: Value) -> Result<(), StoreError> {
         self.call(move |conn| {
-            if let Some(record) = cache_record(&obj) {
+            if let Some(record) = cache_record(&obj)
+                && !OWNED_ELSEWHERE.contains(&record.resource_type.as_str())
+            {
                 delete_key_in(conn, &record.key)?;
             }
             Ok(())
@@ -925,6 +947,16 @@ fn unmirror_v2(conn: &Connection, stored: &str) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+/// Types whose rows only their own cloud controller writes (see [`MetaStore::cache_objects`]).
+const OWNED_ELSEWHERE: &[&str] = &[
+    "device",
+    "devicemodel",
+    "pod",
+    "configmap",
+    "secret",
+    "node",
+];
 
 /// The `meta` row of an object the cloud's dynamic controller would send: KubeEdge's resource
 /// `<ns or null>/<lower-case kind>/<name>` and type.

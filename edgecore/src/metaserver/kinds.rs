@@ -89,7 +89,7 @@ const BUILTIN: &[Builtin] = &[
         "Device",
         true,
         &[],
-        false,
+        true,
     ),
     (
         "devices.kubeedge.io",
@@ -98,7 +98,7 @@ const BUILTIN: &[Builtin] = &[
         "DeviceModel",
         true,
         &[],
-        false,
+        true,
     ),
 ];
 

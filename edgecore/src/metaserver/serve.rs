@@ -118,13 +118,19 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
             StatusCode::OK,
             &kinds::core_versions(&sh.config.addr.to_string()),
         ),
-        Target::Groups => json_response(StatusCode::OK, &kinds::group_list(&kinds)),
-        Target::Group(g) => match kinds::group(&kinds, &g) {
-            Some(v) => json_response(StatusCode::OK, &v),
-            None => not_found_resource(),
-        },
-        Target::GroupVersion { group, version } => {
-            match kinds::resource_list(&kinds, &group, &version) {
+        Target::Groups | Target::Group(_) | Target::GroupVersion { .. } => {
+            if let Some(v) = discovery_from_cloud(&sh, &path).await {
+                return json_response(StatusCode::OK, &v);
+            }
+            let local = match &target {
+                Target::Groups => Some(kinds::group_list(&kinds)),
+                Target::Group(g) => kinds::group(&kinds, g),
+                Target::GroupVersion { group, version } => {
+                    kinds::resource_list(&kinds, group, version)
+                }
+                _ => None,
+            };
+            match local {
                 Some(v) => json_response(StatusCode::OK, &v),
                 None => not_found_resource(),
             }
@@ -134,6 +140,29 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
             resource(sh, r, kind, opts, repr, req).await
         }
     }
+}
+
+/// The cloud's discovery document at `path` (the whole cluster's kinds, custom resources
+/// included), stored for offline use; offline, the stored one. `None`: never seen.
+async fn discovery_from_cloud<L: CloudLink>(sh: &Shared<L>, path: &str) -> Option<Value> {
+    let key = path.trim_end_matches('/').to_string();
+    if sh.link.is_connected() {
+        let app = Application::new(&sh.config.node, &key, "get", b"{}".to_vec(), Vec::new(), "");
+        match remote::call(&sh.link, &app, sh.config.remote_timeout).await {
+            Ok(Answer::Ok(v)) => {
+                if let Err(e) = sh.store.put_v2_raw(&key, v.to_string()).await {
+                    tracing::debug!(error = %e, "discovery document not stored");
+                }
+                return Some(v);
+            }
+            Ok(Answer::Refused(_)) => return None,
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "discovery from the cloud failed; using the stored copy")
+            }
+        }
+    }
+    let stored = sh.store.get_v2(&key).await.ok().flatten()?;
+    serde_json::from_str(&stored).ok()
 }
 
 fn version() -> Value {

@@ -208,6 +208,10 @@ impl DynamicController {
     }
 
     async fn run(&self, node: &str, app: &Application) -> Result<Value, StatusError> {
+        if app.verb == "get" && is_discovery_path(&app.key) {
+            // KubeEdge's pass-through: discovery documents, readable by every edge.
+            return self.call(get_request(&app.key)?).await;
+        }
         let key = AppKey::parse(&app.key).map_err(|e| StatusError::new(400, "BadRequest", e))?;
         if !matches!(
             app.verb.as_str(),
@@ -396,6 +400,20 @@ impl DynamicController {
     }
 }
 
+/// `/version`, `/api`, `/apis`, `/api/<v>`, `/apis/<g>`, `/apis/<g>/<v>`.
+fn is_discovery_path(path: &str) -> bool {
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    let safe = segs.iter().all(|s| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    });
+    safe && matches!(
+        segs.as_slice(),
+        ["version"] | ["api"] | ["apis"] | ["api", _] | ["apis", _] | ["apis", _, _]
+    )
+}
+
 fn unreachable_verb() -> Result<ApiRequest, StatusError> {
     Err(StatusError::new(
         405,
@@ -494,6 +512,10 @@ mod tests {
         assert_eq!(list["items"][0]["kind"], "Service");
         assert_eq!(list["items"][0]["apiVersion"], "v1");
         assert!(list["items"][0]["metadata"].get("managedFields").is_none());
+        assert!(is_discovery_path("/apis/example.com/v1"));
+        assert!(is_discovery_path("/api"));
+        assert!(!is_discovery_path("/api/v1/pods"));
+        assert!(!is_discovery_path("/apis/a/../b"));
         assert_eq!(
             form_urlencoded_pairs(&[("labelSelector", "app=web,x in (a)"), ("fieldSelector", "")]),
             "labelSelector=app%3Dweb%2Cx%20in%20%28a%29"
