@@ -1,0 +1,233 @@
+//! The Job controller (NonIndexed completion mode): keeps up to `parallelism` pods running
+//! until `completions` pods succeeded (or, without completions, one succeeded and none is
+//! active), fails the Job when more pods failed than `backoffLimit` or it ran past
+//! `activeDeadlineSeconds` (deleting its active pods), suspends and resumes, and reports
+//! active / ready / succeeded / failed, startTime, completionTime and the
+//! `SuccessCriteriaMet`+`Complete` or `FailureTarget`+`Failed` conditions.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use super::{
+    PodName, batch, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active, pod_ready,
+    pods_by_namespace, record_event, set_condition, write_status,
+};
+use crate::meta::{now, now_time, parse_time};
+use crate::resources::ResourceInfo;
+use crate::state::State;
+use crate::store::Obj;
+
+const COMPONENT: &str = "job-controller";
+
+pub fn pass(st: &State) {
+    let Some(info) = batch(st, "jobs") else {
+        return;
+    };
+    let all = st.table(&info).all();
+    if all.is_empty() {
+        return;
+    }
+    let pods = pods_by_namespace(st);
+    for job in all {
+        let ns_pods = pods.get(job.namespace()).map(Vec::as_slice).unwrap_or(&[]);
+        sync(st, &info, &job.value(), ns_pods);
+    }
+}
+
+fn finished(job: &Value) -> bool {
+    job["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+}
+
+fn cond(ty: &str, reason: &str, message: &str) -> Value {
+    json!({"type": ty, "status": "True", "reason": reason, "message": message, "lastProbeTime": now_time()})
+}
+
+pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
+    if !job["metadata"]["deletionTimestamp"].is_null() {
+        return;
+    }
+    let ns = crate::meta::namespace(job).to_string();
+    let name = crate::meta::name(job).to_string();
+    let owned = claim_pods(st, job, &ns, pods);
+    let active: Vec<&Value> = owned.iter().filter(|p| pod_active(p)).collect();
+    let succeeded = owned
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Succeeded")
+        .count() as i64;
+    let failed = owned
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Failed")
+        .count() as i64;
+    let mut status: Map<String, Value> = job["status"].as_object().cloned().unwrap_or_default();
+    let mut conditions: Vec<Value> = status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let suspended = job["spec"]["suspend"].as_bool() == Some(true);
+    if finished(job) {
+        for p in &active {
+            delete_pod(st, p);
+        }
+    } else if suspended {
+        for p in &active {
+            delete_pod(st, p);
+        }
+        set_condition(
+            &mut conditions,
+            json!({"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended", "lastProbeTime": now_time()}),
+        );
+        status.remove("startTime");
+    } else {
+        if conditions
+            .iter()
+            .any(|c| c["type"] == "Suspended" && c["status"] == "True")
+        {
+            set_condition(
+                &mut conditions,
+                json!({"type": "Suspended", "status": "False", "reason": "JobResumed", "message": "Job resumed", "lastProbeTime": now_time()}),
+            );
+        }
+        if !status.contains_key("startTime") {
+            status.insert("startTime".into(), json!(now_time()));
+        }
+        let backoff = int(&job["spec"]["backoffLimit"], 6);
+        let deadline_passed = job["spec"]["activeDeadlineSeconds"]
+            .as_i64()
+            .is_some_and(|d| {
+                status
+                    .get("startTime")
+                    .and_then(Value::as_str)
+                    .and_then(parse_time)
+                    .is_some_and(|t| (now() - t).whole_seconds() >= d)
+            });
+        let completions = job["spec"]["completions"].as_i64();
+        let parallelism = int(&job["spec"]["parallelism"], 1).max(0);
+        let failure = if failed > backoff {
+            Some((
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+            ))
+        } else if deadline_passed {
+            Some((
+                "DeadlineExceeded",
+                "Job was active longer than specified deadline",
+            ))
+        } else {
+            None
+        };
+        let complete = match completions {
+            Some(c) => succeeded >= c,
+            None => succeeded >= 1 && active.is_empty(),
+        };
+        if let Some((reason, message)) = failure {
+            for p in &active {
+                delete_pod(st, p);
+            }
+            set_condition(&mut conditions, cond("FailureTarget", reason, message));
+            set_condition(&mut conditions, cond("Failed", reason, message));
+            record_event(st, job, "Warning", reason, message, COMPONENT);
+        } else if complete {
+            set_condition(
+                &mut conditions,
+                cond(
+                    "SuccessCriteriaMet",
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods",
+                ),
+            );
+            set_condition(
+                &mut conditions,
+                cond(
+                    "Complete",
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods",
+                ),
+            );
+            status.insert("completionTime".into(), json!(now_time()));
+            record_event(st, job, "Normal", "Completed", "Job completed", COMPONENT);
+        } else {
+            let want = match completions {
+                Some(c) => parallelism.min(c - succeeded).max(0),
+                None if succeeded > 0 => 0,
+                None => parallelism,
+            } as usize;
+            if active.len() < want {
+                let oref = controller_ref(job, "batch/v1", "Job");
+                for _ in 0..(want - active.len()) {
+                    match create_pod(
+                        st,
+                        &ns,
+                        &job["spec"]["template"],
+                        oref.clone(),
+                        PodName::Generate(&name),
+                        |_| {},
+                    ) {
+                        Ok(p) => record_event(
+                            st,
+                            job,
+                            "Normal",
+                            "SuccessfulCreate",
+                            &format!("Created pod: {}", crate::meta::name(&p)),
+                            COMPONENT,
+                        ),
+                        Err(e) => {
+                            record_event(
+                                st,
+                                job,
+                                "Warning",
+                                "FailedCreate",
+                                &format!("Error creating: {}", e.message),
+                                COMPONENT,
+                            );
+                            break;
+                        }
+                    }
+                }
+            } else if active.len() > want {
+                let mut extra = active.clone();
+                extra.sort_by_key(|p| pod_ready(p));
+                for p in extra.iter().take(active.len() - want) {
+                    delete_pod(st, p);
+                }
+            }
+        }
+    }
+    let active_now = owned.iter().filter(|p| pod_active(p)).count() as i64;
+    for (k, n) in [
+        ("active", active_now),
+        ("succeeded", succeeded),
+        ("failed", failed),
+    ] {
+        if n != 0 {
+            status.insert(k.into(), json!(n));
+        } else {
+            status.remove(k);
+        }
+    }
+    status.insert(
+        "ready".into(),
+        json!(active.iter().filter(|p| pod_ready(p)).count()),
+    );
+    status.insert(
+        "terminating".into(),
+        json!(
+            owned
+                .iter()
+                .filter(|p| !p["metadata"]["deletionTimestamp"].is_null())
+                .count()
+        ),
+    );
+    status.insert("uncountedTerminatedPods".into(), json!({}));
+    if conditions.is_empty() {
+        status.remove("conditions");
+    } else {
+        status.insert("conditions".into(), Value::Array(conditions));
+    }
+    write_status(st, info, job, Value::Object(status));
+}

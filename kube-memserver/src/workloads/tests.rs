@@ -1,0 +1,596 @@
+//! Unit tests of the scheduler and the controllers against an in-process store (no HTTP): each
+//! test runs the passes by hand and plays the kubelet by writing pod status.
+
+use serde_json::{Value, json};
+
+use super::{apps, batch, daemonset, deployment, job, replicaset, scheduler, statefulset};
+use crate::Config;
+use crate::state::State;
+use crate::store::Mutation;
+use crate::tokens::TokenIssuer;
+use crate::verbs::{self, WriteOptions};
+
+fn state() -> State {
+    let pki = crate::tls::make_pki(&[], None).expect("pki");
+    let kubelet = crate::kubelet::client_configs(
+        &pki.kubelet_client_der,
+        &pki.kubelet_client_key_der,
+        Some(&pki.ca_der),
+    )
+    .expect("kubelet tls");
+    let st = State::new(
+        Config::default(),
+        TokenIssuer::new(b"k".to_vec()),
+        "t".into(),
+        "ca".into(),
+        kubelet,
+    );
+    let ns = st.core("namespaces");
+    verbs::create(
+        &st,
+        &ns,
+        "",
+        json!({"metadata": {"name": "default"}}),
+        &WriteOptions::default(),
+    )
+    .expect("namespace");
+    st
+}
+
+fn add_node(st: &State, name: &str, labels: Value, taints: Value, cpu: &str) {
+    let node = json!({"metadata": {"name": name, "labels": labels},
+        "spec": {"taints": taints},
+        "status": {"allocatable": {"cpu": cpu, "memory": "4Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}]}});
+    verbs::create(st, &st.core("nodes"), "", node, &WriteOptions::default()).expect("node");
+}
+
+fn create(st: &State, group: &str, plural: &str, body: Value) -> Value {
+    let info = st.resources.lookup(group, "v1", plural).expect("kind");
+    verbs::create(st, &info, "default", body, &WriteOptions::default())
+        .expect("create")
+        .value()
+}
+
+fn get(st: &State, group: &str, plural: &str, name: &str) -> Value {
+    let info = st.resources.lookup(group, "v1", plural).expect("kind");
+    verbs::get(st, &info, "default", name).expect("get").value()
+}
+
+fn pods(st: &State) -> Vec<Value> {
+    st.table(&st.core("pods"))
+        .in_namespace("default")
+        .iter()
+        .map(|p| p.value())
+        .collect()
+}
+
+fn live_pods(st: &State) -> Vec<Value> {
+    pods(st)
+        .into_iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect()
+}
+
+/// What a kubelet reports for a pod it runs (`phase`), or removes when it is being deleted.
+fn kubelet(st: &State, phase: &str) {
+    let table = st.table(&st.core("pods"));
+    for p in pods(st) {
+        let key = ("default".to_string(), crate::meta::name(&p).to_string());
+        if !p["metadata"]["deletionTimestamp"].is_null() {
+            let _ = table.mutate(&key, |_| Ok(Mutation::Remove));
+            continue;
+        }
+        if p["spec"]["nodeName"].as_str().is_none_or(str::is_empty)
+            || p["status"]["phase"] != "Pending"
+        {
+            continue;
+        }
+        let _ = table.mutate(&key, |cur| {
+            let mut v = cur.expect("pod").value();
+            v["status"]["phase"] = json!(phase);
+            v["status"]["conditions"] = json!([{"type": "Ready", "status": if phase == "Running" { "True" } else { "False" },
+                "lastTransitionTime": "2020-01-01T00:00:00Z"}]);
+            Ok(Mutation::Put(v))
+        });
+    }
+}
+
+fn settle(st: &State, phase: &str, rounds: usize) {
+    for _ in 0..rounds {
+        deployment::pass(st);
+        replicaset::pass(st);
+        daemonset::pass(st);
+        statefulset::pass(st);
+        job::pass(st);
+        scheduler::pass(st);
+        kubelet(st, phase);
+    }
+}
+
+fn template(labels: Value, extra_spec: Value) -> Value {
+    let mut spec = json!({"containers": [{"name": "c", "image": "busybox:1.36"}]});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        s.extend(e.clone());
+    }
+    json!({"metadata": {"labels": labels}, "spec": spec})
+}
+
+fn pod(name: &str, spec: Value) -> Value {
+    let mut s = json!({"containers": [{"name": "c", "image": "busybox:1.36"}]});
+    if let (Some(s), Some(e)) = (s.as_object_mut(), spec.as_object()) {
+        s.extend(e.clone());
+    }
+    json!({"metadata": {"name": name}, "spec": s})
+}
+
+fn node_of(st: &State, name: &str) -> Option<String> {
+    get(st, "", "pods", name)["spec"]["nodeName"]
+        .as_str()
+        .map(str::to_string)
+}
+
+#[test]
+fn scheduler_honours_taints_selectors_affinity_and_requests() {
+    let st = state();
+    add_node(
+        &st,
+        "edge-a",
+        json!({"node-role.kubernetes.io/edge": "", "zone": "1"}),
+        json!([{"key": "node-role.kubernetes.io/edge", "effect": "NoSchedule"}]),
+        "2",
+    );
+    add_node(
+        &st,
+        "cloud-b",
+        json!({"zone": "2", "size": "8"}),
+        json!([]),
+        "1",
+    );
+    create(&st, "", "pods", pod("plain", json!({})));
+    create(
+        &st,
+        "",
+        "pods",
+        pod(
+            "tolerant",
+            json!({"nodeSelector": {"zone": "1"},
+        "tolerations": [{"key": "node-role.kubernetes.io/edge", "operator": "Exists", "effect": "NoSchedule"}]}),
+        ),
+    );
+    create(
+        &st,
+        "",
+        "pods",
+        pod("intolerant", json!({"nodeSelector": {"zone": "1"}})),
+    );
+    create(
+        &st,
+        "",
+        "pods",
+        pod(
+            "affine",
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "size", "operator": "Gt", "values": ["4"]}]}]}}}}),
+        ),
+    );
+    create(
+        &st,
+        "",
+        "pods",
+        pod(
+            "by-name",
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["cloud-b"]}]}]}}}}),
+        ),
+    );
+    create(
+        &st,
+        "",
+        "pods",
+        pod(
+            "greedy",
+            json!({"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "1500m"}}}]}),
+        ),
+    );
+    scheduler::pass(&st);
+    assert_eq!(node_of(&st, "plain").as_deref(), Some("cloud-b"));
+    assert_eq!(node_of(&st, "tolerant").as_deref(), Some("edge-a"));
+    assert_eq!(node_of(&st, "intolerant"), None);
+    assert_eq!(node_of(&st, "affine").as_deref(), Some("cloud-b"));
+    assert_eq!(node_of(&st, "by-name").as_deref(), Some("cloud-b"));
+    assert_eq!(
+        node_of(&st, "greedy"),
+        None,
+        "1.5 cpu fits neither the tainted node nor a 1-cpu node"
+    );
+    let p = get(&st, "", "pods", "intolerant");
+    let cond = p["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "PodScheduled")
+        .unwrap()
+        .clone();
+    assert_eq!(cond["status"], "False");
+    assert_eq!(cond["reason"], "Unschedulable");
+    assert_eq!(
+        cond["message"],
+        "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint {node-role.kubernetes.io/edge: }. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."
+    );
+    let greedy = get(&st, "", "pods", "greedy");
+    let msg = greedy["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("1 Insufficient cpu"), "{msg}");
+    let events: Vec<Value> = st
+        .table(&st.core("events"))
+        .in_namespace("default")
+        .iter()
+        .map(|e| e.value())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["reason"] == "FailedScheduling"
+                && e["involvedObject"]["name"] == "intolerant")
+    );
+    // A second pass with nothing new writes no second event.
+    let before = events.len();
+    scheduler::pass(&st);
+    assert_eq!(
+        st.table(&st.core("events")).in_namespace("default").len(),
+        before
+    );
+    // The bound pod is marked scheduled.
+    let plain = get(&st, "", "pods", "plain");
+    assert!(
+        plain["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "PodScheduled" && c["status"] == "True")
+    );
+    // An unschedulable node takes nothing more.
+    let nodes = st.core("nodes");
+    let mut b = verbs::get(&st, &nodes, "", "cloud-b").unwrap().value();
+    b["spec"]["unschedulable"] = json!(true);
+    verbs::update(&st, &nodes, "", "cloud-b", b, &WriteOptions::default()).unwrap();
+    create(&st, "", "pods", pod("late", json!({})));
+    scheduler::pass(&st);
+    assert_eq!(node_of(&st, "late"), None);
+}
+
+#[test]
+fn quantities_parse_like_resource_quantity() {
+    assert_eq!(scheduler::parse_milli("100m"), Some(100));
+    assert_eq!(scheduler::parse_milli("1.5"), Some(1500));
+    assert_eq!(scheduler::parse_milli("1Ki"), Some(1_024_000));
+    assert_eq!(scheduler::parse_milli("2e3"), Some(2_000_000));
+    assert_eq!(scheduler::parse_milli("x"), None);
+    assert_eq!(scheduler::parse_milli(""), None);
+}
+
+#[test]
+fn replica_set_keeps_its_replica_count_and_reports_readiness() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "apps",
+        "replicasets",
+        json!({"metadata": {"name": "rs"}, "spec": {"replicas": 3,
+        "selector": {"matchLabels": {"app": "a"}}, "template": template(json!({"app": "a"}), json!({}))}}),
+    );
+    settle(&st, "Running", 3);
+    let ps = live_pods(&st);
+    assert_eq!(ps.len(), 3);
+    assert!(ps.iter().all(|p| crate::meta::name(p).starts_with("rs-")
+        && p["metadata"]["ownerReferences"][0]["controller"] == true));
+    let rs = get(&st, "apps", "replicasets", "rs");
+    assert_eq!(rs["status"]["readyReplicas"], 3);
+    assert_eq!(rs["status"]["observedGeneration"], 1);
+    let info = apps(&st, "replicasets").unwrap();
+    let mut v = rs.clone();
+    v["spec"]["replicas"] = json!(1);
+    verbs::update(&st, &info, "default", "rs", v, &WriteOptions::default()).unwrap();
+    settle(&st, "Running", 3);
+    assert_eq!(live_pods(&st).len(), 1);
+    assert_eq!(
+        get(&st, "apps", "replicasets", "rs")["status"]["replicas"],
+        1
+    );
+}
+
+#[test]
+fn deployment_rolls_a_new_template_out_and_keeps_revisions() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "8");
+    create(
+        &st,
+        "apps",
+        "deployments",
+        json!({"metadata": {"name": "web", "annotations": {"kubernetes.io/change-cause": "first"}},
+        "spec": {"replicas": 4, "selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}), json!({}))}}),
+    );
+    settle(&st, "Running", 6);
+    let d = get(&st, "apps", "deployments", "web");
+    assert_eq!(d["status"]["availableReplicas"], 4, "{d}");
+    assert_eq!(d["metadata"]["annotations"][deployment::REVISION], "1");
+    let rss: Vec<Value> = st
+        .table(&apps(&st, "replicasets").unwrap())
+        .in_namespace("default")
+        .iter()
+        .map(|o| o.value())
+        .collect();
+    assert_eq!(rss.len(), 1);
+    let hash = rss[0]["metadata"]["labels"][deployment::HASH_LABEL]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(crate::meta::name(&rss[0]), format!("web-{hash}"));
+    assert_eq!(
+        rss[0]["metadata"]["annotations"]["kubernetes.io/change-cause"],
+        "first"
+    );
+    assert!(
+        live_pods(&st)
+            .iter()
+            .all(|p| p["metadata"]["labels"][deployment::HASH_LABEL] == hash.as_str())
+    );
+    let progressing = d["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Progressing")
+        .unwrap()
+        .clone();
+    assert_eq!(progressing["reason"], "NewReplicaSetAvailable");
+
+    // A new image: surge by 1 (25% of 4), never fewer than 3 available.
+    let info = apps(&st, "deployments").unwrap();
+    let mut v = d.clone();
+    v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("busybox:1.37");
+    verbs::update(&st, &info, "default", "web", v, &WriteOptions::default()).unwrap();
+    for _ in 0..30 {
+        settle(&st, "Running", 1);
+        let ready = live_pods(&st)
+            .iter()
+            .filter(|p| super::pod_ready(p))
+            .count();
+        assert!(ready >= 3, "availability dropped to {ready}");
+        assert!(live_pods(&st).len() <= 5, "surged past 5 pods");
+    }
+    let d = get(&st, "apps", "deployments", "web");
+    assert_eq!(d["metadata"]["annotations"][deployment::REVISION], "2");
+    assert_eq!(d["status"]["updatedReplicas"], 4, "{}", d["status"]);
+    assert_eq!(d["status"]["replicas"], 4);
+    assert_eq!(d["status"]["observedGeneration"], 2);
+    let pods = live_pods(&st);
+    assert_eq!(pods.len(), 4);
+    assert!(
+        pods.iter()
+            .all(|p| p["spec"]["containers"][0]["image"] == "busybox:1.37")
+    );
+    let rss: Vec<Value> = st
+        .table(&apps(&st, "replicasets").unwrap())
+        .in_namespace("default")
+        .iter()
+        .map(|o| o.value())
+        .collect();
+    assert_eq!(rss.len(), 2, "the old ReplicaSet stays as history");
+    let old = rss
+        .iter()
+        .find(|r| r["metadata"]["labels"][deployment::HASH_LABEL] == hash.as_str())
+        .unwrap();
+    assert_eq!(old["spec"]["replicas"], 0);
+}
+
+#[test]
+fn daemon_set_runs_on_every_matching_node_and_tolerates_node_conditions() {
+    let st = state();
+    add_node(
+        &st,
+        "edge-1",
+        json!({"node-role.kubernetes.io/edge": ""}),
+        json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]),
+        "1",
+    );
+    add_node(
+        &st,
+        "edge-2",
+        json!({"node-role.kubernetes.io/edge": ""}),
+        json!([]),
+        "1",
+    );
+    add_node(&st, "cloud", json!({}), json!([]), "1");
+    create(
+        &st,
+        "apps",
+        "daemonsets",
+        json!({"metadata": {"name": "agent"}, "spec": {
+        "selector": {"matchLabels": {"app": "agent"}},
+        "template": template(json!({"app": "agent"}), json!({"nodeSelector": {"node-role.kubernetes.io/edge": ""}}))}}),
+    );
+    settle(&st, "Running", 3);
+    let mut nodes: Vec<String> = live_pods(&st)
+        .iter()
+        .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["edge-1", "edge-2"]);
+    let p = &live_pods(&st)[0];
+    assert_eq!(
+        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchFields"][0]["key"],
+        "metadata.name"
+    );
+    assert!(p["metadata"]["labels"]["controller-revision-hash"].is_string());
+    let ds = get(&st, "apps", "daemonsets", "agent");
+    assert_eq!(ds["status"]["desiredNumberScheduled"], 2);
+    assert_eq!(ds["status"]["numberReady"], 2);
+    assert_eq!(ds["status"]["numberMisscheduled"], 0);
+    let revs = st
+        .table(&apps(&st, "controllerrevisions").unwrap())
+        .in_namespace("default");
+    assert_eq!(revs.len(), 1);
+    assert_eq!(revs[0].value()["revision"], 1);
+}
+
+#[test]
+fn stateful_set_creates_pods_in_order_and_removes_from_the_top() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "apps",
+        "statefulsets",
+        json!({"metadata": {"name": "db"}, "spec": {"replicas": 3, "serviceName": "db",
+        "selector": {"matchLabels": {"app": "db"}}, "template": template(json!({"app": "db"}), json!({}))}}),
+    );
+    statefulset::pass(&st);
+    statefulset::pass(&st);
+    let names: Vec<String> = live_pods(&st)
+        .iter()
+        .map(|p| crate::meta::name(p).to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["db-0"],
+        "db-1 waits for db-0 to be Running and Ready"
+    );
+    settle(&st, "Running", 5);
+    let mut names: Vec<String> = live_pods(&st)
+        .iter()
+        .map(|p| crate::meta::name(p).to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["db-0", "db-1", "db-2"]);
+    let p = get(&st, "", "pods", "db-1");
+    assert_eq!(p["spec"]["hostname"], "db-1");
+    assert_eq!(p["spec"]["subdomain"], "db");
+    assert_eq!(
+        p["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"],
+        "db-1"
+    );
+    let sts = get(&st, "apps", "statefulsets", "db");
+    assert_eq!(sts["status"]["readyReplicas"], 3);
+    assert_eq!(
+        sts["status"]["currentRevision"],
+        sts["status"]["updateRevision"]
+    );
+    // Scale to 1: db-2 goes first.
+    let info = apps(&st, "statefulsets").unwrap();
+    let mut v = sts.clone();
+    v["spec"]["replicas"] = json!(1);
+    verbs::update(&st, &info, "default", "db", v, &WriteOptions::default()).unwrap();
+    statefulset::pass(&st);
+    let terminating: Vec<String> = pods(&st)
+        .iter()
+        .filter(|p| !p["metadata"]["deletionTimestamp"].is_null() || p["metadata"].is_null())
+        .map(|p| crate::meta::name(p).to_string())
+        .collect();
+    let live: Vec<String> = live_pods(&st)
+        .iter()
+        .map(|p| crate::meta::name(p).to_string())
+        .collect();
+    assert!(
+        !live.contains(&"db-2".to_string()),
+        "db-2 is removed first: {live:?} {terminating:?}"
+    );
+    assert!(
+        live.contains(&"db-1".to_string()),
+        "db-1 waits for db-2: {live:?}"
+    );
+    settle(&st, "Running", 4);
+    let names: Vec<String> = live_pods(&st)
+        .iter()
+        .map(|p| crate::meta::name(p).to_string())
+        .collect();
+    assert_eq!(names, ["db-0"]);
+}
+
+#[test]
+fn job_completes_after_its_completions_and_fails_past_its_backoff_limit() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "batch",
+        "jobs",
+        json!({"metadata": {"name": "ok"}, "spec": {"completions": 3, "parallelism": 2,
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}),
+    );
+    job::pass(&st);
+    assert_eq!(live_pods(&st).len(), 2, "parallelism 2");
+    settle(&st, "Succeeded", 5);
+    let j = get(&st, "batch", "jobs", "ok");
+    assert_eq!(j["status"]["succeeded"], 3, "{}", j["status"]);
+    assert!(
+        j["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "Complete" && c["status"] == "True")
+    );
+    assert!(j["status"]["completionTime"].is_string());
+    assert_eq!(pods(&st).len(), 3, "no pod beyond the completions");
+
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "batch",
+        "jobs",
+        json!({"metadata": {"name": "bad"}, "spec": {"backoffLimit": 1,
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}),
+    );
+    settle(&st, "Failed", 6);
+    let j = get(&st, "batch", "jobs", "bad");
+    let failed = j["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .cloned()
+        .unwrap();
+    assert_eq!(failed["reason"], "BackoffLimitExceeded");
+    assert_eq!(j["status"]["failed"], 2);
+    let _ = batch(&st, "jobs");
+}
+
+#[test]
+fn controllers_survive_malformed_stored_objects() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    let shapes = [
+        json!({"spec": "x", "status": 5}),
+        json!({"spec": {"replicas": "many", "selector": "x", "template": 7, "strategy": {"type": 1, "rollingUpdate": {"maxSurge": "abc%"}}}}),
+        json!({"spec": {"replicas": -3, "selector": {"matchLabels": {"a": 1}, "matchExpressions": [{"operator": "Gt"}]}, "template": {"metadata": "m", "spec": {"containers": "c"}}}}),
+        json!({"spec": {"replicas": 2, "selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": "t"}}}, "tolerations": 3, "nodeSelector": [1]}}, "completions": "x", "updateStrategy": {"rollingUpdate": {"partition": "p"}}}}),
+    ];
+    for (group, plural) in [
+        ("apps", "deployments"),
+        ("apps", "replicasets"),
+        ("apps", "daemonsets"),
+        ("apps", "statefulsets"),
+        ("batch", "jobs"),
+    ] {
+        let info = st.resources.lookup(group, "v1", plural).unwrap();
+        for (i, s) in shapes.iter().enumerate() {
+            let mut v = s.clone();
+            v["metadata"] = json!({"name": format!("bad-{i}"), "namespace": "default", "uid": format!("{plural}-{i}")});
+            st.table(&info)
+                .mutate(&("default".into(), format!("bad-{i}")), |_| {
+                    Ok(Mutation::Put(v))
+                })
+                .unwrap();
+        }
+    }
+    let pods = st.core("pods");
+    st.table(&pods).mutate(&("default".into(), "odd".into()), |_| Ok(Mutation::Put(json!({"metadata": {"name": "odd", "namespace": "default"},
+        "spec": {"containers": [{"resources": {"requests": {"cpu": [1], "memory": "1Zi"}}}], "tolerations": "x", "affinity": 5}})))).unwrap();
+    settle(&st, "Running", 3);
+}
