@@ -74,6 +74,11 @@ pub fn write_scale(
             }
         }
     }
+    if !(scale["spec"].is_object() || scale["spec"].is_null()) {
+        return Err(ApiError::bad_request(
+            "error decoding Scale: spec must be an object",
+        ));
+    }
     let replicas = match &scale["spec"]["replicas"] {
         Value::Null => 0,
         v => v.as_i64().ok_or_else(|| {

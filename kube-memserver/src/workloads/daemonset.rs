@@ -68,11 +68,24 @@ fn daemon_tolerations(spec: &Value) -> Vec<Value> {
     tols
 }
 
-/// Whether the DaemonSet wants a pod on `node` (`NodeShouldRunDaemonPod`).
-pub fn should_run(ds: &Value, node: &Value) -> bool {
+/// Whether the DaemonSet wants a pod on `node`, and whether a pod already there may stay
+/// (`NodeShouldRunDaemonPod`): a NoSchedule taint (a node going NotReady, say) keeps new pods
+/// away but leaves running ones; only NoExecute taints evict.
+pub fn should_run(ds: &Value, node: &Value) -> (bool, bool) {
     let spec = &ds["spec"]["template"]["spec"];
+    if !node_matches(spec, node) {
+        return (false, false);
+    }
     let tolerations = Value::Array(daemon_tolerations(spec));
-    node_matches(spec, node) && untolerated_taint(node, &tolerations).is_none()
+    let run = untolerated_taint(node, &tolerations).is_none();
+    let keep = run || {
+        let mut no_execute_only = node.clone();
+        if let Some(taints) = no_execute_only["spec"]["taints"].as_array_mut() {
+            taints.retain(|t| t["effect"] == "NoExecute");
+        }
+        untolerated_taint(&no_execute_only, &tolerations).is_none()
+    };
+    (run, keep)
 }
 
 /// The node a daemon pod belongs to: its binding, or the node its affinity pins it to.
@@ -137,7 +150,7 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
     for node in nodes {
         let node_name = crate::meta::name(node);
         let mut here: Vec<&Value> = by_node.get(node_name).cloned().unwrap_or_default();
-        let wanted = should_run(ds, node);
+        let (wanted, keep) = should_run(ds, node);
         // Failed daemon pods are replaced.
         for p in here.iter().filter(|p| {
             p["status"]["phase"] == "Failed" && p["metadata"]["deletionTimestamp"].is_null()
@@ -148,8 +161,10 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
         if !wanted {
             if !here.is_empty() {
                 misscheduled += 1;
-                for p in &here {
-                    delete_pod(st, p);
+                if !keep {
+                    for p in &here {
+                        delete_pod(st, p);
+                    }
                 }
             }
             continue;

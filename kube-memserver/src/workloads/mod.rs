@@ -203,7 +203,14 @@ pub fn claim_pods(st: &State, owner: &Value, ns: &str, pods: &[Arc<Obj>]) -> Vec
     for p in pods.iter().filter(|p| p.namespace() == ns) {
         let v = p.value();
         match controller_uid(&v) {
-            Some(u) if u == uid => out.push(v),
+            Some(u) if u == uid => {
+                // A pod relabelled out of the selector is released (and replaced).
+                if !p.deleting() && !selector_matches(selector, &v["metadata"]["labels"]) {
+                    release(st, &v, uid);
+                    continue;
+                }
+                out.push(v)
+            }
             Some(_) => {}
             None => {
                 let owner_deleting = !owner["metadata"]["deletionTimestamp"].is_null();
@@ -223,6 +230,33 @@ pub fn claim_pods(st: &State, owner: &Value, ns: &str, pods: &[Arc<Obj>]) -> Vec
         }
     }
     out
+}
+
+/// Removes `owner_uid` from the pod's owner references.
+fn release(st: &State, pod: &Value, owner_uid: &str) {
+    let mut v = pod.clone();
+    let refs: Vec<Value> = v["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["uid"].as_str() != Some(owner_uid))
+        .cloned()
+        .collect();
+    if refs.is_empty() {
+        crate::meta::remove_path(&mut v, &["metadata", "ownerReferences"]);
+    } else {
+        set_path(&mut v, &["metadata", "ownerReferences"], Value::Array(refs));
+    }
+    let ns = crate::meta::namespace(pod).to_string();
+    let name = crate::meta::name(pod).to_string();
+    let _ = verbs::update(
+        st,
+        &st.core("pods"),
+        &ns,
+        &name,
+        v,
+        &WriteOptions::default(),
+    );
 }
 
 /// Adds a controller reference to an orphan (conditional on its resourceVersion).

@@ -594,3 +594,180 @@ fn controllers_survive_malformed_stored_objects() {
         "spec": {"containers": [{"resources": {"requests": {"cpu": [1], "memory": "1Zi"}}}], "tolerations": "x", "affinity": 5}})))).unwrap();
     settle(&st, "Running", 3);
 }
+
+fn set_taints(st: &State, node: &str, taints: Value) {
+    let info = st.core("nodes");
+    let mut n = verbs::get(st, &info, "", node).unwrap().value();
+    n["spec"]["taints"] = taints;
+    verbs::update(st, &info, "", node, n, &WriteOptions::default()).unwrap();
+}
+
+#[test]
+fn daemon_pods_stay_through_no_schedule_taints_and_leave_on_untolerated_no_execute() {
+    let st = state();
+    add_node(&st, "edge-1", json!({}), json!([]), "1");
+    create(
+        &st,
+        "apps",
+        "daemonsets",
+        json!({"metadata": {"name": "agent"}, "spec": {
+        "selector": {"matchLabels": {"app": "agent"}}, "template": template(json!({"app": "agent"}), json!({}))}}),
+    );
+    settle(&st, "Running", 3);
+    assert_eq!(live_pods(&st).len(), 1);
+    // The node goes NotReady: node lifecycle adds not-ready NoSchedule (and NoExecute, tolerated).
+    set_taints(
+        &st,
+        "edge-1",
+        json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]),
+    );
+    settle(&st, "Running", 3);
+    assert_eq!(
+        live_pods(&st).len(),
+        1,
+        "a NoSchedule taint does not evict a daemon pod"
+    );
+    let ds = get(&st, "apps", "daemonsets", "agent");
+    assert_eq!(ds["status"]["desiredNumberScheduled"], 0);
+    assert_eq!(ds["status"]["numberMisscheduled"], 1);
+    set_taints(
+        &st,
+        "edge-1",
+        json!([{"key": "maintenance", "effect": "NoExecute"}]),
+    );
+    settle(&st, "Running", 3);
+    assert!(
+        live_pods(&st).is_empty(),
+        "an untolerated NoExecute taint evicts it"
+    );
+}
+
+#[test]
+fn a_pod_relabelled_out_of_its_replica_set_is_released_and_replaced() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "apps",
+        "replicasets",
+        json!({"metadata": {"name": "rs"}, "spec": {"replicas": 1,
+        "selector": {"matchLabels": {"app": "a"}}, "template": template(json!({"app": "a"}), json!({}))}}),
+    );
+    settle(&st, "Running", 2);
+    let first = live_pods(&st).remove(0);
+    let name = crate::meta::name(&first).to_string();
+    let mut v = first.clone();
+    v["metadata"]["labels"]["app"] = json!("debug");
+    verbs::update(
+        &st,
+        &st.core("pods"),
+        "default",
+        &name,
+        v,
+        &WriteOptions::default(),
+    )
+    .unwrap();
+    settle(&st, "Running", 2);
+    let released = get(&st, "", "pods", &name);
+    assert!(
+        released["metadata"]["ownerReferences"].is_null(),
+        "{released}"
+    );
+    let owned: Vec<Value> = live_pods(&st)
+        .into_iter()
+        .filter(|p| super::controller_uid(p).is_some())
+        .collect();
+    assert_eq!(owned.len(), 1, "a replacement keeps the count");
+    assert_ne!(crate::meta::name(&owned[0]), name);
+}
+
+#[test]
+fn scale_subresource_reads_and_writes_replicas() {
+    use crate::patch::PatchType;
+    let st = state();
+    create(
+        &st,
+        "apps",
+        "deployments",
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 2,
+        "selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}), json!({}))}}),
+    );
+    let info = apps(&st, "deployments").unwrap();
+    let scale = verbs::get_scale(&st, &info, "default", "web").unwrap();
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["apiVersion"], "autoscaling/v1");
+    assert_eq!(scale["spec"]["replicas"], 2);
+    assert_eq!(scale["status"]["selector"], "app=web");
+    let out = verbs::write_scale(
+        &st,
+        &info,
+        "default",
+        "web",
+        None,
+        Some((PatchType::Merge, br#"{"spec":{"replicas":5}}"#.as_slice())),
+        &WriteOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(out["spec"]["replicas"], 5);
+    let d = get(&st, "apps", "deployments", "web");
+    assert_eq!(d["spec"]["replicas"], 5);
+    assert_eq!(d["metadata"]["generation"], 2);
+    // A stale resourceVersion conflicts; junk is refused, never a panic.
+    let mut stale = scale.clone();
+    stale["spec"]["replicas"] = json!(1);
+    let err = verbs::write_scale(
+        &st,
+        &info,
+        "default",
+        "web",
+        Some(stale),
+        None,
+        &WriteOptions::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, 409);
+    for junk in [
+        json!("x"),
+        json!({"spec": {"replicas": "many"}}),
+        json!({"spec": {"replicas": -1}}),
+        json!({"spec": 3}),
+    ] {
+        assert!(
+            verbs::write_scale(
+                &st,
+                &info,
+                "default",
+                "web",
+                Some(junk),
+                None,
+                &WriteOptions::default()
+            )
+            .is_err()
+        );
+    }
+    for body in [
+        &b"{"[..],
+        b"[]",
+        b"null",
+        br#"[{"op":"replace","path":"/spec","value":1}]"#,
+    ] {
+        for pt in [
+            PatchType::Merge,
+            PatchType::Json,
+            PatchType::Strategic,
+            PatchType::Apply,
+        ] {
+            let _ = verbs::write_scale(
+                &st,
+                &info,
+                "default",
+                "web",
+                None,
+                Some((pt, body)),
+                &WriteOptions::default(),
+            );
+        }
+    }
+    assert!(verbs::get_scale(&st, &info, "default", "missing").is_err());
+}
