@@ -117,7 +117,10 @@ fn scale(st: &State, rsinfo: &ResourceInfo, d: &Value, rs: &mut Value, to: i64, 
 fn claim(st: &State, rsinfo: &ResourceInfo, d: &Value, rss: &[Arc<Obj>]) -> Vec<Value> {
     let uid = d["metadata"]["uid"].as_str().unwrap_or_default();
     let mut out = Vec::new();
-    for rs in rss {
+    for rs in rss
+        .iter()
+        .filter(|rs| super::may_belong(rs, uid, &d["spec"]["selector"]))
+    {
         let v = rs.value();
         match controller_uid(&v) {
             Some(u) if u == uid => out.push(v),

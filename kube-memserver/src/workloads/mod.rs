@@ -201,6 +201,9 @@ pub fn claim_pods(st: &State, owner: &Value, ns: &str, pods: &[Arc<Obj>]) -> Vec
     let selector = &owner["spec"]["selector"];
     let mut out = Vec::new();
     for p in pods.iter().filter(|p| p.namespace() == ns) {
+        if !may_belong(p, uid, selector) {
+            continue;
+        }
         let v = p.value();
         match controller_uid(&v) {
             Some(u) if u == uid => {
@@ -230,6 +233,19 @@ pub fn claim_pods(st: &State, owner: &Value, ns: &str, pods: &[Arc<Obj>]) -> Vec
         }
     }
     out
+}
+
+/// Cheap pre-check on the stored fields (no JSON parsing): the object names `uid` as an owner,
+/// or has no owner and carries the selector's `matchLabels`.
+pub fn may_belong(o: &Obj, uid: &str, selector: &Value) -> bool {
+    if o.owners().next().is_some() {
+        return o.owners().any(|u| u == uid);
+    }
+    selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| o.label(k) == v.as_str())
 }
 
 /// Removes `owner_uid` from the pod's owner references.

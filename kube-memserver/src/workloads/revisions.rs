@@ -32,6 +32,7 @@ pub fn ensure(st: &State, owner: &Value, kind: &str) -> Option<(String, String, 
     let owned: Vec<Value> = table
         .in_namespace(ns)
         .iter()
+        .filter(|o| o.owners().any(|u| u == uid))
         .map(|o| o.value())
         .filter(|r| controller_uid(r) == Some(uid))
         .collect();
@@ -95,6 +96,7 @@ pub fn prune(st: &State, owner: &Value, in_use: &[&str]) {
         .table(&info)
         .in_namespace(ns)
         .iter()
+        .filter(|o| o.owners().any(|u| u == uid))
         .map(|o| o.value())
         .filter(|r| controller_uid(r) == Some(uid))
         .collect();
