@@ -734,3 +734,67 @@ spec:
     assert_eq!(pods.len(), 3, "one pod per completion");
     c.delete_namespace(&ns).await;
 }
+
+#[tokio::test]
+async fn the_sample_edge_workloads_run_on_edge_nodes_only() {
+    let Some(c) = cluster::connect_in_memory_only(
+        Config::for_tests(),
+        "nodes without kubelets whose pods the test reports Running (a real cluster's own kubelets would compete)",
+    )
+    .await
+    .expect("connect") else {
+        return;
+    };
+    let taint = json!([{"key": "node-role.kubernetes.io/edge", "effect": "NoSchedule"}]);
+    add_node(
+        &c,
+        "edge-1",
+        json!({"node-role.kubernetes.io/edge": ""}),
+        taint,
+        "2",
+    )
+    .await;
+    add_node(&c, "cloud-1", json!({}), json!([]), "8").await;
+    let _kubelet = FakeKubelet::start(&c, "default", "Running");
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../manifests/samples/edge-workloads.yaml"
+    );
+    kubectl(&c, "default", &["apply", "-f", file]).await;
+    kubectl(
+        &c,
+        "default",
+        &[
+            "rollout",
+            "status",
+            "deployment/hello-edge",
+            "--timeout=30s",
+        ],
+    )
+    .await;
+    kubectl(
+        &c,
+        "default",
+        &[
+            "rollout",
+            "status",
+            "daemonset/edge-node-agent",
+            "--timeout=30s",
+        ],
+    )
+    .await;
+    let pods = wait_pods(&c, "default", "3 ready pods", |p| {
+        p.len() == 3 && p.iter().all(ready)
+    })
+    .await;
+    for p in &pods {
+        assert_eq!(
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            Some("edge-1"),
+            "{:?} left the edge",
+            p.metadata.name
+        );
+    }
+    kubectl(&c, "default", &["delete", "-f", file]).await;
+    wait_pods(&c, "default", "no pods left", |p| p.is_empty()).await;
+}
