@@ -59,10 +59,26 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
         .iter()
         .filter(|p| p["status"]["phase"] == "Succeeded")
         .count() as i64;
-    let failed = owned
+    let failed_pods = owned
         .iter()
         .filter(|p| p["status"]["phase"] == "Failed")
         .count() as i64;
+    // Under restartPolicy OnFailure the kubelet restarts containers in place: those restarts
+    // count as failures towards backoffLimit, as upstream counts them.
+    let restarts: i64 = if job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure" {
+        active
+            .iter()
+            .flat_map(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+            })
+            .filter_map(|c| c["restartCount"].as_i64())
+            .sum()
+    } else {
+        0
+    };
     let mut status: Map<String, Value> = job["status"].as_object().cloned().unwrap_or_default();
     let mut conditions: Vec<Value> = status
         .get("conditions")
@@ -108,7 +124,7 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
             });
         let completions = job["spec"]["completions"].as_i64();
         let parallelism = int(&job["spec"]["parallelism"], 1).max(0);
-        let failure = if failed > backoff {
+        let failure = if failed_pods + restarts > backoff {
             Some((
                 "BackoffLimitExceeded",
                 "Job has reached the specified backoff limit",
@@ -202,7 +218,7 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
     for (k, n) in [
         ("active", active_now),
         ("succeeded", succeeded),
-        ("failed", failed),
+        ("failed", failed_pods),
     ] {
         if n != 0 {
             status.insert(k.into(), json!(n));

@@ -771,3 +771,105 @@ fn scale_subresource_reads_and_writes_replicas() {
     }
     assert!(verbs::get_scale(&st, &info, "default", "missing").is_err());
 }
+
+#[test]
+fn container_restarts_under_on_failure_count_towards_the_backoff_limit() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "batch",
+        "jobs",
+        json!({"metadata": {"name": "flaky"}, "spec": {"backoffLimit": 2,
+        "template": {"spec": {"restartPolicy": "OnFailure", "containers": [{"name": "c", "image": "busybox"}]}}}}),
+    );
+    settle(&st, "Running", 2);
+    let pod = live_pods(&st).remove(0);
+    let key = ("default".to_string(), crate::meta::name(&pod).to_string());
+    st.table(&st.core("pods"))
+        .mutate(&key, |cur| {
+            let mut v = cur.expect("pod").value();
+            v["status"]["containerStatuses"] =
+                json!([{"name": "c", "restartCount": 3, "ready": false}]);
+            Ok(Mutation::Put(v))
+        })
+        .unwrap();
+    job::pass(&st);
+    let j = get(&st, "batch", "jobs", "flaky");
+    let failed = j["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .cloned();
+    assert_eq!(
+        failed.map(|c| c["reason"].clone()),
+        Some(json!("BackoffLimitExceeded")),
+        "{}",
+        j["status"]
+    );
+    assert!(live_pods(&st).is_empty(), "the active pod is deleted");
+}
+
+#[test]
+fn a_rollout_without_progress_exceeds_its_deadline() {
+    let st = state();
+    // No node: the new pods never run.
+    create(
+        &st,
+        "apps",
+        "deployments",
+        json!({"metadata": {"name": "stuck"}, "spec": {"replicas": 1, "progressDeadlineSeconds": 1,
+        "selector": {"matchLabels": {"app": "s"}}, "template": template(json!({"app": "s"}), json!({}))}}),
+    );
+    settle(&st, "Running", 3);
+    let progressing = |st: &State| {
+        get(st, "apps", "deployments", "stuck")["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Progressing")
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(progressing(&st)["status"], "True");
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    settle(&st, "Running", 1);
+    let c = progressing(&st);
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("ProgressDeadlineExceeded")),
+        "{c}"
+    );
+}
+
+#[test]
+fn stateful_set_pods_get_their_own_claims() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "apps",
+        "statefulsets",
+        json!({"metadata": {"name": "db"}, "spec": {"replicas": 2, "serviceName": "db",
+        "selector": {"matchLabels": {"app": "db"}}, "template": template(json!({"app": "db"}), json!({})),
+        "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]}}),
+    );
+    settle(&st, "Running", 4);
+    let pvcs: Vec<String> = st
+        .table(&st.core("persistentvolumeclaims"))
+        .in_namespace("default")
+        .iter()
+        .map(|o| o.name().to_string())
+        .collect();
+    assert_eq!(pvcs, ["data-db-0", "data-db-1"]);
+    let p = get(&st, "", "pods", "db-1");
+    let volume = p["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "data")
+        .cloned()
+        .unwrap();
+    assert_eq!(volume["persistentVolumeClaim"]["claimName"], "data-db-1");
+}
