@@ -293,7 +293,12 @@ fn add_pod(n: &mut NodeInfo, pod: &Value) {
 /// One scheduling pass over the pending pods, oldest first.
 pub fn pass(st: &State) {
     let pods_info = st.core("pods");
-    let all = st.table(&pods_info).all();
+    let table = st.table(&pods_info);
+    // Every pod bound: nothing to do, without copying the pod list.
+    if table.len() == table.bound_count() {
+        return;
+    }
+    let all = table.all();
     let mut pending: Vec<Value> = all
         .iter()
         .filter(|p| p.field("spec.nodeName").is_empty() && !p.deleting())
