@@ -2,8 +2,8 @@
 //! gone (background propagation), deletes the dependents of owners deleted with foreground
 //! propagation before letting them go (`foregroundDeletion` finalizer), and strips owner
 //! references from the dependents of owners deleted with orphan propagation (`orphan`).
-//! A pass runs only after a write (a removal, or a deletion that starts propagation) or while
-//! such finalizers are pending.
+//! A pass runs only after a removal or a deletion that starts propagation, or while such
+//! finalizers are pending.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -24,19 +24,16 @@ pub const ORPHAN: &str = "orphan";
 pub async fn run(st: Arc<State>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(st.config.gc_period.max(MIN_PERIOD));
     let mut seen = u64::MAX;
-    let mut seen_rv = u64::MAX;
     let mut pending = false;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {
-                // A removal may leave dependents without owners; any other write may be a
-                // deletion with foreground or orphan propagation starting.
+                // A removal may leave dependents without owners; a deletion with foreground or
+                // orphan propagation counts too (it removes nothing at first).
                 let deletions = st.store.deletions();
-                let rv = st.store.current_rv();
-                if deletions != seen || rv != seen_rv || pending {
+                if deletions != seen || pending {
                     seen = deletions;
-                    seen_rv = rv;
                     pending = collect(&st);
                 }
             }

@@ -114,6 +114,9 @@ pub fn delete(
             Ok(Deleted::Removed(o))
         }
         Outcome::Updated(o) | Outcome::Created(o) | Outcome::Unchanged(Some(o)) => {
+            if o.has_finalizer(crate::gc::FOREGROUND) || o.has_finalizer(crate::gc::ORPHAN) {
+                st.store.note_propagating_deletion();
+            }
             Ok(Deleted::Pending(o))
         }
         Outcome::Unchanged(None) => Err(ApiError::not_found(info, obj_name)),
