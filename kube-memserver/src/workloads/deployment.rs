@@ -268,19 +268,132 @@ pub fn sync(st: &State, dinfo: &ResourceInfo, rsinfo: &ResourceInfo, d: &Value, 
             d = u;
         }
     }
-    if !paused {
+    if scaling_event(&new, &old, desired) {
+        // A new replica count: spread it over the active ReplicaSets, no rollout step.
+        proportional_scale(st, rsinfo, &d, new.as_mut(), &mut old, desired);
+    } else if !paused {
         match d["spec"]["strategy"]["type"].as_str() {
             Some("Recreate") => recreate(st, rsinfo, &d, new.as_mut(), &mut old, desired),
             _ => rolling(st, rsinfo, &d, new.as_mut(), &mut old, desired),
         }
+    }
+    if !paused {
         cleanup(st, rsinfo, &d, &old);
-    } else if old.iter().all(|rs| replicas(rs) == 0)
-        && let Some(n) = new.as_mut()
-        && replicas(n) != desired
-    {
-        scale(st, rsinfo, &d, n, desired, desired);
     }
     write_deployment_status(st, dinfo, &d, new.as_ref(), &old, desired, created, paused);
+}
+
+/// An active ReplicaSet (`spec.replicas` > 0) was sized for another replica count
+/// (`isScalingEvent`).
+fn scaling_event(new: &Option<Value>, old: &[Value], desired: i64) -> bool {
+    new.iter()
+        .chain(old.iter())
+        .filter(|rs| replicas(rs) > 0)
+        .any(|rs| {
+            rs["metadata"]["annotations"][DESIRED]
+                .as_str()
+                .and_then(|s| s.parse::<i64>().ok())
+                .is_some_and(|n| n != desired)
+        })
+}
+
+/// Upstream's `scale`: a single active ReplicaSet takes the whole count; a saturated new one
+/// makes the old ones go; otherwise (rolling update) the difference to replicas + maxSurge is
+/// spread in proportion to each ReplicaSet's share, leftovers to the largest.
+fn proportional_scale(
+    st: &State,
+    rsinfo: &ResourceInfo,
+    d: &Value,
+    mut new: Option<&mut Value>,
+    old: &mut [Value],
+    desired: i64,
+) {
+    let active_old = old.iter().filter(|rs| replicas(rs) > 0).count();
+    let new_active = new.as_ref().is_some_and(|n| replicas(n) > 0);
+    if active_old + usize::from(new_active) <= 1 {
+        let target = if new_active || active_old == 0 {
+            new
+        } else {
+            old.iter_mut().find(|rs| replicas(rs) > 0)
+        };
+        if let Some(rs) = target
+            && replicas(rs) != desired
+        {
+            scale(st, rsinfo, d, rs, desired, desired);
+        }
+        return;
+    }
+    let saturated = new
+        .as_ref()
+        .is_some_and(|n| replicas(n) == desired && status_count(n, "availableReplicas") == desired);
+    if saturated {
+        for rs in old.iter_mut().filter(|rs| replicas(rs) > 0) {
+            scale(st, rsinfo, d, rs, 0, desired);
+        }
+        return;
+    }
+    if d["spec"]["strategy"]["type"] != "RollingUpdate" {
+        return;
+    }
+    let (surge, _) = fenceposts(d, desired);
+    let mut all: Vec<&mut Value> = new
+        .take()
+        .into_iter()
+        .chain(old.iter_mut())
+        .filter(|rs| replicas(rs) > 0)
+        .collect();
+    let current: i64 = all.iter().map(|rs| replicas(rs)).sum();
+    let allowed = if desired > 0 { desired + surge } else { 0 };
+    let to_add = allowed - current;
+    let created = |rs: &Value| {
+        rs["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    // Larger first; ties: newer first when growing, older first when shrinking.
+    all.sort_by(|a, b| {
+        replicas(b).cmp(&replicas(a)).then_with(|| {
+            if to_add > 0 {
+                created(b).cmp(&created(a))
+            } else {
+                created(a).cmp(&created(b))
+            }
+        })
+    });
+    let mut added = 0;
+    let mut sizes: Vec<i64> = Vec::new();
+    for rs in &all {
+        let r = replicas(rs);
+        let mut size = r;
+        if to_add != 0 && r != 0 && to_add != added {
+            let fraction = if desired == 0 {
+                -r
+            } else {
+                let annotated = rs["metadata"]["annotations"][MAX]
+                    .as_str()
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .filter(|n| *n > 0)
+                    .unwrap_or_else(|| int(&d["status"]["replicas"], 0).max(1));
+                ((r * allowed) as f64 / annotated as f64).round() as i64 - r
+            };
+            let left = to_add - added;
+            let proportion = if to_add > 0 {
+                fraction.min(left)
+            } else {
+                fraction.max(left)
+            };
+            size += proportion;
+            added += proportion;
+        }
+        sizes.push(size);
+    }
+    if let Some(first) = sizes.first_mut() {
+        *first = (*first + to_add - added).max(0);
+    }
+    for (rs, size) in all.into_iter().zip(sizes) {
+        scale(st, rsinfo, d, rs, size, desired);
+    }
 }
 
 fn recreate(

@@ -873,3 +873,68 @@ fn stateful_set_pods_get_their_own_claims() {
         .unwrap();
     assert_eq!(volume["persistentVolumeClaim"]["claimName"], "data-db-1");
 }
+
+#[test]
+fn scaling_during_a_rollout_is_spread_over_the_replica_sets_in_proportion() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "8");
+    create(
+        &st,
+        "apps",
+        "deployments",
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 4,
+        "selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}), json!({}))}}),
+    );
+    settle(&st, "Running", 6);
+    let info = apps(&st, "deployments").unwrap();
+    let mut d = get(&st, "apps", "deployments", "web");
+    d["spec"]["template"]["spec"]["containers"][0]["image"] = json!("busybox:1.37");
+    verbs::update(&st, &info, "default", "web", d, &WriteOptions::default()).unwrap();
+    // The new pods never become ready: with maxSurge 1 and maxUnavailable 1 (25% of 4) the
+    // rollout stalls at old 3 + new 2.
+    for _ in 0..4 {
+        deployment::pass(&st);
+        replicaset::pass(&st);
+        scheduler::pass(&st);
+    }
+    let sizes = |st: &State| -> Vec<(i64, String)> {
+        let mut v: Vec<(i64, String)> = st
+            .table(&apps(st, "replicasets").unwrap())
+            .in_namespace("default")
+            .iter()
+            .map(|o| o.value())
+            .map(|rs| {
+                (
+                    rs["spec"]["replicas"].as_i64().unwrap(),
+                    rs["spec"]["template"]["spec"]["containers"][0]["image"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| a.1.cmp(&b.1));
+        v
+    };
+    let before = sizes(&st);
+    assert_eq!(
+        before,
+        [
+            (3, "busybox:1.36".to_string()),
+            (2, "busybox:1.37".to_string())
+        ],
+        "mid-rollout"
+    );
+    let mut d = get(&st, "apps", "deployments", "web");
+    d["spec"]["replicas"] = json!(8);
+    verbs::update(&st, &info, "default", "web", d, &WriteOptions::default()).unwrap();
+    deployment::pass(&st);
+    // allowed = 8 + 2 (25% surge) = 10; 5 to add: old 3*10/5 = 6 (+3), new 2*10/5 = 4 (+2).
+    assert_eq!(
+        sizes(&st),
+        [
+            (6, "busybox:1.36".to_string()),
+            (4, "busybox:1.37".to_string())
+        ]
+    );
+}
