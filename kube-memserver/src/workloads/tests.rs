@@ -938,3 +938,48 @@ fn scaling_during_a_rollout_is_spread_over_the_replica_sets_in_proportion() {
         ]
     );
 }
+
+#[test]
+fn a_paused_deployment_scales_but_does_not_roll_out_until_resumed() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "8");
+    create(
+        &st,
+        "apps",
+        "deployments",
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 2,
+        "selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}), json!({}))}}),
+    );
+    settle(&st, "Running", 5);
+    let info = apps(&st, "deployments").unwrap();
+    let mut d = get(&st, "apps", "deployments", "web");
+    d["spec"]["paused"] = json!(true);
+    d["spec"]["replicas"] = json!(3);
+    d["spec"]["template"]["spec"]["containers"][0]["image"] = json!("busybox:1.37");
+    verbs::update(&st, &info, "default", "web", d, &WriteOptions::default()).unwrap();
+    settle(&st, "Running", 5);
+    let pods = live_pods(&st);
+    assert_eq!(pods.len(), 3, "scaling works while paused");
+    assert!(
+        pods.iter()
+            .all(|p| p["spec"]["containers"][0]["image"] == "busybox:1.36")
+    );
+    let progressing = get(&st, "apps", "deployments", "web")["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Progressing")
+        .cloned()
+        .unwrap();
+    assert_eq!(progressing["reason"], "DeploymentPaused");
+    let mut d = get(&st, "apps", "deployments", "web");
+    d["spec"]["paused"] = json!(false);
+    verbs::update(&st, &info, "default", "web", d, &WriteOptions::default()).unwrap();
+    settle(&st, "Running", 20);
+    let pods = live_pods(&st);
+    assert_eq!(pods.len(), 3);
+    assert!(
+        pods.iter()
+            .all(|p| p["spec"]["containers"][0]["image"] == "busybox:1.37")
+    );
+}
