@@ -1,9 +1,10 @@
 //! The default scheduler, reduced to its filters that matter here: `spec.unschedulable`, taints
 //! (NoSchedule/NoExecute against the pod's tolerations), `nodeSelector` and required node
 //! affinity (matchExpressions In/NotIn/Exists/DoesNotExist/Gt/Lt, matchFields
-//! `metadata.name`), resource requests (cpu, memory, pod count) against the node's
-//! allocatable minus what bound pods request. Among the nodes that fit, it prefers the one with
-//! the fewest pods of the same owner, then the least requested. Pending pods (no
+//! `metadata.name`), host ports, resource requests (cpu, memory, pod count) against the node's
+//! allocatable minus what bound pods request, and required inter-pod (anti-)affinity. Among the
+//! nodes that fit, it prefers the one with the fewest pods of the same owner, then the least
+//! requested. Pending pods (no
 //! `spec.nodeName`, scheduler `default-scheduler`) are bound as `pods/binding` binds; a pod that
 //! fits nowhere gets `PodScheduled=False` (reason `Unschedulable`) and a `FailedScheduling`
 //! event with upstream's message, and is retried whenever pods or nodes change.
@@ -12,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Value, json};
 
-use super::{controller_uid, record_event};
+use super::{controller_uid, record_event, selector_matches};
 use crate::meta::{now_time, set_path};
 use crate::state::State;
 use crate::store::Mutation;
@@ -29,6 +30,8 @@ struct NodeInfo {
     requested: [i128; 3],
     /// Pods per controller uid.
     owners: HashMap<String, usize>,
+    /// Bound pods (for host ports and inter-pod affinity).
+    pods: Vec<Value>,
 }
 
 /// Parses a resource quantity (`100m`, `1.5`, `128Mi`, `1G`, `1e3`) into units of 1/1000.
@@ -202,7 +205,12 @@ pub fn node_matches(pod_spec: &Value, node: &Value) -> bool {
 
 /// Why a node does not fit: the reasons as upstream words them, and whether preempting other
 /// pods could help (only resource shortages).
-fn misfit(pod: &Value, requests: &[i128; 2], n: &NodeInfo) -> Vec<(String, bool)> {
+fn misfit(
+    pod: &Value,
+    requests: &[i128; 2],
+    n: &NodeInfo,
+    nodes: &[NodeInfo],
+) -> Vec<(String, bool)> {
     let spec = &pod["spec"];
     let node = &n.value;
     let tolerations = &spec["tolerations"];
@@ -233,6 +241,12 @@ fn misfit(pod: &Value, requests: &[i128; 2], n: &NodeInfo) -> Vec<(String, bool)
             false,
         )];
     }
+    if ports_conflict(pod, n) {
+        return vec![(
+            "node(s) didn't have free ports for the requested pod ports".into(),
+            false,
+        )];
+    }
     let mut out = Vec::new();
     if n.requested[2] + 1000 > n.allocatable[2] {
         out.push(("Too many pods".to_string(), true));
@@ -241,6 +255,11 @@ fn misfit(pod: &Value, requests: &[i128; 2], n: &NodeInfo) -> Vec<(String, bool)
         if requests[i] > 0 && n.requested[i] + requests[i] > n.allocatable[i] {
             out.push((format!("Insufficient {r}"), true));
         }
+    }
+    if out.is_empty()
+        && let Some(why) = inter_pod_misfit(pod, n, nodes)
+    {
+        out.push((why.to_string(), false));
     }
     out
 }
@@ -263,6 +282,7 @@ fn node_infos(st: &State, bound: &[Value]) -> Vec<NodeInfo> {
                 value,
                 requested: [0; 3],
                 owners: HashMap::new(),
+                pods: Vec::new(),
             }
         })
         .collect();
@@ -288,6 +308,124 @@ fn add_pod(n: &mut NodeInfo, pod: &Value) {
     if let Some(u) = controller_uid(pod) {
         *n.owners.entry(u.to_string()).or_default() += 1;
     }
+    n.pods.push(pod.clone());
+}
+
+/// (protocol, host IP, port) of every host port a pod takes; host-network pods take their
+/// container ports.
+fn host_ports(pod: &Value) -> Vec<(String, String, i64)> {
+    let host_network = pod["spec"]["hostNetwork"].as_bool() == Some(true);
+    ["containers", "initContainers"]
+        .iter()
+        .flat_map(|l| pod["spec"][*l].as_array().into_iter().flatten())
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .filter_map(|p| {
+            let port = p["hostPort"]
+                .as_i64()
+                .filter(|n| *n > 0)
+                .or_else(|| host_network.then(|| p["containerPort"].as_i64()).flatten())?;
+            Some((
+                p["protocol"].as_str().unwrap_or("TCP").to_string(),
+                p["hostIP"]
+                    .as_str()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or("0.0.0.0")
+                    .to_string(),
+                port,
+            ))
+        })
+        .collect()
+}
+
+fn ports_conflict(pod: &Value, n: &NodeInfo) -> bool {
+    let wanted = host_ports(pod);
+    if wanted.is_empty() {
+        return false;
+    }
+    let taken: Vec<(String, String, i64)> = n.pods.iter().flat_map(host_ports).collect();
+    wanted.iter().any(|(proto, ip, port)| {
+        taken.iter().any(|(p2, ip2, port2)| {
+            proto == p2 && port == port2 && (ip == ip2 || ip == "0.0.0.0" || ip2 == "0.0.0.0")
+        })
+    })
+}
+
+fn required_terms<'a>(pod: &'a Value, kind: &str) -> Vec<&'a Value> {
+    pod["spec"]["affinity"][kind]["requiredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default()
+}
+
+/// Whether an affinity term of a pod in `term_ns` selects `other` (namespaces default to the
+/// term owner's; an empty namespaceSelector means all namespaces).
+fn term_selects(term: &Value, term_ns: &str, other: &Value) -> bool {
+    let ns = crate::meta::namespace(other);
+    let all_namespaces = term["namespaceSelector"].as_object().is_some_and(|m| {
+        m.values().all(|v| {
+            v.is_null()
+                || v.as_object().is_some_and(|o| o.is_empty())
+                || v.as_array().is_some_and(|a| a.is_empty())
+        })
+    });
+    let in_namespaces = match term["namespaces"].as_array().filter(|a| !a.is_empty()) {
+        Some(list) => list.iter().any(|n| n.as_str() == Some(ns)),
+        None => all_namespaces || ns == term_ns,
+    };
+    in_namespaces && selector_matches(&term["labelSelector"], &other["metadata"]["labels"])
+}
+
+fn domain<'a>(node: &'a Value, key: &str) -> Option<&'a str> {
+    node["metadata"]["labels"][key].as_str()
+}
+
+/// Inter-pod affinity and anti-affinity (required terms), both the pod's own and the
+/// anti-affinity of the pods already bound.
+fn inter_pod_misfit(pod: &Value, n: &NodeInfo, nodes: &[NodeInfo]) -> Option<&'static str> {
+    let ns = crate::meta::namespace(pod);
+    let in_domain = |key: &str| -> Vec<&Value> {
+        let Some(d) = domain(&n.value, key) else {
+            return Vec::new();
+        };
+        nodes
+            .iter()
+            .filter(|m| domain(&m.value, key) == Some(d))
+            .flat_map(|m| m.pods.iter())
+            .collect()
+    };
+    for term in required_terms(pod, "podAntiAffinity") {
+        let key = term["topologyKey"].as_str().unwrap_or_default();
+        if in_domain(key).iter().any(|o| term_selects(term, ns, o)) {
+            return Some("node(s) didn't match pod anti-affinity rules");
+        }
+    }
+    for term in required_terms(pod, "podAffinity") {
+        let key = term["topologyKey"].as_str().unwrap_or_default();
+        let here = in_domain(key).iter().any(|o| term_selects(term, ns, o));
+        if here {
+            continue;
+        }
+        // The first pod of a group that selects itself may go anywhere with the topology key.
+        let anywhere = nodes
+            .iter()
+            .flat_map(|m| m.pods.iter())
+            .any(|o| term_selects(term, ns, o));
+        if anywhere || domain(&n.value, key).is_none() || !term_selects(term, ns, pod) {
+            return Some("node(s) didn't match pod affinity rules");
+        }
+    }
+    for m in nodes {
+        for other in &m.pods {
+            for term in required_terms(other, "podAntiAffinity") {
+                let key = term["topologyKey"].as_str().unwrap_or_default();
+                let same = domain(&m.value, key).is_some_and(|d| domain(&n.value, key) == Some(d));
+                if same && term_selects(term, crate::meta::namespace(other), pod) {
+                    return Some("node(s) didn't satisfy existing pods anti-affinity rules");
+                }
+            }
+        }
+    }
+    None
 }
 
 /// One scheduling pass over the pending pods, oldest first.
@@ -341,7 +479,7 @@ fn schedule_one(st: &State, pod: &Value, nodes: &mut [NodeInfo]) {
     let mut preemption: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut best: Option<(usize, (usize, i128, i128, String))> = None;
     for (i, n) in nodes.iter().enumerate() {
-        let why = misfit(pod, &requests, n);
+        let why = misfit(pod, &requests, n, nodes);
         if why.is_empty() {
             let same_owner = owner
                 .as_ref()

@@ -983,3 +983,78 @@ fn a_paused_deployment_scales_but_does_not_roll_out_until_resumed() {
             .all(|p| p["spec"]["containers"][0]["image"] == "busybox:1.37")
     );
 }
+
+#[test]
+fn scheduler_honours_host_ports_and_inter_pod_affinity() {
+    let st = state();
+    add_node(
+        &st,
+        "a",
+        json!({"kubernetes.io/hostname": "a", "zone": "z1"}),
+        json!([]),
+        "8",
+    );
+    add_node(
+        &st,
+        "b",
+        json!({"kubernetes.io/hostname": "b", "zone": "z2"}),
+        json!([]),
+        "8",
+    );
+    let port = json!({"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80, "hostPort": 8080}]}]});
+    for name in ["p1", "p2", "p3"] {
+        create(&st, "", "pods", pod(name, port.clone()));
+    }
+    scheduler::pass(&st);
+    let mut placed: Vec<Option<String>> =
+        ["p1", "p2", "p3"].iter().map(|n| node_of(&st, n)).collect();
+    placed.sort();
+    assert_eq!(
+        placed,
+        [None, Some("a".to_string()), Some("b".to_string())],
+        "one host port 8080 per node"
+    );
+    let p3 = ["p1", "p2", "p3"]
+        .into_iter()
+        .find(|n| node_of(&st, n).is_none())
+        .unwrap();
+    let msg = get(&st, "", "pods", p3)["status"]["conditions"][0]["message"].clone();
+    assert!(
+        msg.as_str()
+            .unwrap()
+            .contains("2 node(s) didn't have free ports for the requested pod ports"),
+        "{msg}"
+    );
+
+    // Anti-affinity by hostname: two replicas, two nodes, the third stays pending.
+    let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}}});
+    for name in ["db-0", "db-1", "db-2"] {
+        let mut p = pod(name, anti.clone());
+        p["metadata"]["labels"] = json!({"app": "db"});
+        create(&st, "", "pods", p);
+    }
+    scheduler::pass(&st);
+    let db: Vec<Option<String>> = ["db-0", "db-1", "db-2"]
+        .iter()
+        .map(|n| node_of(&st, n))
+        .collect();
+    assert_eq!(
+        db,
+        [Some("a".to_string()), Some("b".to_string()), None],
+        "{db:?}"
+    );
+    // Affinity by zone: a cache goes where db-1 (zone z2) is.
+    let near = json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["db"]}]}, "topologyKey": "zone"}]},
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z1"]}]}]}}}});
+    create(&st, "", "pods", pod("cache", near));
+    // Affinity to nothing that exists (and not to itself): pending.
+    let lonely = json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "ghost"}}, "topologyKey": "zone"}]}}});
+    create(&st, "", "pods", pod("lonely", lonely));
+    scheduler::pass(&st);
+    assert_eq!(node_of(&st, "cache").as_deref(), Some("b"));
+    assert_eq!(node_of(&st, "lonely"), None);
+}
