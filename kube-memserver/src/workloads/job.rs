@@ -3,7 +3,8 @@
 //! active), fails the Job when more pods failed than `backoffLimit` or it ran past
 //! `activeDeadlineSeconds` (deleting its active pods), suspends and resumes, and reports
 //! active / ready / succeeded / failed, startTime, completionTime and the
-//! `SuccessCriteriaMet`+`Complete` or `FailureTarget`+`Failed` conditions.
+//! `SuccessCriteriaMet`+`Complete` or `FailureTarget`+`Failed` conditions; a finished Job with
+//! `ttlSecondsAfterFinished` is deleted once that has passed (the TTL controller's part).
 
 use std::sync::Arc;
 
@@ -41,6 +42,21 @@ fn finished(job: &Value) -> bool {
         .into_iter()
         .flatten()
         .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+}
+
+/// `ttlSecondsAfterFinished` has passed since the Job finished.
+fn ttl_expired(job: &Value) -> bool {
+    let Some(ttl) = job["spec"]["ttlSecondsAfterFinished"].as_i64() else {
+        return false;
+    };
+    let finished_at = job["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+        .filter_map(|c| c["lastTransitionTime"].as_str().and_then(parse_time))
+        .max();
+    finished_at.is_some_and(|t| (now() - t).whole_seconds() >= ttl)
 }
 
 fn cond(ty: &str, reason: &str, message: &str) -> Value {
@@ -89,6 +105,16 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
     if finished(job) {
         for p in &active {
             delete_pod(st, p);
+        }
+        if ttl_expired(job) {
+            // The TTL-after-finished controller: the Job goes, its pods with it.
+            let opts = crate::verbs::DeleteOptions {
+                propagation_policy: Some("Background".into()),
+                uid: job["metadata"]["uid"].as_str().map(str::to_string),
+                ..Default::default()
+            };
+            let _ = crate::verbs::delete(st, info, &ns, &name, &opts);
+            return;
         }
     } else if suspended {
         for p in &active {

@@ -557,7 +557,6 @@ fn job_completes_after_its_completions_and_fails_past_its_backoff_limit() {
         .unwrap();
     assert_eq!(failed["reason"], "BackoffLimitExceeded");
     assert_eq!(j["status"]["failed"], 2);
-    let _ = batch(&st, "jobs");
 }
 
 #[test]
@@ -1057,4 +1056,34 @@ fn scheduler_honours_host_ports_and_inter_pod_affinity() {
     scheduler::pass(&st);
     assert_eq!(node_of(&st, "cache").as_deref(), Some("b"));
     assert_eq!(node_of(&st, "lonely"), None);
+}
+
+#[test]
+fn a_finished_job_with_a_ttl_is_deleted_with_its_pods() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "batch",
+        "jobs",
+        json!({"metadata": {"name": "once"}, "spec": {"ttlSecondsAfterFinished": 0,
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}),
+    );
+    create(
+        &st,
+        "batch",
+        "jobs",
+        json!({"metadata": {"name": "kept"}, "spec": {
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}),
+    );
+    settle(&st, "Succeeded", 4);
+    let info = batch(&st, "jobs").unwrap();
+    assert!(
+        verbs::get(&st, &info, "default", "once").is_err(),
+        "deleted after its TTL"
+    );
+    assert!(
+        verbs::get(&st, &info, "default", "kept").is_ok(),
+        "no TTL, kept"
+    );
 }
