@@ -1,11 +1,13 @@
-//! The Job controller (NonIndexed completion mode): keeps up to `parallelism` pods running
-//! until `completions` pods succeeded (or, without completions, one succeeded and none is
-//! active), fails the Job when more pods failed than `backoffLimit` or it ran past
+//! The Job controller (NonIndexed and Indexed completion modes): keeps up to `parallelism`
+//! pods running until `completions` pods succeeded (Indexed: one per index 0..completions,
+//! each pod with its `batch.kubernetes.io/job-completion-index`; without completions, one
+//! succeeded and none is active), fails the Job when more pods failed than `backoffLimit` or it ran past
 //! `activeDeadlineSeconds` (deleting its active pods), suspends and resumes, and reports
 //! active / ready / succeeded / failed, startTime, completionTime and the
 //! `SuccessCriteriaMet`+`Complete` or `FailureTarget`+`Failed` conditions; a finished Job with
 //! `ttlSecondsAfterFinished` is deleted once that has passed (the TTL controller's part).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
@@ -14,7 +16,7 @@ use super::{
     PodName, batch, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active, pod_ready,
     pods_by_namespace, record_event, set_condition, write_status,
 };
-use crate::meta::{now, now_time, parse_time};
+use crate::meta::{now, now_time, parse_time, set_path};
 use crate::resources::ResourceInfo;
 use crate::state::State;
 use crate::store::Obj;
@@ -42,6 +44,65 @@ fn finished(job: &Value) -> bool {
         .into_iter()
         .flatten()
         .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+}
+
+const INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+fn completion_index(pod: &Value) -> Option<i64> {
+    pod["metadata"]["annotations"][INDEX]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .filter(|i: &i64| *i >= 0)
+}
+
+/// What an Indexed Job's pod carries: the index as annotation, label and
+/// `JOB_COMPLETION_INDEX`, and the hostname `<job>-<index>`.
+fn index_pod(pod: &mut Value, job: &str, index: i64) {
+    set_path(
+        pod,
+        &["metadata", "annotations", INDEX],
+        json!(index.to_string()),
+    );
+    set_path(
+        pod,
+        &["metadata", "labels", INDEX],
+        json!(index.to_string()),
+    );
+    if pod["spec"]["hostname"].as_str().is_none_or(str::is_empty) {
+        set_path(pod, &["spec", "hostname"], json!(format!("{job}-{index}")));
+    }
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = pod["spec"].get_mut(list).and_then(Value::as_array_mut) {
+            for c in cs.iter_mut().filter(|c| c.is_object()) {
+                let mut env = c["env"].as_array().cloned().unwrap_or_default();
+                env.retain(|e| e["name"] != "JOB_COMPLETION_INDEX");
+                env.push(
+                    json!({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                    "apiVersion": "v1", "fieldPath": format!("metadata.annotations['{INDEX}']")}}}),
+                );
+                c["env"] = Value::Array(env);
+            }
+        }
+    }
+}
+
+/// `0-2,4` as `status.completedIndexes` writes index sets.
+fn ranges(set: &BTreeSet<i64>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut iter = set.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end += 1;
+            iter.next();
+        }
+        out.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+    }
+    out.join(",")
 }
 
 /// `ttlSecondsAfterFinished` has passed since the Job finished.
@@ -75,6 +136,20 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
         .iter()
         .filter(|p| p["status"]["phase"] == "Succeeded")
         .count() as i64;
+    let completions = job["spec"]["completions"].as_i64();
+    // Indexed mode: each index 0..completions needs one succeeded pod.
+    let indexed = job["spec"]["completionMode"] == "Indexed";
+    let completed_indexes: BTreeSet<i64> = owned
+        .iter()
+        .filter(|p| indexed && p["status"]["phase"] == "Succeeded")
+        .filter_map(completion_index)
+        .filter(|i| completions.is_some_and(|c| *i < c))
+        .collect();
+    let succeeded = if indexed {
+        completed_indexes.len() as i64
+    } else {
+        succeeded
+    };
     let failed_pods = owned
         .iter()
         .filter(|p| p["status"]["phase"] == "Failed")
@@ -148,7 +223,6 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
                     .and_then(parse_time)
                     .is_some_and(|t| (now() - t).whole_seconds() >= d)
             });
-        let completions = job["spec"]["completions"].as_i64();
         let parallelism = int(&job["spec"]["parallelism"], 1).max(0);
         let failure = if failed_pods + restarts > backoff {
             Some((
@@ -201,14 +275,34 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
             } as usize;
             if active.len() < want {
                 let oref = controller_ref(job, "batch/v1", "Job");
-                for _ in 0..(want - active.len()) {
+                // Indexed: the lowest indexes neither done nor running; otherwise no index.
+                let running: BTreeSet<i64> =
+                    active.iter().filter_map(|p| completion_index(p)).collect();
+                let indexes: Vec<Option<i64>> = if indexed {
+                    (0..completions.unwrap_or(0))
+                        .filter(|i| !completed_indexes.contains(i) && !running.contains(i))
+                        .take(want - active.len())
+                        .map(Some)
+                        .collect()
+                } else {
+                    vec![None; want - active.len()]
+                };
+                for index in indexes {
+                    let prefix = match index {
+                        Some(i) => format!("{name}-{i}"),
+                        None => name.clone(),
+                    };
                     match create_pod(
                         st,
                         &ns,
                         &job["spec"]["template"],
                         oref.clone(),
-                        PodName::Generate(&name),
-                        |_| {},
+                        PodName::Generate(&prefix),
+                        |pod| {
+                            if let Some(i) = index {
+                                index_pod(pod, &name, i);
+                            }
+                        },
                     ) {
                         Ok(p) => record_event(
                             st,
@@ -266,6 +360,9 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
         ),
     );
     status.insert("uncountedTerminatedPods".into(), json!({}));
+    if indexed && !completed_indexes.is_empty() {
+        status.insert("completedIndexes".into(), json!(ranges(&completed_indexes)));
+    }
     if conditions.is_empty() {
         status.remove("conditions");
     } else {

@@ -233,6 +233,12 @@ pub fn validate_workload(kind: &str, obj: &Value, old: Option<&Value>) -> Vec<Ca
         _ => causes.push(Cause::required("spec.template.spec.containers", "")),
     }
     let restart = &spec["template"]["spec"]["restartPolicy"];
+    if kind == "Job" && spec["completionMode"] == "Indexed" && spec["completions"].is_null() {
+        causes.push(Cause::required(
+            "spec.completions",
+            "when completion mode is Indexed",
+        ));
+    }
     if kind == "Job" {
         if !matches!(restart.as_str(), Some("OnFailure") | Some("Never")) {
             causes.push(Cause::not_supported(

@@ -1087,3 +1087,60 @@ fn a_finished_job_with_a_ttl_is_deleted_with_its_pods() {
         "no TTL, kept"
     );
 }
+
+#[test]
+fn an_indexed_job_runs_one_pod_per_index() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "batch",
+        "jobs",
+        json!({"metadata": {"name": "idx"}, "spec": {"completions": 3, "parallelism": 2, "completionMode": "Indexed",
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}),
+    );
+    job::pass(&st);
+    let mut first: Vec<String> = live_pods(&st)
+        .iter()
+        .map(|p| {
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    first.sort();
+    assert_eq!(first, ["0", "1"]);
+    let p = live_pods(&st)
+        .into_iter()
+        .find(|p| p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+        .unwrap();
+    assert!(crate::meta::name(&p).starts_with("idx-1-"));
+    assert_eq!(p["spec"]["hostname"], "idx-1");
+    assert_eq!(
+        p["spec"]["containers"][0]["env"][0]["name"],
+        "JOB_COMPLETION_INDEX"
+    );
+    settle(&st, "Succeeded", 5);
+    let j = get(&st, "batch", "jobs", "idx");
+    assert_eq!(j["status"]["completedIndexes"], "0-2", "{}", j["status"]);
+    assert_eq!(j["status"]["succeeded"], 3);
+    assert!(
+        j["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "Complete")
+    );
+    assert_eq!(pods(&st).len(), 3);
+    // Indexed without completions is invalid.
+    let info = batch(&st, "jobs").unwrap();
+    let bad = json!({"metadata": {"name": "bad"}, "spec": {"completionMode": "Indexed", "parallelism": 2,
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}});
+    assert_eq!(
+        verbs::create(&st, &info, "default", bad, &WriteOptions::default())
+            .unwrap_err()
+            .code,
+        422
+    );
+}
