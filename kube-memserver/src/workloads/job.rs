@@ -48,6 +48,57 @@ fn finished(job: &Value) -> bool {
 
 const INDEX: &str = "batch.kubernetes.io/job-completion-index";
 
+/// When a pod finished: its containers' latest `finishedAt`, else its Ready condition's last
+/// transition, else its creation.
+fn finished_at(pod: &Value) -> Option<time::OffsetDateTime> {
+    let s = &pod["status"];
+    s["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["state"]["terminated"]["finishedAt"].as_str())
+        .filter_map(parse_time)
+        .max()
+        .or_else(|| {
+            s["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Ready")
+                .and_then(|c| c["lastTransitionTime"].as_str())
+                .and_then(parse_time)
+        })
+        .or_else(|| {
+            pod["metadata"]["creationTimestamp"]
+                .as_str()
+                .and_then(parse_time)
+        })
+}
+
+/// Milliseconds before a failed pod may be replaced: upstream's backoff, `base` doubled per
+/// failure since the last success (10 s, 20 s, 40 s … at most 6 min) from the latest failure.
+fn retry_delay_left(pods: &[Value], base: std::time::Duration) -> i64 {
+    let last_success = pods
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Succeeded")
+        .filter_map(finished_at)
+        .max();
+    let failures: Vec<time::OffsetDateTime> = pods
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Failed")
+        .filter_map(finished_at)
+        .filter(|t| last_success.is_none_or(|s| *t > s))
+        .collect();
+    let Some(last) = failures.iter().max() else {
+        return 0;
+    };
+    let base_ms = base.as_millis().min(i64::MAX as u128) as i64;
+    let doublings = (failures.len() as u32).saturating_sub(1).min(16);
+    let delay = base_ms.saturating_mul(1 << doublings).min(360_000);
+    let elapsed = (now() - *last).whole_milliseconds().min(i64::MAX as i128) as i64;
+    (delay - elapsed).max(0)
+}
+
 fn completion_index(pod: &Value) -> Option<i64> {
     pod["metadata"]["annotations"][INDEX]
         .as_str()
@@ -273,7 +324,8 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
                 None if succeeded > 0 => 0,
                 None => parallelism,
             } as usize;
-            if active.len() < want {
+            let backing_off = retry_delay_left(&owned, st.config.job_backoff_base) > 0;
+            if active.len() < want && !backing_off {
                 let oref = controller_ref(job, "batch/v1", "Job");
                 // Indexed: the lowest indexes neither done nor running; otherwise no index.
                 let running: BTreeSet<i64> =

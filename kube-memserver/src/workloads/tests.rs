@@ -10,7 +10,15 @@ use crate::store::Mutation;
 use crate::tokens::TokenIssuer;
 use crate::verbs::{self, WriteOptions};
 
+/// A state whose Job retries are immediate (the backoff has its own test).
 fn state() -> State {
+    state_with(Config {
+        job_backoff_base: std::time::Duration::ZERO,
+        ..Config::default()
+    })
+}
+
+fn state_with(config: Config) -> State {
     let pki = crate::tls::make_pki(&[], None).expect("pki");
     let kubelet = crate::kubelet::client_configs(
         &pki.kubelet_client_der,
@@ -19,7 +27,7 @@ fn state() -> State {
     )
     .expect("kubelet tls");
     let st = State::new(
-        Config::default(),
+        config,
         TokenIssuer::new(b"k".to_vec()),
         "t".into(),
         "ca".into(),
@@ -90,7 +98,7 @@ fn kubelet(st: &State, phase: &str) {
             let mut v = cur.expect("pod").value();
             v["status"]["phase"] = json!(phase);
             v["status"]["conditions"] = json!([{"type": "Ready", "status": if phase == "Running" { "True" } else { "False" },
-                "lastTransitionTime": "2020-01-01T00:00:00Z"}]);
+                "lastTransitionTime": crate::meta::now_time()}]);
             Ok(Mutation::Put(v))
         });
     }
@@ -1143,4 +1151,25 @@ fn an_indexed_job_runs_one_pod_per_index() {
             .code,
         422
     );
+}
+
+#[test]
+fn a_failed_job_pod_is_replaced_only_after_the_backoff() {
+    let st = state_with(Config {
+        job_backoff_base: std::time::Duration::from_millis(1500),
+        ..Config::default()
+    });
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "batch",
+        "jobs",
+        json!({"metadata": {"name": "retry"}, "spec": {"backoffLimit": 3,
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}),
+    );
+    settle(&st, "Failed", 3);
+    assert_eq!(pods(&st).len(), 1, "no retry before the backoff");
+    std::thread::sleep(std::time::Duration::from_millis(1700));
+    job::pass(&st);
+    assert_eq!(pods(&st).len(), 2, "a retry after it");
 }
