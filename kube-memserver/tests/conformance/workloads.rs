@@ -798,3 +798,71 @@ async fn the_sample_edge_workloads_run_on_edge_nodes_only() {
     kubectl(&c, "default", &["delete", "-f", file]).await;
     wait_pods(&c, "default", "no pods left", |p| p.is_empty()).await;
 }
+
+#[tokio::test]
+async fn workload_kinds_are_discovered_with_short_names_categories_and_scale() {
+    let c = cluster::connect().await.expect("connect");
+    let out = c
+        .kubectl_run(&["api-resources", "--api-group=apps", "--no-headers"], None)
+        .await
+        .unwrap();
+    assert!(out.success, "{out:?}");
+    for (name, short) in [
+        ("deployments", "deploy"),
+        ("replicasets", "rs"),
+        ("daemonsets", "ds"),
+        ("statefulsets", "sts"),
+    ] {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_default();
+        assert!(
+            line.split_whitespace().any(|w| w == short),
+            "{name}: {line:?}"
+        );
+    }
+    let raw = c
+        .kubectl_run(&["get", "--raw", "/apis/apps/v1"], None)
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_str(&raw.stdout).expect("APIResourceList");
+    let find = |n: &str| {
+        v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(find("deployments")["categories"], json!(["all"]));
+    let scale = find("deployments/scale");
+    assert_eq!(
+        (
+            scale["group"].as_str(),
+            scale["version"].as_str(),
+            scale["kind"].as_str()
+        ),
+        (Some("autoscaling"), Some("v1"), Some("Scale"))
+    );
+    assert!(find("statefulsets/scale").is_object() && find("replicasets/scale").is_object());
+    let batch = c
+        .kubectl_run(&["get", "--raw", "/apis/batch/v1"], None)
+        .await
+        .unwrap();
+    let b: Value = serde_json::from_str(&batch.stdout).expect("APIResourceList");
+    let jobs = b["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "jobs")
+        .cloned()
+        .unwrap();
+    assert_eq!(jobs["categories"], json!(["all"]));
+    assert!(
+        jobs.get("shortNames").is_none(),
+        "jobs have no short name: {jobs}"
+    );
+}
