@@ -152,7 +152,9 @@ fn copied_annotations(d: &Value) -> Map<String, Value> {
 fn new_replica_set(st: &State, rsinfo: &ResourceInfo, d: &Value, revision: i64) -> Option<Value> {
     let ns = crate::meta::namespace(d);
     let template = &d["spec"]["template"];
-    let collisions = d["status"]["collisionCount"].as_i64();
+    let collisions = d["status"]["collisionCount"]
+        .as_i64()
+        .map(|c| c.clamp(0, i64::from(i32::MAX)));
     let hash = template_hash(&without_label(template, HASH_LABEL), collisions);
     let mut t = template.clone();
     set_path(&mut t, &["metadata", "labels", HASH_LABEL], json!(hash));
@@ -186,7 +188,7 @@ fn new_replica_set(st: &State, rsinfo: &ResourceInfo, d: &Value, revision: i64) 
             set_path(
                 &mut status,
                 &["collisionCount"],
-                json!(collisions.unwrap_or(0) + 1),
+                json!(collisions.unwrap_or(0).saturating_add(1)),
             );
             if let Some(dinfo) = apps(st, "deployments") {
                 write_status(st, &dinfo, d, status);
@@ -233,7 +235,7 @@ pub fn sync(st: &State, dinfo: &ResourceInfo, rsinfo: &ResourceInfo, d: &Value, 
     let max_old = old.iter().map(revision).max().unwrap_or(0);
     let mut created = false;
     if new.is_none() && !paused {
-        new = new_replica_set(st, rsinfo, d, max_old + 1);
+        new = new_replica_set(st, rsinfo, d, max_old.saturating_add(1));
         created = new.is_some();
     }
     // Revision and annotations of the new ReplicaSet (a rollback makes an old one newest).
@@ -241,7 +243,7 @@ pub fn sync(st: &State, dinfo: &ResourceInfo, rsinfo: &ResourceInfo, d: &Value, 
         let want_rev = if revision(n) > max_old {
             revision(n)
         } else {
-            max_old + 1
+            max_old.saturating_add(1)
         };
         let annotations = copied_annotations(d);
         if let Some(u) = update_object(st, rsinfo, n, |v| {

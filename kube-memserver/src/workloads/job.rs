@@ -22,6 +22,8 @@ use crate::state::State;
 use crate::store::Obj;
 
 const COMPONENT: &str = "job-controller";
+/// Pods created per pass at most (upstream's `MaxPodCreateDeletePerSync`).
+const BURST: usize = 500;
 
 pub fn pass(st: &State) {
     let Some(info) = batch(st, "jobs") else {
@@ -143,7 +145,7 @@ fn ranges(set: &BTreeSet<i64>) -> String {
     let mut iter = set.iter().copied().peekable();
     while let Some(start) = iter.next() {
         let mut end = start;
-        while iter.peek() == Some(&(end + 1)) {
+        while end < i64::MAX && iter.peek() == Some(&(end + 1)) {
             end += 1;
             iter.next();
         }
@@ -187,7 +189,9 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
         .iter()
         .filter(|p| p["status"]["phase"] == "Succeeded")
         .count() as i64;
-    let completions = job["spec"]["completions"].as_i64();
+    let completions = job["spec"]["completions"]
+        .as_i64()
+        .map(|c| c.clamp(0, i64::from(i32::MAX)));
     // Indexed mode: each index 0..completions needs one succeeded pod.
     let indexed = job["spec"]["completionMode"] == "Indexed";
     let completed_indexes: BTreeSet<i64> = owned
@@ -216,8 +220,8 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
                     .into_iter()
                     .flatten()
             })
-            .filter_map(|c| c["restartCount"].as_i64())
-            .sum()
+            .map(|c| super::int(&c["restartCount"], 0).max(0))
+            .fold(0i64, i64::saturating_add)
     } else {
         0
     };
@@ -275,7 +279,7 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
                     .is_some_and(|t| (now() - t).whole_seconds() >= d)
             });
         let parallelism = int(&job["spec"]["parallelism"], 1).max(0);
-        let failure = if failed_pods + restarts > backoff {
+        let failure = if failed_pods.saturating_add(restarts) > backoff {
             Some((
                 "BackoffLimitExceeded",
                 "Job has reached the specified backoff limit",
@@ -333,11 +337,11 @@ pub fn sync(st: &State, info: &ResourceInfo, job: &Value, pods: &[Arc<Obj>]) {
                 let indexes: Vec<Option<i64>> = if indexed {
                     (0..completions.unwrap_or(0))
                         .filter(|i| !completed_indexes.contains(i) && !running.contains(i))
-                        .take(want - active.len())
+                        .take((want - active.len()).min(BURST))
                         .map(Some)
                         .collect()
                 } else {
-                    vec![None; want - active.len()]
+                    vec![None; (want - active.len()).min(BURST)]
                 };
                 for index in indexes {
                     let prefix = match index {

@@ -473,13 +473,13 @@ pub fn set_condition(conditions: &mut Vec<Value>, mut cond: Value) {
 /// `intstr` against a total: an integer, or a percentage rounded up or down.
 pub fn int_or_percent(v: &Value, total: i64, round_up: bool) -> i64 {
     match v {
-        Value::Number(n) => n.as_i64().unwrap_or(0).max(0),
+        Value::Number(_) => int(v, 0).max(0),
         Value::String(s) => match s.strip_suffix('%').and_then(|p| p.parse::<i64>().ok()) {
             Some(p) => {
-                let x = p.max(0) * total;
+                let x = p.clamp(0, i64::from(i32::MAX)) * total.clamp(0, i64::from(i32::MAX));
                 if round_up { (x + 99) / 100 } else { x / 100 }
             }
-            None => s.parse().unwrap_or(0),
+            None => s.parse::<i64>().unwrap_or(0).clamp(0, i64::from(i32::MAX)),
         },
         _ => 0,
     }
@@ -524,8 +524,12 @@ pub fn without_label(template: &Value, key: &str) -> Value {
     t
 }
 
+/// An int32 field (as the Go types hold them): out-of-range values are clamped, so that the
+/// controllers' arithmetic cannot overflow on whatever is stored.
 pub fn int(v: &Value, default: i64) -> i64 {
-    v.as_i64().unwrap_or(default)
+    v.as_i64()
+        .unwrap_or(default)
+        .clamp(i64::from(i32::MIN), i64::from(i32::MAX))
 }
 
 /// Pods of a namespace-wide listing, grouped once per pass.

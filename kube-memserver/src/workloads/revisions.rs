@@ -50,9 +50,9 @@ pub fn ensure(st: &State, owner: &Value, kind: &str) -> Option<(String, String, 
         let rev = existing["revision"].as_i64().unwrap_or(0);
         if rev < max {
             let mut v = existing.clone();
-            v["revision"] = json!(max + 1);
+            v["revision"] = json!(max.saturating_add(1));
             let _ = verbs::update(st, &info, ns, &rname, v, &WriteOptions::default());
-            return Some((rname, hash, max + 1));
+            return Some((rname, hash, max.saturating_add(1)));
         }
         return Some((rname, hash, rev));
     }
@@ -70,10 +70,10 @@ pub fn ensure(st: &State, owner: &Value, kind: &str) -> Option<(String, String, 
         "metadata": {"name": rname, "namespace": ns, "labels": labels,
             "ownerReferences": [controller_ref(owner, "apps/v1", kind)]},
         "data": data,
-        "revision": max + 1,
+        "revision": max.saturating_add(1),
     });
     match verbs::create(st, &info, ns, rev, &WriteOptions::default()) {
-        Ok(_) => Some((rname, hash, max + 1)),
+        Ok(_) => Some((rname, hash, max.saturating_add(1))),
         Err(e) => {
             tracing::debug!(owner = name, error = %e, "creating a controller revision");
             None

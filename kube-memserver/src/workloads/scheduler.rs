@@ -61,13 +61,17 @@ pub fn parse_milli(q: &str) -> Option<i128> {
         _ => return None,
     };
     let v = (num * mult * 1000.0).ceil();
-    v.is_finite().then_some(v as i128)
+    // Bounded so that sums over many pods cannot overflow.
+    v.is_finite()
+        .then_some((v as i128).clamp(-(1 << 90), 1 << 90))
 }
 
 fn quantity(v: &Value) -> Option<i128> {
     match v {
         Value::String(s) => parse_milli(s),
-        Value::Number(n) => n.as_f64().map(|f| (f * 1000.0).ceil() as i128),
+        Value::Number(n) => n
+            .as_f64()
+            .map(|f| ((f * 1000.0).ceil() as i128).clamp(-(1 << 90), 1 << 90)),
         _ => None,
     }
 }
@@ -87,7 +91,7 @@ fn pod_requests(pod: &Value) -> [i128; 2] {
             .as_array()
             .into_iter()
             .flatten()
-            .map(|c| one(c, r))
+            .map(|c| one(c, r).max(0))
             .sum();
         let init = pod["spec"]["initContainers"]
             .as_array()
@@ -453,7 +457,7 @@ pub fn pass(st: &State) {
         return;
     }
     pending.sort_by(|a, b| {
-        let prio = |p: &Value| -p["spec"]["priority"].as_i64().unwrap_or(0);
+        let prio = |p: &Value| p["spec"]["priority"].as_i64().unwrap_or(0).saturating_neg();
         prio(a).cmp(&prio(b)).then_with(|| {
             a["metadata"]["creationTimestamp"]
                 .as_str()

@@ -22,6 +22,8 @@ use crate::store::Obj;
 use crate::verbs::{self, WriteOptions};
 
 const COMPONENT: &str = "statefulset-controller";
+/// Pods created per pass at most (Parallel policy), as upstream's burst bounds a sync.
+const BURST: usize = 500;
 
 pub fn pass(st: &State) {
     let Some(info) = apps(st, "statefulsets") else {
@@ -216,8 +218,9 @@ pub fn sync(st: &State, info: &ResourceInfo, sts: &Value, pods: &[Arc<Obj>]) {
         delete_member(st, sts, p);
         blocked = !parallel;
     }
+    let mut created = 0;
     for ord in 0..replicas {
-        if blocked {
+        if blocked || created >= BURST {
             break;
         }
         match members.get(&ord) {
@@ -228,6 +231,7 @@ pub fn sync(st: &State, info: &ResourceInfo, sts: &Value, pods: &[Arc<Obj>]) {
                     &update_revision
                 };
                 create_member(st, sts, &ns, ord, rev);
+                created += 1;
                 if !parallel {
                     blocked = true;
                 }

@@ -196,7 +196,15 @@ pub fn validate_workload(kind: &str, obj: &Value, old: Option<&Value>) -> Vec<Ca
             "`selector` does not match template `labels`",
         ));
     }
-    for field in ["replicas", "completions", "parallelism", "backoffLimit"] {
+    for field in [
+        "replicas",
+        "completions",
+        "parallelism",
+        "backoffLimit",
+        "minReadySeconds",
+        "revisionHistoryLimit",
+        "progressDeadlineSeconds",
+    ] {
         if let Some(n) = spec[field].as_i64()
             && n < 0
         {
@@ -204,6 +212,16 @@ pub fn validate_workload(kind: &str, obj: &Value, old: Option<&Value>) -> Vec<Ca
                 format!("spec.{field}"),
                 &json!(n),
                 "must be greater than or equal to 0",
+            ));
+        } else if spec[field]
+            .as_i64()
+            .is_some_and(|n| n > i64::from(i32::MAX))
+        {
+            // An int32 in the Go types.
+            causes.push(Cause::invalid(
+                format!("spec.{field}"),
+                &spec[field],
+                "must be less than or equal to 2147483647",
             ));
         } else if !spec[field].is_null() && spec[field].as_i64().is_none() {
             causes.push(Cause::invalid(

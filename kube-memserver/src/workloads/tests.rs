@@ -578,6 +578,17 @@ fn controllers_survive_malformed_stored_objects() {
         json!({"spec": {"replicas": 2, "selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": "t"}}}, "tolerations": 3, "nodeSelector": [1]}}, "completions": "x", "updateStrategy": {"rollingUpdate": {"partition": "p"}}}}),
     ];
+    let shapes: Vec<Value> = shapes
+        .into_iter()
+        .chain([
+            json!({"spec": {"replicas": i64::MAX, "revisionHistoryLimit": i64::MIN, "minReadySeconds": i64::MAX,
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "9223372036854775807%", "maxUnavailable": i64::MAX}},
+                "selector": {"matchLabels": {"a": "b"}}, "completions": i64::MAX, "parallelism": i64::MAX, "backoffLimit": i64::MIN,
+                "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i",
+                    "resources": {"requests": {"cpu": "1e300", "memory": "-5Ei"}}}]}}},
+                "status": {"replicas": i64::MAX, "availableReplicas": i64::MIN, "collisionCount": i64::MAX}}),
+        ])
+        .collect();
     for (group, plural) in [
         ("apps", "deployments"),
         ("apps", "replicasets"),
