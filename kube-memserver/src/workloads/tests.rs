@@ -1184,3 +1184,24 @@ fn a_failed_job_pod_is_replaced_only_after_the_backoff() {
     job::pass(&st);
     assert_eq!(pods(&st).len(), 2, "a retry after it");
 }
+
+#[test]
+fn a_deletion_held_by_finalizers_bumps_the_generation() {
+    let st = state();
+    create(
+        &st,
+        "apps",
+        "deployments",
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 0,
+        "selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}), json!({}))}}),
+    );
+    let info = apps(&st, "deployments").unwrap();
+    let opts = verbs::DeleteOptions {
+        propagation_policy: Some("Foreground".into()),
+        ..Default::default()
+    };
+    match verbs::delete(&st, &info, "default", "web", &opts).unwrap() {
+        verbs::Deleted::Pending(o) => assert_eq!(o.value()["metadata"]["generation"], 2),
+        other => panic!("expected a pending deletion, got {other:?}"),
+    }
+}
