@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active,
-    pod_available, pod_ready, pods_by_namespace, record_event, write_status,
+    pod_available, pod_ready, pods_by_namespace, record_event, set_condition, write_status,
 };
 use crate::resources::ResourceInfo;
 use crate::state::State;
@@ -65,6 +65,8 @@ pub fn sync(st: &State, info: &ResourceInfo, rs: &Value, pods: &[Arc<Obj>]) {
     let owned = claim_pods(st, rs, &ns, pods);
     let active: Vec<&Value> = owned.iter().filter(|p| pod_active(p)).collect();
     let want = int(&rs["spec"]["replicas"], 1).max(0) as usize;
+    // Set when a pod could not be created (`ReplicaFailure`), cleared when all were.
+    let mut create_error: Option<String> = None;
     if active.len() < want {
         let oref = controller_ref(rs, "apps/v1", "ReplicaSet");
         for _ in 0..(want - active.len()).min(BURST) {
@@ -93,6 +95,7 @@ pub fn sync(st: &State, info: &ResourceInfo, rs: &Value, pods: &[Arc<Obj>]) {
                         &format!("Error creating: {}", e.message),
                         COMPONENT,
                     );
+                    create_error = Some(e.message);
                     break;
                 }
             }
@@ -149,11 +152,20 @@ pub fn sync(st: &State, info: &ResourceInfo, rs: &Value, pods: &[Arc<Obj>]) {
     if let Some(g) = rs["metadata"]["generation"].as_i64() {
         status.insert("observedGeneration".into(), json!(g));
     }
-    if let Some(c) = rs["status"]["conditions"]
+    let mut conditions: Vec<Value> = rs["status"]["conditions"]
         .as_array()
-        .filter(|c| !c.is_empty())
-    {
-        status.insert("conditions".into(), Value::Array(c.clone()));
+        .cloned()
+        .unwrap_or_default();
+    match create_error {
+        Some(message) => set_condition(
+            &mut conditions,
+            json!({"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": message}),
+        ),
+        None if active.len() <= want => conditions.retain(|c| c["type"] != "ReplicaFailure"),
+        None => {}
+    }
+    if !conditions.is_empty() {
+        status.insert("conditions".into(), Value::Array(conditions));
     }
     write_status(st, info, rs, Value::Object(status));
 }

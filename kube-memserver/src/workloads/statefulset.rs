@@ -57,6 +57,41 @@ fn terminating(p: &Value) -> bool {
     !p["metadata"]["deletionTimestamp"].is_null()
 }
 
+/// `persistentVolumeClaimRetentionPolicy.<when>` is `Delete`.
+fn retention(sts: &Value, when: &str) -> bool {
+    sts["spec"]["persistentVolumeClaimRetentionPolicy"][when] == "Delete"
+}
+
+/// Under `whenScaled: Delete`, a condemned member's claims are handed to the pod, so that the
+/// garbage collector removes them once the pod is gone.
+fn release_claims_to_pod(st: &State, sts: &Value, pod: &Value) {
+    if !retention(sts, "whenScaled") {
+        return;
+    }
+    let Some(ord) = ordinal(crate::meta::name(sts), pod) else {
+        return;
+    };
+    let ns = crate::meta::namespace(pod);
+    let pvc_info = st.core("persistentvolumeclaims");
+    for t in sts["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Some(tname) = t["metadata"]["name"].as_str() else {
+            continue;
+        };
+        let claim = format!("{tname}-{}-{ord}", crate::meta::name(sts));
+        let Some(pvc) = st.table(&pvc_info).get(&(ns.to_string(), claim)) else {
+            continue;
+        };
+        super::update_object(st, &pvc_info, &pvc.value(), |v| {
+            v["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod",
+                "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"], "blockOwnerDeletion": true}]);
+        });
+    }
+}
+
 fn ensure_claims(st: &State, sts: &Value, ns: &str, ord: i64) -> Vec<Value> {
     let name = crate::meta::name(sts);
     let pvc_info = st.core("persistentvolumeclaims");
@@ -80,6 +115,10 @@ fn ensure_claims(st: &State, sts: &Value, ns: &str, ord: i64) -> Vec<Value> {
                 "spec": t["spec"]});
             if !pvc["metadata"]["labels"].is_object() {
                 crate::meta::remove_path(&mut pvc, &["metadata", "labels"]);
+            }
+            if retention(sts, "whenDeleted") {
+                pvc["metadata"]["ownerReferences"] =
+                    json!([controller_ref(sts, "apps/v1", "StatefulSet")]);
             }
             if let Err(e) = verbs::create(st, &pvc_info, ns, pvc, &WriteOptions::default())
                 && e.reason != "AlreadyExists"
@@ -254,6 +293,7 @@ pub fn sync(st: &State, info: &ResourceInfo, sts: &Value, pods: &[Arc<Obj>]) {
                 }
                 continue;
             }
+            release_claims_to_pod(st, sts, p);
             delete_member(st, sts, p);
             if !parallel {
                 blocked = true;

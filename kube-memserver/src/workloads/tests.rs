@@ -1205,3 +1205,69 @@ fn a_deletion_held_by_finalizers_bumps_the_generation() {
         other => panic!("expected a pending deletion, got {other:?}"),
     }
 }
+
+#[test]
+fn claim_retention_policies_hand_claims_to_the_garbage_collector() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "apps",
+        "statefulsets",
+        json!({"metadata": {"name": "db"}, "spec": {"replicas": 2, "serviceName": "db",
+        "podManagementPolicy": "Parallel",
+        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Delete"},
+        "selector": {"matchLabels": {"app": "db"}}, "template": template(json!({"app": "db"}), json!({})),
+        "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]}}),
+    );
+    settle(&st, "Running", 3);
+    let pvc = |name: &str| {
+        st.table(&st.core("persistentvolumeclaims"))
+            .get(&("default".to_string(), name.to_string()))
+            .map(|o| o.value())
+    };
+    assert_eq!(
+        pvc("data-db-0").unwrap()["metadata"]["ownerReferences"][0]["kind"],
+        "StatefulSet"
+    );
+    let info = apps(&st, "statefulsets").unwrap();
+    let mut v = get(&st, "apps", "statefulsets", "db");
+    v["spec"]["replicas"] = json!(1);
+    verbs::update(&st, &info, "default", "db", v, &WriteOptions::default()).unwrap();
+    settle(&st, "Running", 3);
+    let handed = pvc("data-db-1").unwrap();
+    assert_eq!(
+        handed["metadata"]["ownerReferences"][0]["kind"], "Pod",
+        "{handed}"
+    );
+    assert_eq!(
+        pvc("data-db-0").unwrap()["metadata"]["ownerReferences"][0]["kind"],
+        "StatefulSet"
+    );
+}
+
+#[test]
+fn a_replica_set_whose_pods_cannot_be_created_reports_replica_failure() {
+    let st = state();
+    create(
+        &st,
+        "apps",
+        "replicasets",
+        json!({"metadata": {"name": "bad"}, "spec": {"replicas": 1,
+        "selector": {"matchLabels": {"app": "b"}},
+        "template": {"metadata": {"labels": {"app": "b"}}, "spec": {"containers": [{"name": "Not_A_Label", "image": "i"}]}}}}),
+    );
+    replicaset::pass(&st);
+    let rs = get(&st, "apps", "replicasets", "bad");
+    let c = rs["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "ReplicaFailure")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("FailedCreate"))
+    );
+}
