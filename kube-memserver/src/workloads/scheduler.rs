@@ -2,7 +2,8 @@
 //! (NoSchedule/NoExecute against the pod's tolerations), `nodeSelector` and required node
 //! affinity (matchExpressions In/NotIn/Exists/DoesNotExist/Gt/Lt, matchFields
 //! `metadata.name`), host ports, resource requests (cpu, memory, pod count) against the node's
-//! allocatable minus what bound pods request, and required inter-pod (anti-)affinity. Among the
+//! allocatable minus what bound pods request, DoNotSchedule topology spread constraints and
+//! required inter-pod (anti-)affinity. Among the
 //! nodes that fit, it prefers the one with the fewest pods of the same owner, then the least
 //! requested. Pending pods (no
 //! `spec.nodeName`, scheduler `default-scheduler`) are bound as `pods/binding` binds; a pod that
@@ -261,6 +262,11 @@ fn misfit(
         }
     }
     if out.is_empty()
+        && let Some(why) = spread_misfit(pod, n, nodes)
+    {
+        out.push((why.to_string(), false));
+    }
+    if out.is_empty()
         && let Some(why) = inter_pod_misfit(pod, n, nodes)
     {
         out.push((why.to_string(), false));
@@ -381,6 +387,48 @@ fn term_selects(term: &Value, term_ns: &str, other: &Value) -> bool {
 
 fn domain<'a>(node: &'a Value, key: &str) -> Option<&'a str> {
     node["metadata"]["labels"][key].as_str()
+}
+
+/// `topologySpreadConstraints` with `whenUnsatisfiable: DoNotSchedule`: placing the pod on `n`
+/// must keep (matching pods in its domain + itself) − (fewest in any domain) ≤ maxSkew, the
+/// domains being those of the nodes the pod's node selector and affinity allow.
+fn spread_misfit(pod: &Value, n: &NodeInfo, nodes: &[NodeInfo]) -> Option<&'static str> {
+    let ns = crate::meta::namespace(pod);
+    for c in pod["spec"]["topologySpreadConstraints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["whenUnsatisfiable"] == "DoNotSchedule")
+    {
+        let key = c["topologyKey"].as_str().unwrap_or_default();
+        let Some(here) = domain(&n.value, key) else {
+            return Some(
+                "node(s) didn't match pod topology spread constraints (missing required label)",
+            );
+        };
+        let selects = |p: &Value| {
+            crate::meta::namespace(p) == ns
+                && p["metadata"]["deletionTimestamp"].is_null()
+                && selector_matches(&c["labelSelector"], &p["metadata"]["labels"])
+        };
+        let mut counts: HashMap<&str, i64> = HashMap::new();
+        for m in nodes
+            .iter()
+            .filter(|m| node_matches(&pod["spec"], &m.value))
+        {
+            if let Some(d) = domain(&m.value, key) {
+                *counts.entry(d).or_default() +=
+                    m.pods.iter().filter(|p| selects(p)).count() as i64;
+            }
+        }
+        let min = counts.values().copied().min().unwrap_or(0);
+        let own = i64::from(selects(pod));
+        let skew = counts.get(here).copied().unwrap_or(0) + own - min;
+        if skew > c["maxSkew"].as_i64().unwrap_or(1).max(1) {
+            return Some("node(s) didn't match pod topology spread constraints");
+        }
+    }
+    None
 }
 
 /// Inter-pod affinity and anti-affinity (required terms), both the pod's own and the

@@ -1271,3 +1271,34 @@ fn a_replica_set_whose_pods_cannot_be_created_reports_replica_failure() {
         (Some("True"), Some("FailedCreate"))
     );
 }
+
+#[test]
+fn topology_spread_constraints_keep_the_skew() {
+    let st = state();
+    add_node(&st, "a1", json!({"zone": "a"}), json!([]), "8");
+    add_node(&st, "a2", json!({"zone": "a"}), json!([]), "8");
+    add_node(&st, "b1", json!({"zone": "b"}), json!([]), "8");
+    add_node(&st, "nozone", json!({}), json!([]), "8");
+    let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": "web"}}}]});
+    for i in 0..4 {
+        let mut p = pod(&format!("web-{i}"), spread.clone());
+        p["metadata"]["labels"] = json!({"app": "web"});
+        create(&st, "", "pods", p);
+        scheduler::pass(&st);
+    }
+    let zone = |n: Option<String>| match n.as_deref() {
+        Some("a1") | Some("a2") => "a",
+        Some("b1") => "b",
+        other => panic!("placed on {other:?}"),
+    };
+    let mut zones: Vec<&str> = (0..4)
+        .map(|i| zone(node_of(&st, &format!("web-{i}"))))
+        .collect();
+    zones.sort();
+    assert_eq!(
+        zones,
+        ["a", "a", "b", "b"],
+        "never more than one apart, never on the node without a zone"
+    );
+}
