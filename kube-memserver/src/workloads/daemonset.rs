@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use super::scheduler::{node_matches, untolerated_taint};
+use super::fit::{node_matches, untolerated_taint};
 use super::{
     PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, int_or_percent,
     pod_active, pod_available, pod_ready, pods_by_namespace, record_event, revisions, write_status,

@@ -11,6 +11,7 @@
 
 pub mod daemonset;
 pub mod deployment;
+pub mod fit;
 pub mod job;
 pub mod replicaset;
 pub mod revisions;

@@ -272,12 +272,12 @@ fn scheduler_honours_taints_selectors_affinity_and_requests() {
 
 #[test]
 fn quantities_parse_like_resource_quantity() {
-    assert_eq!(scheduler::parse_milli("100m"), Some(100));
-    assert_eq!(scheduler::parse_milli("1.5"), Some(1500));
-    assert_eq!(scheduler::parse_milli("1Ki"), Some(1_024_000));
-    assert_eq!(scheduler::parse_milli("2e3"), Some(2_000_000));
-    assert_eq!(scheduler::parse_milli("x"), None);
-    assert_eq!(scheduler::parse_milli(""), None);
+    assert_eq!(super::fit::parse_milli("100m"), Some(100));
+    assert_eq!(super::fit::parse_milli("1.5"), Some(1500));
+    assert_eq!(super::fit::parse_milli("1Ki"), Some(1_024_000));
+    assert_eq!(super::fit::parse_milli("2e3"), Some(2_000_000));
+    assert_eq!(super::fit::parse_milli("x"), None);
+    assert_eq!(super::fit::parse_milli(""), None);
 }
 
 #[test]
