@@ -53,7 +53,12 @@ pub async fn run(st: Arc<State>, cancel: CancellationToken, name: &'static str, 
                     seen = rv;
                     last = Instant::now();
                     tracing::trace!(controller = name, "sync");
-                    pass(&st);
+                    // Where panics unwind (tests, dev builds), a bug must not stop the controller
+                    // for good: log it and go on.
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass(&st)));
+                    if run.is_err() {
+                        tracing::error!(controller = name, "controller pass panicked");
+                    }
                 }
             }
         }
