@@ -49,8 +49,9 @@ fn ordinal(sts_name: &str, pod: &Value) -> Option<i64> {
         .filter(|n: &i64| *n >= 0)
 }
 
-fn running_and_ready(p: &Value) -> bool {
-    p["status"]["phase"] == "Running" && pod_ready(p)
+/// Running and Ready for `minReadySeconds` (what ordered creation waits for).
+fn running_and_available(p: &Value, min_ready: i64) -> bool {
+    p["status"]["phase"] == "Running" && pod_available(p, min_ready)
 }
 
 fn terminating(p: &Value) -> bool {
@@ -230,6 +231,9 @@ pub fn sync(st: &State, info: &ResourceInfo, sts: &Value, pods: &[Arc<Obj>]) {
         return;
     };
     let replicas = int(&sts["spec"]["replicas"], 1).max(0);
+    // `ordinals.start`: members are start..start+replicas.
+    let start = int(&sts["spec"]["ordinals"]["start"], 0).max(0);
+    let end = start + replicas;
     let parallel = sts["spec"]["podManagementPolicy"] == "Parallel";
     let owned = claim_pods(st, sts, &ns, pods);
     let mut members: BTreeMap<i64, &Value> = BTreeMap::new();
@@ -258,13 +262,13 @@ pub fn sync(st: &State, info: &ResourceInfo, sts: &Value, pods: &[Arc<Obj>]) {
         blocked = !parallel;
     }
     let mut created = 0;
-    for ord in 0..replicas {
+    for ord in start..end {
         if blocked || created >= BURST {
             break;
         }
         match members.get(&ord) {
             None => {
-                let rev = if ord < partition {
+                let rev = if ord < start + partition {
                     &current_revision
                 } else {
                     &update_revision
@@ -276,14 +280,19 @@ pub fn sync(st: &State, info: &ResourceInfo, sts: &Value, pods: &[Arc<Obj>]) {
                 }
             }
             Some(p) => {
-                if !parallel && (terminating(p) || !running_and_ready(p)) {
+                if !parallel && (terminating(p) || !running_and_available(p, min_ready)) {
                     blocked = true;
                 }
             }
         }
     }
-    // Condemned members (ordinal ≥ replicas), highest first.
-    let condemned: Vec<&Value> = members.range(replicas..).rev().map(|(_, p)| *p).collect();
+    // Condemned members (outside start..start+replicas), highest first.
+    let condemned: Vec<&Value> = members
+        .iter()
+        .rev()
+        .filter(|(o, _)| **o < start || **o >= end)
+        .map(|(_, p)| *p)
+        .collect();
     if !blocked {
         for p in &condemned {
             if terminating(p) {
@@ -303,14 +312,14 @@ pub fn sync(st: &State, info: &ResourceInfo, sts: &Value, pods: &[Arc<Obj>]) {
     }
     // Rolling update: replace the highest-ordinal outdated member once all are healthy.
     let rolling = sts["spec"]["updateStrategy"]["type"] != "OnDelete";
-    let all_healthy = (0..replicas).all(|o| {
+    let all_healthy = (start..end).all(|o| {
         members
             .get(&o)
-            .is_some_and(|p| !terminating(p) && running_and_ready(p))
+            .is_some_and(|p| !terminating(p) && running_and_available(p, min_ready))
     });
     if rolling && !blocked && condemned.is_empty() && all_healthy {
         let outdated = members
-            .range(partition.max(0)..replicas)
+            .range((start + partition.max(0))..end)
             .rev()
             .find(|(_, p)| {
                 p["metadata"]["labels"][revisions::HASH_LABEL].as_str()

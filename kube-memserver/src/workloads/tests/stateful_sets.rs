@@ -145,3 +145,32 @@ fn claim_retention_policies_hand_claims_to_the_garbage_collector() {
         "StatefulSet"
     );
 }
+
+#[test]
+fn ordinals_start_where_the_stateful_set_says() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "apps",
+        "statefulsets",
+        json!({"metadata": {"name": "db"}, "spec": {"replicas": 2, "serviceName": "db",
+        "ordinals": {"start": 5},
+        "selector": {"matchLabels": {"app": "db"}}, "template": template(json!({"app": "db"}), json!({}))}}),
+    );
+    settle(&st, "Running", 5);
+    let mut names: Vec<String> = live_pods(&st)
+        .iter()
+        .map(|p| crate::meta::name(p).to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["db-5", "db-6"]);
+    assert_eq!(
+        get(&st, "", "pods", "db-6")["metadata"]["labels"]["apps.kubernetes.io/pod-index"],
+        "6"
+    );
+    assert_eq!(
+        get(&st, "apps", "statefulsets", "db")["status"]["readyReplicas"],
+        2
+    );
+}
