@@ -134,6 +134,18 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
             by_node.entry(n).or_default().push(p);
         }
     }
+    // Unbound pods pinned to a node that no longer exists go (bound ones are the pod GC's).
+    for (node, here) in &by_node {
+        if nodes.iter().any(|n| crate::meta::name(n) == node) {
+            continue;
+        }
+        for p in here.iter().filter(|p| {
+            p["spec"]["nodeName"].as_str().is_none_or(str::is_empty)
+                && p["metadata"]["deletionTimestamp"].is_null()
+        }) {
+            delete_pod(st, p);
+        }
+    }
     let min_ready = int(&ds["spec"]["minReadySeconds"], 0);
     let generation = int(&ds["metadata"]["generation"], 0);
     let oref = controller_ref(ds, "apps/v1", "DaemonSet");

@@ -93,3 +93,28 @@ fn daemon_pods_stay_through_no_schedule_taints_and_leave_on_untolerated_no_execu
         "an untolerated NoExecute taint evicts it"
     );
 }
+
+#[test]
+fn an_unbound_daemon_pod_of_a_deleted_node_is_removed() {
+    let st = state();
+    add_node(&st, "gone", json!({}), json!([]), "1");
+    create(
+        &st,
+        "apps",
+        "daemonsets",
+        json!({"metadata": {"name": "agent"}, "spec": {
+        "selector": {"matchLabels": {"app": "agent"}}, "template": template(json!({"app": "agent"}), json!({}))}}),
+    );
+    daemonset::pass(&st);
+    assert_eq!(live_pods(&st).len(), 1, "created, not yet bound");
+    verbs::delete(
+        &st,
+        &st.core("nodes"),
+        "",
+        "gone",
+        &verbs::DeleteOptions::default(),
+    )
+    .unwrap();
+    daemonset::pass(&st);
+    assert!(live_pods(&st).is_empty());
+}
