@@ -4,8 +4,8 @@
 //! network-unavailable for host-network pods). Each pod is pinned to its node with a required
 //! node affinity on `metadata.name` (matchFields), which the scheduler honours, as upstream.
 //! Pods on nodes that should not run one, failed pods and duplicates are deleted; a changed
-//! template rolls out node by node within `maxUnavailable` (RollingUpdate) or on deletion
-//! (OnDelete). Status counts come from the pods' own status.
+//! template rolls out node by node within `maxUnavailable` or `maxSurge` (RollingUpdate) or
+//! on deletion (OnDelete). Status counts come from the pods' own status.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -159,6 +159,53 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
     // Nodes whose pod runs an old template: (node pod, available).
     let mut outdated: Vec<(&Value, bool)> = Vec::new();
     let mut unavailable = 0i64;
+    let rolling = &ds["spec"]["updateStrategy"]["rollingUpdate"];
+    let surge = !on_delete && int_or_percent(&rolling["maxSurge"], 1, true) > 0;
+    // Nodes surging (old and new pod), and nodes whose only pod is old: (node, available).
+    let mut surging = 0i64;
+    let mut surge_candidates: Vec<(&str, bool)> = Vec::new();
+    let is_current =
+        |p: &Value| p["metadata"]["labels"][revisions::HASH_LABEL].as_str() == Some(hash.as_str());
+    let create_on = |node_name: &str| {
+        let created = create_pod(
+            st,
+            &ns,
+            &ds["spec"]["template"],
+            oref.clone(),
+            PodName::Generate(&name),
+            |pod| {
+                pin_to_node(pod, node_name);
+                set_path(
+                    pod,
+                    &["metadata", "labels", revisions::HASH_LABEL],
+                    json!(hash),
+                );
+                set_path(
+                    pod,
+                    &["metadata", "labels", "pod-template-generation"],
+                    json!(generation.to_string()),
+                );
+            },
+        );
+        match created {
+            Ok(p) => record_event(
+                st,
+                ds,
+                "Normal",
+                "SuccessfulCreate",
+                &format!("Created pod: {}", crate::meta::name(&p)),
+                COMPONENT,
+            ),
+            Err(e) => record_event(
+                st,
+                ds,
+                "Warning",
+                "FailedCreate",
+                &format!("Error creating: {}", e.message),
+                COMPONENT,
+            ),
+        }
+    };
     for node in nodes {
         let node_name = crate::meta::name(node);
         let mut here: Vec<&Value> = by_node.get(node_name).cloned().unwrap_or_default();
@@ -183,44 +230,7 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
         }
         desired += 1;
         if here.is_empty() {
-            let created = create_pod(
-                st,
-                &ns,
-                &ds["spec"]["template"],
-                oref.clone(),
-                PodName::Generate(&name),
-                |pod| {
-                    pin_to_node(pod, node_name);
-                    set_path(
-                        pod,
-                        &["metadata", "labels", revisions::HASH_LABEL],
-                        json!(hash),
-                    );
-                    set_path(
-                        pod,
-                        &["metadata", "labels", "pod-template-generation"],
-                        json!(generation.to_string()),
-                    );
-                },
-            );
-            match created {
-                Ok(p) => record_event(
-                    st,
-                    ds,
-                    "Normal",
-                    "SuccessfulCreate",
-                    &format!("Created pod: {}", crate::meta::name(&p)),
-                    COMPONENT,
-                ),
-                Err(e) => record_event(
-                    st,
-                    ds,
-                    "Warning",
-                    "FailedCreate",
-                    &format!("Error creating: {}", e.message),
-                    COMPONENT,
-                ),
-            }
+            create_on(node_name);
             unavailable += 1;
             continue;
         }
@@ -229,10 +239,39 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
                 .as_str()
                 .cmp(&b["metadata"]["creationTimestamp"].as_str())
         });
-        for extra in here.iter().skip(1) {
-            delete_pod(st, extra);
-        }
-        let pod = here[0];
+        let pod = if surge {
+            // maxSurge: a new pod starts next to the old one, which goes once the new one is
+            // available.
+            let (new_pods, old_pods): (Vec<&Value>, Vec<&Value>) =
+                here.iter().copied().partition(|p| is_current(p));
+            match new_pods.first() {
+                Some(np) => {
+                    for extra in new_pods.iter().skip(1) {
+                        delete_pod(st, extra);
+                    }
+                    if !old_pods.is_empty() {
+                        if pod_available(np, min_ready) {
+                            old_pods.iter().for_each(|p| delete_pod(st, p));
+                        } else {
+                            surging += 1;
+                        }
+                    }
+                    *np
+                }
+                None => {
+                    for extra in old_pods.iter().skip(1) {
+                        delete_pod(st, extra);
+                    }
+                    surge_candidates.push((node_name, pod_available(old_pods[0], min_ready)));
+                    old_pods[0]
+                }
+            }
+        } else {
+            for extra in here.iter().skip(1) {
+                delete_pod(st, extra);
+            }
+            here[0]
+        };
         scheduled += 1;
         let is_available = pod_available(pod, min_ready);
         if pod_ready(pod) {
@@ -243,19 +282,26 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
         } else {
             unavailable += 1;
         }
-        if pod["metadata"]["labels"][revisions::HASH_LABEL].as_str() == Some(hash.as_str()) {
+        if is_current(pod) {
             updated += 1;
-        } else {
+        } else if !surge {
             outdated.push((pod, is_available));
         }
     }
+    if surge {
+        let max_surge = int_or_percent(&rolling["maxSurge"], desired, true);
+        let mut budget = max_surge - surging;
+        for (node_name, avail) in surge_candidates {
+            if !avail {
+                create_on(node_name);
+            } else if budget > 0 {
+                create_on(node_name);
+                budget -= 1;
+            }
+        }
+    }
     if !on_delete && !outdated.is_empty() {
-        let max_unavailable = int_or_percent(
-            &ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
-            desired,
-            true,
-        )
-        .max(1);
+        let max_unavailable = int_or_percent(&rolling["maxUnavailable"], desired, true).max(1);
         // Unavailable old pods go at once; available ones within the budget.
         let mut budget = max_unavailable - unavailable;
         for (p, avail) in outdated {

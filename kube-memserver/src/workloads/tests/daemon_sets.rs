@@ -118,3 +118,45 @@ fn an_unbound_daemon_pod_of_a_deleted_node_is_removed() {
     daemonset::pass(&st);
     assert!(live_pods(&st).is_empty());
 }
+
+#[test]
+fn a_daemon_set_with_max_surge_starts_the_new_pod_before_removing_the_old() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    add_node(&st, "n2", json!({}), json!([]), "4");
+    create(
+        &st,
+        "apps",
+        "daemonsets",
+        json!({"metadata": {"name": "agent"}, "spec": {
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "selector": {"matchLabels": {"app": "agent"}}, "template": template(json!({"app": "agent"}), json!({}))}}),
+    );
+    settle(&st, "Running", 3);
+    assert_eq!(live_pods(&st).len(), 2);
+    let info = apps(&st, "daemonsets").unwrap();
+    let mut v = get(&st, "apps", "daemonsets", "agent");
+    v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("busybox:1.37");
+    verbs::update(&st, &info, "default", "agent", v, &WriteOptions::default()).unwrap();
+    daemonset::pass(&st);
+    assert_eq!(
+        live_pods(&st).len(),
+        3,
+        "one surge pod, both old ones still there"
+    );
+    for _ in 0..8 {
+        settle(&st, "Running", 1);
+        let ready = live_pods(&st)
+            .iter()
+            .filter(|p| crate::workloads::pod_ready(p))
+            .count();
+        assert!(ready >= 2, "never fewer than one ready pod per node");
+        assert!(live_pods(&st).len() <= 3, "never more than one surge pod");
+    }
+    let pods = live_pods(&st);
+    assert_eq!(pods.len(), 2);
+    assert!(
+        pods.iter()
+            .all(|p| p["spec"]["containers"][0]["image"] == "busybox:1.37")
+    );
+}
