@@ -14,8 +14,8 @@ use serde_json::{Map, Value, json};
 
 use super::fit::{node_matches, untolerated_taint};
 use super::{
-    PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, int_or_percent,
-    pod_active, pod_available, pod_ready, pods_by_namespace, record_event, revisions, write_status,
+    PodIndex, PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int,
+    int_or_percent, pod_active, pod_available, pod_ready, record_event, revisions, write_status,
 };
 use crate::meta::set_path;
 use crate::resources::ResourceInfo;
@@ -38,10 +38,10 @@ pub fn pass(st: &State) {
         .iter()
         .map(|n| n.value())
         .collect();
-    let pods = pods_by_namespace(st);
+    let pods = PodIndex::build(st);
     for ds in all {
-        let ns_pods = pods.get(ds.namespace()).map(Vec::as_slice).unwrap_or(&[]);
-        sync(st, &info, &ds.value(), &nodes, ns_pods);
+        let ns_pods = pods.candidates(&ds);
+        sync(st, &info, &ds.value(), &nodes, &ns_pods);
     }
 }
 

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::{
-    PodName, batch, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active, pod_ready,
-    pods_by_namespace, record_event, set_condition, write_status,
+    PodIndex, PodName, batch, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active,
+    pod_ready, record_event, set_condition, write_status,
 };
 use crate::meta::{now, now_time, parse_time, set_path};
 use crate::resources::ResourceInfo;
@@ -33,10 +33,10 @@ pub fn pass(st: &State) {
     if all.is_empty() {
         return;
     }
-    let pods = pods_by_namespace(st);
+    let pods = PodIndex::build(st);
     for job in all {
-        let ns_pods = pods.get(job.namespace()).map(Vec::as_slice).unwrap_or(&[]);
-        sync(st, &info, &job.value(), ns_pods);
+        let ns_pods = pods.candidates(&job);
+        sync(st, &info, &job.value(), &ns_pods);
     }
 }
 

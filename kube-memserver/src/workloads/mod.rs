@@ -538,11 +538,49 @@ pub fn int(v: &Value, default: i64) -> i64 {
         .clamp(i64::from(i32::MIN), i64::from(i32::MAX))
 }
 
-/// Pods of a namespace-wide listing, grouped once per pass.
-pub fn pods_by_namespace(st: &State) -> std::collections::HashMap<String, Vec<Arc<Obj>>> {
-    let mut out: std::collections::HashMap<String, Vec<Arc<Obj>>> = Default::default();
-    for p in st.table(&st.core("pods")).all() {
-        out.entry(p.namespace().to_string()).or_default().push(p);
+/// The pods, indexed once per pass by owner uid (and the ownerless ones by namespace), so that
+/// a controller looks only at its own pods and the orphans it might adopt.
+pub struct PodIndex {
+    by_owner: std::collections::HashMap<String, Vec<Arc<Obj>>>,
+    orphans: std::collections::HashMap<String, Vec<Arc<Obj>>>,
+}
+
+impl PodIndex {
+    pub fn build(st: &State) -> Self {
+        let mut index = Self {
+            by_owner: Default::default(),
+            orphans: Default::default(),
+        };
+        for p in st.table(&st.core("pods")).all() {
+            if p.owners().next().is_none() {
+                index
+                    .orphans
+                    .entry(p.namespace().to_string())
+                    .or_default()
+                    .push(p);
+                continue;
+            }
+            for u in p.owners() {
+                index
+                    .by_owner
+                    .entry(u.to_string())
+                    .or_default()
+                    .push(p.clone());
+            }
+        }
+        index
     }
-    out
+
+    /// The pods `owner` (an object's uid, in `ns`) owns, and the orphans of `ns`.
+    pub fn candidates(&self, owner: &Obj) -> Vec<Arc<Obj>> {
+        let mut out: Vec<Arc<Obj>> = self.by_owner.get(owner.uid()).cloned().unwrap_or_default();
+        out.extend(
+            self.orphans
+                .get(owner.namespace())
+                .into_iter()
+                .flatten()
+                .cloned(),
+        );
+        out
+    }
 }

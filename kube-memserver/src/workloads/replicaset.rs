@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::{
-    PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active,
-    pod_available, pod_ready, pods_by_namespace, record_event, set_condition, write_status,
+    PodIndex, PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active,
+    pod_available, pod_ready, record_event, set_condition, write_status,
 };
 use crate::resources::ResourceInfo;
 use crate::state::State;
@@ -27,11 +27,11 @@ pub fn pass(st: &State) {
     if all.is_empty() {
         return;
     }
-    let pods = pods_by_namespace(st);
+    let pods = PodIndex::build(st);
     for rs in all {
         let v = rs.value();
-        let ns_pods = pods.get(rs.namespace()).map(Vec::as_slice).unwrap_or(&[]);
-        sync(st, &info, &v, ns_pods);
+        let ns_pods = pods.candidates(&rs);
+        sync(st, &info, &v, &ns_pods);
     }
 }
 

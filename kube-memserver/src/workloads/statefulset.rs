@@ -12,8 +12,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::{
-    PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, pod_available,
-    pod_ready, pods_by_namespace, record_event, revisions, write_status,
+    PodIndex, PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int,
+    pod_available, pod_ready, record_event, revisions, write_status,
 };
 use crate::meta::set_path;
 use crate::resources::ResourceInfo;
@@ -33,10 +33,10 @@ pub fn pass(st: &State) {
     if all.is_empty() {
         return;
     }
-    let pods = pods_by_namespace(st);
+    let pods = PodIndex::build(st);
     for sts in all {
-        let ns_pods = pods.get(sts.namespace()).map(Vec::as_slice).unwrap_or(&[]);
-        sync(st, &info, &sts.value(), ns_pods);
+        let ns_pods = pods.candidates(&sts);
+        sync(st, &info, &sts.value(), &ns_pods);
     }
 }
 
