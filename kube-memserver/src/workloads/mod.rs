@@ -8,6 +8,11 @@
 //! depend on time (minReadySeconds, progress deadlines). Writes go through the verbs (or the
 //! tables for status), so watches see everything a controller does. Pod readiness is only
 //! ever read from the pods' status, written by kubelets.
+//!
+//! Files: one per controller, `fit.rs` (the scheduler's node filters, also used by the
+//! DaemonSet controller), `revisions.rs` (ControllerRevisions), `strategy.rs` (defaults and
+//! validation of the kinds), `table.rs` (their `kubectl get` columns); helpers shared by the
+//! controllers (selectors, owner references, pod state, events, status writes) are here.
 
 pub mod daemonset;
 pub mod deployment;
