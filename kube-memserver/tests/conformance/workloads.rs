@@ -435,6 +435,57 @@ async fn orphan_and_foreground_deletion_of_a_deployment() {
         rss.get_opt(&rs_name).await.unwrap().is_none(),
         "the replica set went after its pods"
     );
+
+    // Foreground through the whole chain: kubectl returns once the Deployment is gone, which
+    // is only after its ReplicaSet and their pods.
+    kubectl(
+        &c,
+        &ns,
+        &[
+            "create",
+            "deployment",
+            "fg",
+            "--image=busybox:1.36",
+            "--replicas=2",
+        ],
+    )
+    .await;
+    kubectl(
+        &c,
+        &ns,
+        &["rollout", "status", "deployment/fg", "--timeout=30s"],
+    )
+    .await;
+    kubectl(
+        &c,
+        &ns,
+        &[
+            "delete",
+            "deployment",
+            "fg",
+            "--cascade=foreground",
+            "--wait=true",
+            "--timeout=30s",
+        ],
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "pods went first"
+    );
+    assert!(
+        rss.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "then the replica set"
+    );
     c.delete_namespace(&ns).await;
 }
 
