@@ -10,6 +10,9 @@ use serde_json::{Value, json};
 use super::{controller_uid, selector_matches};
 
 /// What a node offers and what is bound to it.
+/// Namespace name → its labels (for namespaceSelectors in affinity terms).
+pub type Namespaces = HashMap<String, Value>;
+
 pub struct NodeInfo {
     pub name: String,
     pub value: Value,
@@ -202,6 +205,7 @@ pub fn misfit(
     requests: &[i128; 2],
     n: &NodeInfo,
     nodes: &[NodeInfo],
+    namespaces: &Namespaces,
 ) -> Vec<(String, bool)> {
     let spec = &pod["spec"];
     let node = &n.value;
@@ -254,7 +258,7 @@ pub fn misfit(
         out.push((why.to_string(), false));
     }
     if out.is_empty()
-        && let Some(why) = inter_pod_misfit(pod, n, nodes)
+        && let Some(why) = inter_pod_misfit(pod, n, nodes, namespaces)
     {
         out.push((why.to_string(), false));
     }
@@ -320,18 +324,20 @@ fn required_terms<'a>(pod: &'a Value, kind: &str) -> Vec<&'a Value> {
 
 /// Whether an affinity term of a pod in `term_ns` selects `other` (namespaces default to the
 /// term owner's; an empty namespaceSelector means all namespaces).
-fn term_selects(term: &Value, term_ns: &str, other: &Value) -> bool {
+fn term_selects(term: &Value, term_ns: &str, other: &Value, namespaces: &Namespaces) -> bool {
     let ns = crate::meta::namespace(other);
-    let all_namespaces = term["namespaceSelector"].as_object().is_some_and(|m| {
-        m.values().all(|v| {
-            v.is_null()
-                || v.as_object().is_some_and(|o| o.is_empty())
-                || v.as_array().is_some_and(|a| a.is_empty())
-        })
-    });
-    let in_namespaces = match term["namespaces"].as_array().filter(|a| !a.is_empty()) {
-        Some(list) => list.iter().any(|n| n.as_str() == Some(ns)),
-        None => all_namespaces || ns == term_ns,
+    let listed = term["namespaces"].as_array().filter(|a| !a.is_empty());
+    let selector = term["namespaceSelector"].as_object();
+    // The listed namespaces and those the selector selects; neither: the pod's own.
+    let in_namespaces = match (listed, selector) {
+        (None, None) => ns == term_ns,
+        _ => {
+            listed.is_some_and(|l| l.iter().any(|n| n.as_str() == Some(ns)))
+                || selector.is_some_and(|_| {
+                    let labels = namespaces.get(ns).unwrap_or(&Value::Null);
+                    selector_matches(&term["namespaceSelector"], labels)
+                })
+        }
     };
     in_namespaces && selector_matches(&term["labelSelector"], &other["metadata"]["labels"])
 }
@@ -384,7 +390,12 @@ fn spread_misfit(pod: &Value, n: &NodeInfo, nodes: &[NodeInfo]) -> Option<&'stat
 
 /// Inter-pod affinity and anti-affinity (required terms), both the pod's own and the
 /// anti-affinity of the pods already bound.
-fn inter_pod_misfit(pod: &Value, n: &NodeInfo, nodes: &[NodeInfo]) -> Option<&'static str> {
+fn inter_pod_misfit(
+    pod: &Value,
+    n: &NodeInfo,
+    nodes: &[NodeInfo],
+    namespaces: &Namespaces,
+) -> Option<&'static str> {
     let ns = crate::meta::namespace(pod);
     let in_domain = |key: &str| -> Vec<&Value> {
         let Some(d) = domain(&n.value, key) else {
@@ -398,13 +409,18 @@ fn inter_pod_misfit(pod: &Value, n: &NodeInfo, nodes: &[NodeInfo]) -> Option<&'s
     };
     for term in required_terms(pod, "podAntiAffinity") {
         let key = term["topologyKey"].as_str().unwrap_or_default();
-        if in_domain(key).iter().any(|o| term_selects(term, ns, o)) {
+        if in_domain(key)
+            .iter()
+            .any(|o| term_selects(term, ns, o, namespaces))
+        {
             return Some("node(s) didn't match pod anti-affinity rules");
         }
     }
     for term in required_terms(pod, "podAffinity") {
         let key = term["topologyKey"].as_str().unwrap_or_default();
-        let here = in_domain(key).iter().any(|o| term_selects(term, ns, o));
+        let here = in_domain(key)
+            .iter()
+            .any(|o| term_selects(term, ns, o, namespaces));
         if here {
             continue;
         }
@@ -412,8 +428,8 @@ fn inter_pod_misfit(pod: &Value, n: &NodeInfo, nodes: &[NodeInfo]) -> Option<&'s
         let anywhere = nodes
             .iter()
             .flat_map(|m| m.pods.iter())
-            .any(|o| term_selects(term, ns, o));
-        if anywhere || domain(&n.value, key).is_none() || !term_selects(term, ns, pod) {
+            .any(|o| term_selects(term, ns, o, namespaces));
+        if anywhere || domain(&n.value, key).is_none() || !term_selects(term, ns, pod, namespaces) {
             return Some("node(s) didn't match pod affinity rules");
         }
     }
@@ -422,7 +438,7 @@ fn inter_pod_misfit(pod: &Value, n: &NodeInfo, nodes: &[NodeInfo]) -> Option<&'s
             for term in required_terms(other, "podAntiAffinity") {
                 let key = term["topologyKey"].as_str().unwrap_or_default();
                 let same = domain(&m.value, key).is_some_and(|d| domain(&n.value, key) == Some(d));
-                if same && term_selects(term, crate::meta::namespace(other), pod) {
+                if same && term_selects(term, crate::meta::namespace(other), pod, namespaces) {
                     return Some("node(s) didn't satisfy existing pods anti-affinity rules");
                 }
             }

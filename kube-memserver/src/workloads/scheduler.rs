@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Value, json};
 
-use super::fit::{NodeInfo, add_pod, misfit, pod_requests, quantity};
+use super::fit::{Namespaces, NodeInfo, add_pod, misfit, pod_requests, quantity};
 use super::{controller_uid, record_event};
 use crate::meta::{now_time, set_path};
 use crate::state::State;
@@ -95,19 +95,30 @@ pub fn pass(st: &State) {
         .map(|p| p.value())
         .collect();
     let mut nodes = node_infos(st, &bound);
+    let namespaces: Namespaces = st
+        .table(&st.core("namespaces"))
+        .all()
+        .iter()
+        .map(|n| {
+            (
+                n.name().to_string(),
+                n.value()["metadata"]["labels"].clone(),
+            )
+        })
+        .collect();
     for pod in pending {
-        schedule_one(st, &pod, &mut nodes);
+        schedule_one(st, &pod, &mut nodes, &namespaces);
     }
 }
 
-fn schedule_one(st: &State, pod: &Value, nodes: &mut [NodeInfo]) {
+fn schedule_one(st: &State, pod: &Value, nodes: &mut [NodeInfo], namespaces: &Namespaces) {
     let requests = pod_requests(pod);
     let owner = controller_uid(pod).map(str::to_string);
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut preemption: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut best: Option<(usize, (usize, i128, i128, String))> = None;
     for (i, n) in nodes.iter().enumerate() {
-        let why = misfit(pod, &requests, n, nodes);
+        let why = misfit(pod, &requests, n, nodes, namespaces);
         if why.is_empty() {
             let same_owner = owner
                 .as_ref()

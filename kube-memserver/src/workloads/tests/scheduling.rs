@@ -249,3 +249,66 @@ fn topology_spread_constraints_keep_the_skew() {
         "never more than one apart, never on the node without a zone"
     );
 }
+
+#[test]
+fn affinity_terms_reach_the_namespaces_their_selector_selects() {
+    let st = state();
+    add_node(
+        &st,
+        "a",
+        json!({"kubernetes.io/hostname": "a"}),
+        json!([]),
+        "8",
+    );
+    add_node(
+        &st,
+        "b",
+        json!({"kubernetes.io/hostname": "b"}),
+        json!([]),
+        "8",
+    );
+    verbs::create(
+        &st,
+        &st.core("namespaces"),
+        "",
+        json!({"metadata": {"name": "other", "labels": {"team": "x"}}}),
+        &WriteOptions::default(),
+    )
+    .unwrap();
+    let mut db = json!({"metadata": {"name": "db", "labels": {"app": "db"}},
+        "spec": {"nodeName": "a", "containers": [{"name": "c", "image": "i"}]}});
+    db["metadata"]["namespace"] = json!("other");
+    verbs::create(&st, &st.core("pods"), "other", db, &WriteOptions::default()).unwrap();
+    // Node b is busier, so without the namespace selector's effect everything would go to a.
+    for name in ["filler-1", "filler-2"] {
+        create(&st, "", "pods", pod(name, json!({"nodeName": "b"})));
+    }
+    let away = |selector: Value| {
+        json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname", "namespaceSelector": selector}]}}})
+    };
+    create(
+        &st,
+        "",
+        "pods",
+        pod("by-label", away(json!({"matchLabels": {"team": "x"}}))),
+    );
+    scheduler::pass(&st);
+    assert_eq!(
+        node_of(&st, "by-label").as_deref(),
+        Some("b"),
+        "the db in a selected namespace repels it"
+    );
+    create(
+        &st,
+        "",
+        "pods",
+        pod("elsewhere", away(json!({"matchLabels": {"team": "y"}}))),
+    );
+    scheduler::pass(&st);
+    assert_eq!(
+        node_of(&st, "elsewhere").as_deref(),
+        Some("a"),
+        "team=y selects no namespace"
+    );
+}
