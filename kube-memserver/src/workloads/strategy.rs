@@ -133,6 +133,19 @@ pub fn default_workload(kind: &str, obj: &mut Value, creating: bool) {
             if creating && obj["spec"]["manualSelector"].as_bool() != Some(true) {
                 generate_job_selector(obj);
             }
+            // `SetDefaults_Job` (on every decode, so also on reads of a Job created without
+            // labels): a Job without labels takes its template's.
+            let no_labels = obj["metadata"]["labels"]
+                .as_object()
+                .is_none_or(|m| m.is_empty());
+            if no_labels
+                && let Some(labels) = obj["spec"]["template"]["metadata"]["labels"]
+                    .as_object()
+                    .filter(|m| !m.is_empty())
+                    .cloned()
+            {
+                set_path(obj, &["metadata", "labels"], Value::Object(labels));
+            }
         }
         _ => return,
     }
@@ -329,6 +342,10 @@ mod tests {
             "u1"
         );
         assert_eq!(j["spec"]["template"]["metadata"]["labels"]["job-name"], "j");
+        assert_eq!(
+            j["metadata"]["labels"]["job-name"], "j",
+            "the Job takes its template's labels"
+        );
         assert_eq!(j["spec"]["completions"], 1);
         let causes = validate_workload("Job", &j, None);
         assert_eq!(causes.len(), 1, "{causes:?}");
