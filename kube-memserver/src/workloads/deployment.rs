@@ -416,7 +416,8 @@ fn recreate(
             waiting = true;
         }
     }
-    if waiting {
+    // Old pods still terminating count too (`oldPodsRunning`).
+    if waiting || old_pods_running(st, d, old) {
         return;
     }
     if let Some(n) = new
@@ -424,6 +425,19 @@ fn recreate(
     {
         scale(st, rsinfo, d, n, desired, desired);
     }
+}
+
+/// Whether any pod of the old ReplicaSets has not finished (terminating ones included).
+fn old_pods_running(st: &State, d: &Value, old: &[Value]) -> bool {
+    let uids: Vec<&str> = old
+        .iter()
+        .filter_map(|rs| rs["metadata"]["uid"].as_str())
+        .collect();
+    st.table(&st.core("pods"))
+        .in_namespace(crate::meta::namespace(d))
+        .iter()
+        .filter(|p| p.owners().any(|u| uids.contains(&u)))
+        .any(|p| !matches!(&*p.field("status.phase"), "Succeeded" | "Failed"))
 }
 
 fn rolling(

@@ -338,3 +338,56 @@ fn a_deletion_held_by_finalizers_bumps_the_generation() {
         other => panic!("expected a pending deletion, got {other:?}"),
     }
 }
+
+#[test]
+fn a_recreate_deployment_never_runs_old_and_new_pods_together() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "8");
+    create(
+        &st,
+        "apps",
+        "deployments",
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 2, "strategy": {"type": "Recreate"},
+        "selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}), json!({}))}}),
+    );
+    settle(&st, "Running", 5);
+    assert_eq!(live_pods(&st).len(), 2);
+    let info = apps(&st, "deployments").unwrap();
+    let mut d = get(&st, "apps", "deployments", "web");
+    assert!(
+        d["spec"]["strategy"].get("rollingUpdate").is_none(),
+        "no rollingUpdate defaults for Recreate"
+    );
+    d["spec"]["template"]["spec"]["containers"][0]["image"] = json!("busybox:1.37");
+    verbs::update(&st, &info, "default", "web", d, &WriteOptions::default()).unwrap();
+    // Old pods take a while to terminate: no new pod meanwhile.
+    for _ in 0..3 {
+        deployment::pass(&st);
+        replicaset::pass(&st);
+    }
+    assert!(
+        pods(&st)
+            .iter()
+            .all(|p| p["spec"]["containers"][0]["image"] == "busybox:1.36")
+    );
+    assert!(live_pods(&st).is_empty(), "the old pods are terminating");
+    for _ in 0..10 {
+        settle(&st, "Running", 1);
+        let images: std::collections::BTreeSet<String> = pods(&st)
+            .iter()
+            .map(|p| {
+                p["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        assert!(images.len() <= 1, "old and new together: {images:?}");
+    }
+    let pods = live_pods(&st);
+    assert_eq!(pods.len(), 2);
+    assert!(
+        pods.iter()
+            .all(|p| p["spec"]["containers"][0]["image"] == "busybox:1.37")
+    );
+}
