@@ -216,6 +216,10 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
         }) {
             delete_pod(st, p);
         }
+        // A pod still terminating holds the node (its host ports, say) until it is gone.
+        let terminating = here
+            .iter()
+            .any(|p| !p["metadata"]["deletionTimestamp"].is_null());
         here.retain(|p| pod_active(p));
         if !wanted {
             if !here.is_empty() {
@@ -230,7 +234,9 @@ pub fn sync(st: &State, info: &ResourceInfo, ds: &Value, nodes: &[Value], pods: 
         }
         desired += 1;
         if here.is_empty() {
-            create_on(node_name);
+            if !terminating {
+                create_on(node_name);
+            }
             unavailable += 1;
             continue;
         }

@@ -160,3 +160,29 @@ fn a_daemon_set_with_max_surge_starts_the_new_pod_before_removing_the_old() {
             .all(|p| p["spec"]["containers"][0]["image"] == "busybox:1.37")
     );
 }
+
+#[test]
+fn a_replacement_daemon_pod_waits_for_the_old_one_to_terminate() {
+    let st = state();
+    add_node(&st, "n1", json!({}), json!([]), "4");
+    create(
+        &st,
+        "apps",
+        "daemonsets",
+        json!({"metadata": {"name": "agent"}, "spec": {
+        "selector": {"matchLabels": {"app": "agent"}}, "template": template(json!({"app": "agent"}), json!({}))}}),
+    );
+    settle(&st, "Running", 3);
+    let info = apps(&st, "daemonsets").unwrap();
+    let mut v = get(&st, "apps", "daemonsets", "agent");
+    v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("busybox:1.37");
+    verbs::update(&st, &info, "default", "agent", v, &WriteOptions::default()).unwrap();
+    for _ in 0..3 {
+        daemonset::pass(&st);
+    }
+    assert_eq!(pods(&st).len(), 1, "only the terminating old pod");
+    settle(&st, "Running", 3);
+    let p = live_pods(&st);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0]["spec"]["containers"][0]["image"], "busybox:1.37");
+}
