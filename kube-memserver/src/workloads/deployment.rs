@@ -472,7 +472,7 @@ fn rolling(
     let all_count = old_count + replicas(new);
     let min_available = desired - max_unavailable;
     let new_unavailable = replicas(new) - status_count(new, "availableReplicas");
-    let mut max_scale_down = all_count - min_available - new_unavailable;
+    let max_scale_down = all_count - min_available - new_unavailable;
     if max_scale_down <= 0 {
         return;
     }
@@ -496,10 +496,7 @@ fn rolling(
         scale(st, rsinfo, d, rs, r - down, desired);
         cleaned += down;
     }
-    max_scale_down -= cleaned;
-    if max_scale_down <= 0 {
-        return;
-    }
+    // Then as many as availability allows (upstream does not cap this step by the above).
     let available: i64 = old
         .iter()
         .map(|rs| status_count(rs, "availableReplicas"))
@@ -508,7 +505,7 @@ fn rolling(
     if available <= min_available {
         return;
     }
-    let mut remaining = (available - min_available).min(max_scale_down);
+    let mut remaining = available - min_available;
     for rs in old.iter_mut() {
         if remaining <= 0 {
             break;
