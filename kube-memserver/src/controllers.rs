@@ -1,7 +1,8 @@
 //! The controllers a real control plane runs next to the apiserver, reduced to what clients of
 //! this server observe. Here: namespace termination, per-namespace defaults (the `default`
 //! ServiceAccount, `kube-root-ca.crt`) and periodic watch bookmarks; node lifecycle and pod GC
-//! live in `node_lifecycle.rs`, endpoints in `endpoints.rs`.
+//! live in `node_lifecycle.rs`, endpoints in `endpoints.rs`, the scheduler and the workload
+//! controllers in `workloads/` (switched by `Config::workload_controllers`).
 
 use std::sync::Arc;
 
@@ -14,13 +15,35 @@ use super::store::Mutation;
 use super::verbs::{self, DeleteOptions};
 
 pub fn spawn_all(st: &Arc<State>, cancel: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
-    vec![
+    let mut tasks = vec![
         tokio::spawn(bookmarks(st.clone(), cancel.clone())),
         tokio::spawn(super::node_lifecycle::run(st.clone(), cancel.clone())),
         tokio::spawn(super::endpoints::run(st.clone(), cancel.clone())),
         tokio::spawn(super::gc::run(st.clone(), cancel.clone())),
         tokio::spawn(namespaces(st.clone(), cancel.clone())),
-    ]
+    ];
+    if st.config.workload_controllers {
+        use super::workloads::{
+            self, daemonset, deployment, job, replicaset, scheduler, statefulset,
+        };
+        let passes: [(&'static str, workloads::Pass); 6] = [
+            ("scheduler", scheduler::pass),
+            ("deployment", deployment::pass),
+            ("replicaset", replicaset::pass),
+            ("daemonset", daemonset::pass),
+            ("statefulset", statefulset::pass),
+            ("job", job::pass),
+        ];
+        for (name, pass) in passes {
+            tasks.push(tokio::spawn(workloads::run(
+                st.clone(),
+                cancel.clone(),
+                name,
+                pass,
+            )));
+        }
+    }
+    tasks
 }
 
 async fn bookmarks(st: Arc<State>, cancel: CancellationToken) {

@@ -2,7 +2,8 @@
 //! gone (background propagation), deletes the dependents of owners deleted with foreground
 //! propagation before letting them go (`foregroundDeletion` finalizer), and strips owner
 //! references from the dependents of owners deleted with orphan propagation (`orphan`).
-//! A pass runs only after a deletion or while such finalizers are pending.
+//! A pass runs only after a removal or a deletion that starts propagation, or while such
+//! finalizers are pending.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub async fn run(st: Arc<State>, cancel: CancellationToken) {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {
+                // A removal may leave dependents without owners; a deletion with foreground or
+                // orphan propagation counts too (it removes nothing at first).
                 let deletions = st.store.deletions();
                 if deletions != seen || pending {
                     seen = deletions;

@@ -451,6 +451,25 @@ async fn resource_request(
             )?;
             start_watch(ctx, info, t.ns.map(str::to_string), filter).await
         }
+        (&Method::GET, Some(name), Some("scale")) => Ok(json_response(
+            StatusCode::OK,
+            &verbs::get_scale(st, &info, ns_str, name)?,
+        )),
+        (&Method::PUT, Some(name), Some("scale")) => {
+            let b = decode_body(ctx, &body, &info)?;
+            let opts = write_options(ctx, None)?;
+            let out = verbs::write_scale(st, &info, ns_str, name, Some(b), None, &opts)?;
+            Ok(json_response(StatusCode::OK, &out))
+        }
+        (&Method::PATCH, Some(name), Some("scale")) => {
+            let Some(ptype) = PatchType::from_content_type(&ctx.content_type) else {
+                return Err(ApiError::unsupported_media_type(&ctx.content_type));
+            };
+            let opts = write_options(ctx, None)?;
+            let out =
+                verbs::write_scale(st, &info, ns_str, name, None, Some((ptype, &body)), &opts)?;
+            Ok(json_response(StatusCode::OK, &out))
+        }
         (&Method::GET, Some(name), None) | (&Method::GET, Some(name), Some("status")) => {
             let obj = verbs::get(st, &info, ns_str, name)?;
             Ok(object_response(ctx, &info, StatusCode::OK, &obj))

@@ -50,6 +50,7 @@ mod tokens;
 mod validation;
 mod verbs;
 mod watch;
+mod workloads;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -105,6 +106,17 @@ pub struct Config {
     /// `--kubelet-certificate-authority=<cluster CA>` (hardened clusters) does; upstream's
     /// default (false) accepts any.
     pub verify_kubelet_certificates: bool,
+    /// Run the scheduler and the workload controllers (Deployment, ReplicaSet, DaemonSet,
+    /// StatefulSet, Job). Off, pods stay where clients put them, as before they existed.
+    pub workload_controllers: bool,
+    /// How often the scheduler and the workload controllers look for changes.
+    pub workload_sync_period: Duration,
+    /// The Job controller's retry backoff after a failed pod (doubled per failure, at most
+    /// 6 min; upstream's is 10 s).
+    pub job_backoff_base: Duration,
+    /// The longest the workload controllers go without a pass (for time-based decisions:
+    /// minReadySeconds, progress deadlines, active deadlines).
+    pub workload_resync_period: Duration,
 }
 
 impl Default for Config {
@@ -128,6 +140,10 @@ impl Default for Config {
             max_body_bytes: 3 * 1024 * 1024,
             snapshot_interval: Duration::from_secs(2),
             verify_kubelet_certificates: false,
+            workload_controllers: true,
+            workload_sync_period: Duration::from_millis(100),
+            job_backoff_base: Duration::from_secs(10),
+            workload_resync_period: Duration::from_secs(1),
         }
     }
 }

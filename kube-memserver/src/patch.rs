@@ -72,6 +72,18 @@ fn list_strategy(kind: &str, path: &[&str]) -> (ListStrategy, bool) {
         ["metadata", "finalizers"] => return (MergePrimitive, false),
         _ => {}
     }
+    let workload = matches!(
+        kind,
+        "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet" | "Job"
+    );
+    if workload {
+        // The pod template merges as a Pod does.
+        return match path {
+            ["spec", "template", rest @ ..] => list_strategy("Pod", rest),
+            ["status", "conditions"] => (MergeKey("type"), false),
+            _ => (Replace, false),
+        };
+    }
     if kind == "Pod" {
         let container_fields = |rest: &[&str]| -> (ListStrategy, bool) {
             match rest {

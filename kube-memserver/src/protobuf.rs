@@ -1,5 +1,6 @@
 //! Decoding of `application/vnd.kubernetes.protobuf` request bodies for the kinds kubectl's
-//! typed clients send that way (`kubectl create configmap|secret|namespace|serviceaccount|token`).
+//! typed clients send that way (`kubectl create configmap|secret|namespace|serviceaccount|token|
+//! deployment|job`).
 //! Responses are always JSON, which those clients accept.
 //!
 //! The envelope is `k8s\0` + `runtime.Unknown{typeMeta, raw}`; `raw` is the object's protobuf
@@ -29,6 +30,8 @@ enum F {
     Msg(&'static [(u32, &'static str, F, bool)]),
     MapStrStr,
     MapStrBytes,
+    /// `map<string, resource.Quantity>` (a Quantity is `{string: 1}`).
+    MapStrQuantity,
 }
 
 type Schema = &'static [(u32, &'static str, F, bool)];
@@ -190,6 +193,103 @@ const SERVICE: Schema = &[
     (1, "metadata", F::Msg(OBJECT_META), false),
     (2, "spec", F::Msg(SERVICE_SPEC), false),
 ];
+const EMPTY: Schema = &[];
+const CONTAINER_PORT: Schema = &[
+    (1, "name", F::Str, false),
+    (2, "hostPort", F::Int, false),
+    (3, "containerPort", F::Int, false),
+    (4, "protocol", F::Str, false),
+    (5, "hostIP", F::Str, false),
+];
+const ENV_VAR: Schema = &[(1, "name", F::Str, false), (2, "value", F::Str, false)];
+const RESOURCES: Schema = &[
+    (1, "limits", F::MapStrQuantity, false),
+    (2, "requests", F::MapStrQuantity, false),
+];
+const CONTAINER: Schema = &[
+    (1, "name", F::Str, false),
+    (2, "image", F::Str, false),
+    (3, "command", F::Str, true),
+    (4, "args", F::Str, true),
+    (5, "workingDir", F::Str, false),
+    (6, "ports", F::Msg(CONTAINER_PORT), true),
+    (7, "env", F::Msg(ENV_VAR), true),
+    (8, "resources", F::Msg(RESOURCES), false),
+    (13, "terminationMessagePath", F::Str, false),
+    (14, "imagePullPolicy", F::Str, false),
+    (16, "stdin", F::Bool, false),
+    (17, "stdinOnce", F::Bool, false),
+    (18, "tty", F::Bool, false),
+    (20, "terminationMessagePolicy", F::Str, false),
+];
+const TOLERATION: Schema = &[
+    (1, "key", F::Str, false),
+    (2, "operator", F::Str, false),
+    (3, "value", F::Str, false),
+    (4, "effect", F::Str, false),
+    (5, "tolerationSeconds", F::OptInt, false),
+];
+const POD_SPEC: Schema = &[
+    (2, "containers", F::Msg(CONTAINER), true),
+    (3, "restartPolicy", F::Str, false),
+    (4, "terminationGracePeriodSeconds", F::OptInt, false),
+    (5, "activeDeadlineSeconds", F::OptInt, false),
+    (6, "dnsPolicy", F::Str, false),
+    (7, "nodeSelector", F::MapStrStr, false),
+    (8, "serviceAccountName", F::Str, false),
+    (10, "nodeName", F::Str, false),
+    (11, "hostNetwork", F::Bool, false),
+    (14, "securityContext", F::Msg(EMPTY), false),
+    (16, "hostname", F::Str, false),
+    (17, "subdomain", F::Str, false),
+    (19, "schedulerName", F::Str, false),
+    (20, "initContainers", F::Msg(CONTAINER), true),
+    (22, "tolerations", F::Msg(TOLERATION), true),
+    (24, "priorityClassName", F::Str, false),
+    (25, "priority", F::OptInt, false),
+];
+const POD_TEMPLATE: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "spec", F::Msg(POD_SPEC), false),
+];
+const ROLLING_UPDATE_DEPLOYMENT: Schema = &[
+    (1, "maxUnavailable", F::IntOrString, false),
+    (2, "maxSurge", F::IntOrString, false),
+];
+const DEPLOYMENT_STRATEGY: Schema = &[
+    (1, "type", F::Str, false),
+    (2, "rollingUpdate", F::Msg(ROLLING_UPDATE_DEPLOYMENT), false),
+];
+const DEPLOYMENT_SPEC: Schema = &[
+    (1, "replicas", F::OptInt, false),
+    (2, "selector", F::Msg(LABEL_SELECTOR), false),
+    (3, "template", F::Msg(POD_TEMPLATE), false),
+    (4, "strategy", F::Msg(DEPLOYMENT_STRATEGY), false),
+    (5, "minReadySeconds", F::Int, false),
+    (6, "revisionHistoryLimit", F::OptInt, false),
+    (7, "paused", F::Bool, false),
+    (9, "progressDeadlineSeconds", F::OptInt, false),
+];
+const DEPLOYMENT: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "spec", F::Msg(DEPLOYMENT_SPEC), false),
+];
+const JOB_SPEC: Schema = &[
+    (1, "parallelism", F::OptInt, false),
+    (2, "completions", F::OptInt, false),
+    (3, "activeDeadlineSeconds", F::OptInt, false),
+    (4, "selector", F::Msg(LABEL_SELECTOR), false),
+    (5, "manualSelector", F::OptBool, false),
+    (6, "template", F::Msg(POD_TEMPLATE), false),
+    (7, "backoffLimit", F::OptInt, false),
+    (8, "ttlSecondsAfterFinished", F::OptInt, false),
+    (9, "completionMode", F::Str, false),
+    (10, "suspend", F::OptBool, false),
+];
+const JOB: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "spec", F::Msg(JOB_SPEC), false),
+];
 const TYPE_META: Schema = &[(1, "apiVersion", F::Str, false), (2, "kind", F::Str, false)];
 const UNKNOWN: Schema = &[
     (1, "typeMeta", F::Msg(TYPE_META), false),
@@ -208,6 +308,8 @@ fn schema_for(kind: &str) -> Option<Schema> {
         "ClusterRole" => CLUSTER_ROLE,
         "RoleBinding" | "ClusterRoleBinding" => ROLE_BINDING,
         "Service" => SERVICE,
+        "Deployment" => DEPLOYMENT,
+        "Job" => JOB,
         _ => return None,
     })
 }
@@ -346,6 +448,13 @@ fn decode_msg(b: &[u8], schema: Schema) -> Result<Value, String> {
                 let (k, v) = decode_map_entry(r.bytes()?)?;
                 let entry = out.entry(name.to_string()).or_insert_with(|| json!({}));
                 entry[k] = json!(utf8(v)?);
+                continue;
+            }
+            (F::MapStrQuantity, 2) => {
+                let (k, v) = decode_map_entry(r.bytes()?)?;
+                let q = decode_msg(v, &[(1, "string", F::Str, false)])?;
+                let entry = out.entry(name.to_string()).or_insert_with(|| json!({}));
+                entry[k] = q["string"].clone();
                 continue;
             }
             (F::MapStrBytes, 2) => {

@@ -105,7 +105,7 @@ impl ResourceInfo {
 
     pub fn subresource_verbs(sub: &str) -> Vec<&'static str> {
         match sub {
-            "status" => vec!["get", "patch", "update"],
+            "status" | "scale" => vec!["get", "patch", "update"],
             "finalize" => vec!["update"],
             "log" => vec!["get"],
             "exec" | "attach" => vec!["create", "get"],
@@ -121,6 +121,7 @@ impl ResourceInfo {
                 "TokenRequest".into(),
             ),
             "binding" => (String::new(), "v1".into(), "Binding".into()),
+            "scale" => ("autoscaling".into(), "v1".into(), "Scale".into()),
             "exec" => (String::new(), "v1".into(), "PodExecOptions".into()),
             "attach" => (String::new(), "v1".into(), "PodAttachOptions".into()),
             _ => (self.group.clone(), self.version.clone(), self.kind.clone()),
@@ -190,6 +191,12 @@ const BUILTINS: &[Builtin] = &[
     Builtin { group: "rbac.authorization.k8s.io", version: "v1", plural: "clusterrolebindings", kind: "ClusterRoleBinding", namespaced: false, short: &[], subs: &[], returns_deleted: false, create_on_update: true, name_rule: NameRule::PathSegment, fields: &[], categories: &[] },
     Builtin { group: "rbac.authorization.k8s.io", version: "v1", plural: "roles", kind: "Role", namespaced: true, short: &[], subs: &[], returns_deleted: false, create_on_update: true, name_rule: NameRule::PathSegment, fields: &[], categories: &[] },
     Builtin { group: "rbac.authorization.k8s.io", version: "v1", plural: "rolebindings", kind: "RoleBinding", namespaced: true, short: &[], subs: &[], returns_deleted: false, create_on_update: true, name_rule: NameRule::PathSegment, fields: &[], categories: &[] },
+    Builtin { group: "apps", version: "v1", plural: "deployments", kind: "Deployment", namespaced: true, short: &["deploy"], subs: &["status", "scale"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["all"] },
+    Builtin { group: "apps", version: "v1", plural: "replicasets", kind: "ReplicaSet", namespaced: true, short: &["rs"], subs: &["status", "scale"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["all"] },
+    Builtin { group: "apps", version: "v1", plural: "daemonsets", kind: "DaemonSet", namespaced: true, short: &["ds"], subs: &["status"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["all"] },
+    Builtin { group: "apps", version: "v1", plural: "statefulsets", kind: "StatefulSet", namespaced: true, short: &["sts"], subs: &["status", "scale"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["all"] },
+    Builtin { group: "apps", version: "v1", plural: "controllerrevisions", kind: "ControllerRevision", namespaced: true, short: &[], subs: &[], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &[] },
+    Builtin { group: "batch", version: "v1", plural: "jobs", kind: "Job", namespaced: true, short: &[], subs: &["status"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["all"] },
     Builtin { group: "apiextensions.k8s.io", version: "v1", plural: "customresourcedefinitions", kind: "CustomResourceDefinition", namespaced: false, short: &["crd", "crds"], subs: &["status"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["api-extensions"] },
 ];
 
@@ -209,7 +216,15 @@ fn builtin_info(b: &Builtin) -> ResourceInfo {
         returns_deleted_object: b.returns_deleted,
         allow_create_on_update: b.create_on_update,
         allow_unconditional_update: b.kind != "CustomResourceDefinition",
-        tracks_generation: matches!(b.kind, "CustomResourceDefinition"),
+        tracks_generation: matches!(
+            b.kind,
+            "CustomResourceDefinition"
+                | "Deployment"
+                | "ReplicaSet"
+                | "DaemonSet"
+                | "StatefulSet"
+                | "Job"
+        ),
         name_rule: b.name_rule,
         selectable_fields: b.fields.iter().map(|s| s.to_string()).collect(),
         schema: None,

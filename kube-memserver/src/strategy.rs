@@ -184,6 +184,9 @@ fn default_kind(info: &ResourceInfo, obj: &mut Value) {
     }
     match info.kind.as_str() {
         "Pod" => default_pod(obj),
+        k if crate::workloads::strategy::is_workload(k) => {
+            crate::workloads::strategy::default_workload(k, obj, true)
+        }
         "Namespace" => {
             if obj["spec"]["finalizers"].is_null() {
                 set_path(obj, &["spec", "finalizers"], json!(["kubernetes"]));
@@ -248,7 +251,7 @@ fn default_kind(info: &ResourceInfo, obj: &mut Value) {
     }
 }
 
-fn default_container(c: &mut Value) {
+pub(crate) fn default_container(c: &mut Value) {
     if !c.is_object() {
         return;
     }
@@ -499,6 +502,9 @@ pub fn prepare_update(
     }
     if !info.custom {
         strip_nulls(new);
+        if subresource.is_none() && crate::workloads::strategy::is_workload(&info.kind) {
+            crate::workloads::strategy::default_workload(&info.kind, new, false);
+        }
     }
     apply_schema(info, new);
     if info.tracks_generation && subresource.is_none() {
@@ -559,6 +565,9 @@ pub fn validate(info: &ResourceInfo, obj: &Value, old: Option<&Value>) -> ApiRes
             }
             "Service" => causes.extend(validate_service(obj, old)),
             "CustomResourceDefinition" => causes.extend(validate_crd(obj, old)),
+            k if crate::workloads::strategy::is_workload(k) => {
+                causes.extend(crate::workloads::strategy::validate_workload(k, obj, old))
+            }
             "Lease" => {
                 if let Some(d) = obj["spec"]["leaseDurationSeconds"].as_i64()
                     && d <= 0

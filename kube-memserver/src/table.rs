@@ -49,15 +49,15 @@ pub fn partial_metadata(obj: &Value, version: &str) -> Value {
     })
 }
 
-struct Column {
-    name: Cow<'static, str>,
-    ty: &'static str,
-    format: &'static str,
-    priority: i64,
-    description: &'static str,
+pub(crate) struct Column {
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) ty: &'static str,
+    pub(crate) format: &'static str,
+    pub(crate) priority: i64,
+    pub(crate) description: &'static str,
 }
 
-fn col(name: &'static str, priority: i64) -> Column {
+pub(crate) fn col(name: &'static str, priority: i64) -> Column {
     Column {
         name: Cow::Borrowed(name),
         ty: "string",
@@ -67,7 +67,7 @@ fn col(name: &'static str, priority: i64) -> Column {
     }
 }
 
-const NAME: Column = Column {
+pub(crate) const NAME: Column = Column {
     name: Cow::Borrowed("Name"),
     ty: "string",
     format: "name",
@@ -212,7 +212,7 @@ fn service_ports(svc: &Value) -> String {
     }
 }
 
-fn columns_and_cells(info: &ResourceInfo, obj: &Value) -> (Vec<Column>, Vec<Value>) {
+pub(crate) fn columns_and_cells(info: &ResourceInfo, obj: &Value) -> (Vec<Column>, Vec<Value>) {
     let name = json!(obj["metadata"]["name"]);
     if info.custom {
         if info.printer_columns.is_empty() {
@@ -410,6 +410,8 @@ fn columns_and_cells(info: &ResourceInfo, obj: &Value) -> (Vec<Column>, Vec<Valu
                 json!(age(obj)),
             ],
         ),
+        "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet" | "Job"
+        | "ControllerRevision" => super::workloads::table::columns_and_cells(&info.kind, obj),
         "CustomResourceDefinition" => (
             vec![
                 NAME,

@@ -26,6 +26,9 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
 
+#[path = "conformance/workloads.rs"]
+mod workloads;
+
 async fn setup(prefix: &str) -> (TestCluster, String) {
     let c = cluster::connect()
         .await

@@ -111,6 +111,64 @@ async fn pod_bound_to_an_edge_node_reaches_that_node_and_no_other() {
     delete_node(&s.cluster, &n2).await;
 }
 
+/// The control plane's scheduler and Deployment controller put a Deployment's pods on the edge
+/// node its affinity names (matchFields `metadata.name`), and cloudcore delivers them there.
+#[tokio::test]
+async fn deployment_pods_are_scheduled_onto_the_edge_node_and_reach_it() {
+    let s = setup().await;
+    let node = unique("edge-d");
+    edge_node(&s.cluster, &node).await;
+    let nodes: Api<Node> = Api::all(s.cluster.client());
+    let capacity = json!({"status": {"allocatable": {"cpu": "2", "memory": "2Gi", "pods": "110"},
+        "capacity": {"cpu": "2", "memory": "2Gi", "pods": "110"}}});
+    nodes
+        .patch_status(&node, &PatchParams::default(), &Patch::Merge(&capacity))
+        .await
+        .unwrap();
+    let mut edge = SimEdge::connect(&s.fx, &s.pki, &node, &[]).await;
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+                "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "c", "image": "busybox"}]}}}
+    });
+    let api: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(s.cluster.client(), &s.ns);
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut delivered = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while delivered.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {delivered:?} reached the edge"
+        );
+        let Some(m) = edge.next(Duration::from_millis(500)).await else {
+            continue;
+        };
+        if m.route.operation == Operation::Insert
+            && m.route.resource.starts_with(&format!("{}/pod/web-", s.ns))
+        {
+            assert_eq!(m.content["spec"]["nodeName"], json!(node));
+            assert_eq!(
+                m.content["metadata"]["ownerReferences"][0]["kind"],
+                "ReplicaSet"
+            );
+            delivered.insert(m.route.resource.clone());
+        }
+    }
+    api.delete("web", &DeleteParams::default()).await.unwrap();
+    delete_node(&s.cluster, &node).await;
+}
+
 #[tokio::test]
 async fn configmap_update_reaches_only_nodes_whose_pods_use_it() {
     let s = setup().await;

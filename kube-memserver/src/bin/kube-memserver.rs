@@ -44,6 +44,10 @@ struct Args {
     /// --kubelet-certificate-authority); by default any is accepted, as upstream.
     #[arg(long)]
     verify_kubelet_certificates: bool,
+    /// Run neither the scheduler nor the workload controllers (Deployments, ReplicaSets,
+    /// DaemonSets, StatefulSets, Jobs): pods stay where clients put them.
+    #[arg(long)]
+    no_workload_controllers: bool,
 }
 
 #[tokio::main]
@@ -66,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
         node_monitor_grace_period: Duration::from_secs(args.node_monitor_grace_period.max(1)),
         verify_kubelet_certificates: args.verify_kubelet_certificates,
+        workload_controllers: !args.no_workload_controllers,
         ..Config::default()
     };
     let server = ApiServer::start(config).await?;

@@ -369,9 +369,15 @@ impl Store {
         read(&self.tables).values().cloned().collect()
     }
 
-    /// How many objects have been removed so far (lets the garbage collector skip idle passes).
+    /// How many objects have been removed so far, plus deletions that started foreground or
+    /// orphan propagation (lets the garbage collector skip idle passes).
     pub fn deletions(&self) -> u64 {
         self.deletions.load(Ordering::SeqCst)
+    }
+
+    /// A deletion started propagating (foreground or orphan): the garbage collector has work.
+    pub fn note_propagating_deletion(&self) {
+        self.deletions.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Restores the counter after loading a snapshot; never moves it backwards.

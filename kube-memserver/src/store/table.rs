@@ -60,6 +60,11 @@ impl Table {
             .collect()
     }
 
+    /// How many objects the `spec.nodeName` index holds (pods bound to a node).
+    pub fn bound_count(&self) -> usize {
+        read(&self.state).by_node.values().map(|s| s.len()).sum()
+    }
+
     /// Keys of the objects bound to `node`.
     pub fn keys_on_node(&self, node: &str) -> Vec<ObjKey> {
         read(&self.state)

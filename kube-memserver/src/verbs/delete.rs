@@ -90,6 +90,10 @@ pub fn delete(
             if !deleting || v["metadata"]["deletionGracePeriodSeconds"].as_i64() != Some(0) {
                 if !deleting {
                     set_path(&mut v, &["metadata", "deletionTimestamp"], json!(now_time()));
+                    // Marking an object deleting bumps its generation (`markAsDeleting`).
+                    if let Some(g) = v["metadata"]["generation"].as_i64().filter(|g| *g > 0) {
+                        set_path(&mut v, &["metadata", "generation"], json!(g.saturating_add(1)));
+                    }
                 }
                 set_path(&mut v, &["metadata", "deletionGracePeriodSeconds"], json!(0));
             }
@@ -114,6 +118,9 @@ pub fn delete(
             Ok(Deleted::Removed(o))
         }
         Outcome::Updated(o) | Outcome::Created(o) | Outcome::Unchanged(Some(o)) => {
+            if o.has_finalizer(crate::gc::FOREGROUND) || o.has_finalizer(crate::gc::ORPHAN) {
+                st.store.note_propagating_deletion();
+            }
             Ok(Deleted::Pending(o))
         }
         Outcome::Unchanged(None) => Err(ApiError::not_found(info, obj_name)),

@@ -6,12 +6,14 @@
 mod create;
 mod delete;
 mod read;
+mod scale;
 mod subresources;
 mod update;
 
 pub use create::{create, ensure_namespace_defaults, establish_crd};
 pub use delete::{delete, delete_collection};
 pub use read::{ListRequest, get, list};
+pub use scale::{get_scale, write_scale};
 pub use subresources::{bind_pod, create_token};
 pub use update::{patch, put_computed, update};
 

@@ -158,6 +158,16 @@ pub fn bind_pod(st: &State, ns: &str, pod_name: &str, body: &Value) -> ApiResult
         }
         let mut v = cur.value();
         set_path(&mut v, &["spec", "nodeName"], json!(node));
+        // The binding storage marks the pod scheduled (`PodScheduled=True`).
+        let mut conditions = v["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        conditions.retain(|c| c["type"] != "PodScheduled");
+        conditions.push(
+            json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": now_time()}),
+        );
+        set_path(&mut v, &["status", "conditions"], Value::Array(conditions));
         Ok(Mutation::Put(v))
     })?;
     Ok(
