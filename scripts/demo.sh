@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The local demo: installs what it needs (scripts/setup.sh), then runs e2e's local-demo binary
-# (private containerd + local registry today; control plane, cloudcore and edgecore as they
-# land). Ctrl-C stops it and removes everything it started. Needs root.
+# (private containerd + local registry, in-memory control plane, cloudcore, edgecore). Ctrl-C
+# stops it and removes everything it started. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,9 +12,11 @@ Usage: sudo bash scripts/demo.sh
 
 Runs the local demo: installs the packages it needs (scripts/setup.sh), builds the release
 binaries, then starts an in-memory control plane, cloudcore, edgecore (node edge-demo) and a
-private containerd, runs a sample pod and shows kubectl working against it, then a Modbus
-device (modbus-sim) served by modbus-mapper with its reported value. Ctrl-C stops it
-and removes everything it started. Needs root.
+private containerd, runs a sample pod and shows kubectl working against it, a Deployment
+scaled to 3 on the edge node, then a Modbus device (modbus-sim) served by modbus-mapper with
+its reported value, and the edge's MetaServer on 127.0.0.1:10550. `kill -USR1 <pid>` stops
+cloudcore (the edge goes offline, its pods keep running) and starts it again. Ctrl-C stops it
+and removes everything it started. Needs root. The README walks through what to try.
 USAGE
     exit 0
     ;;

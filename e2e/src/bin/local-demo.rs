@@ -5,7 +5,10 @@
 //! (with a kubeconfig for kubectl), cloudcore (cloudhub, edge controllers and the stream tunnel)
 //! and edgecore for node `edge-demo` at the test node address (`e2e::node_address`: not
 //! loopback, so the API server's node proxy reaches it); runs a sample pod there, shows it
-//! Running and its `kubectl logs`, and tears it all down on Ctrl-C, SIGTERM or SIGHUP (also when its output was closed).
+//! Running and its `kubectl logs`; runs Deployment `web` scaled to 3 on the edge node, a Modbus
+//! device with its mapper, and the edge's MetaServer; `kill -USR1` stops cloudcore and starts
+//! it again (offline autonomy on demand); tears it all down on Ctrl-C, SIGTERM or SIGHUP (also
+//! when its output was closed).
 //!
 //! Run with `bash scripts/demo.sh` (installs the packages, then
 //! `cargo run --release -p e2e --bin local-demo`). Needs root.
@@ -167,6 +170,13 @@ async fn main() -> anyhow::Result<()> {
         stream.tunnel_addr()
     );
 
+    // The edge reaches cloudhub through a relay, so that `kill -USR1` can stop cloudcore and
+    // start a new one where the edge's link leads (offline autonomy, on demand).
+    let link = e2e::channel::FaultProxy::start(cloud.hub.local_addr())
+        .await
+        .context("starting the cloud link relay")?;
+    let mut cloud = Some(cloud);
+
     // ── edgecore ─────────────────────────────────────────────────────────────────────────
     step(
         4,
@@ -189,15 +199,17 @@ async fn main() -> anyhow::Result<()> {
          \x20   tlsTunnelCertFile: {crt}\n    tlsTunnelPrivateKeyFile: {key}\n\
          \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
          \x20 eventBus:\n    mqttMode: 0\n    mqttServerInternal: tcp://127.0.0.1:{mqtt_port}\n\
+         \x20 metaManager:\n    metaServer:\n      enable: true\n      server: 127.0.0.1:{metaserver_port}\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
         db = demo_dir.join("edgecore.db").display(),
         dmi = demo_dir.display(),
         mqtt_port = mqtt_port,
+        metaserver_port = METASERVER_PORT,
         ca = demo_dir.join("rootCA.crt").display(),
         crt = demo_dir.join("edge.crt").display(),
         key = demo_dir.join("edge.key").display(),
-        server = cloud.hub.local_addr(),
+        server = link.addr,
         tunnel = stream.tunnel_addr(),
         node_ip = node_address.ip,
         endpoint = containerd.endpoint(),
@@ -280,8 +292,13 @@ async fn main() -> anyhow::Result<()> {
         say!("    {line}");
     }
 
+    step(6, "a Deployment for edge nodes, scaled to 3 on `edge-demo`");
+    deployment_demo(&client, &kubeconfig)
+        .await
+        .context("the Deployment demo")?;
+
     step(
-        6,
+        7,
         "a device: a Modbus thermostat, served by modbus-mapper over DMI",
     );
     let devices = device_demo(&client, node, &demo_dir, &kubeconfig)
@@ -291,11 +308,36 @@ async fn main() -> anyhow::Result<()> {
         "    MQTT           mosquitto_sub -h 127.0.0.1 -p {mqtt_port} -t '$hw/events/device/#' -v"
     );
 
-    say!("\nReady. Press Ctrl-C to stop and remove everything.");
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-        _ = hangup.recv() => {}
+    say!(
+        "    MetaServer     kubectl --server http://127.0.0.1:{METASERVER_PORT} get pods -A   (the edge's own API, also offline)"
+    );
+
+    let mut cloud_toggle =
+        signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?;
+    say!(
+        "\nReady. `kill -USR1 {}` stops cloudcore (the edge goes offline, its pods keep running) and, sent again, starts it. Ctrl-C stops and removes everything.",
+        std::process::id()
+    );
+    loop {
+        tokio::select! {
+            _ = interrupt.recv() => break,
+            _ = terminate.recv() => break,
+            _ = hangup.recv() => break,
+            _ = cloud_toggle.recv() => match cloud.take() {
+                Some(running) => {
+                    running.shutdown().await;
+                    say!("cloudcore stopped: edge-demo is offline. Its pods keep running; `kubectl get pods` shows what the cluster last heard, the MetaServer answers from the edge's database. `kill -USR1 {}` starts cloudcore again.", std::process::id());
+                }
+                None => match CloudFixture::start(api.client()?, &pki).await {
+                    Ok(started) => {
+                        link.set_upstream(started.hub.local_addr());
+                        cloud = Some(started);
+                        say!("cloudcore started again: edge-demo reconnects and reports its pods.");
+                    }
+                    Err(e) => say!("cloudcore did not start again: {e:#}"),
+                },
+            },
+        }
     }
 
     say!("\nStopping: removing pods, containerd, registry, bridge and temporary files...");
@@ -303,7 +345,9 @@ async fn main() -> anyhow::Result<()> {
     drop(devices);
     edge.shutdown().await;
     stream.shutdown();
-    cloud.shutdown().await;
+    if let Some(cloud) = cloud {
+        cloud.shutdown().await;
+    }
     api.shutdown().await;
     node_address.remove_if_added();
     let _ = std::fs::remove_dir_all(&demo_dir);
@@ -311,6 +355,76 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("teardown task")?;
     say!("Stopped in {:.1?}.", stopping.elapsed());
+    Ok(())
+}
+
+/// The edge's MetaServer port in the demo (KubeEdge's default).
+const METASERVER_PORT: u16 = 10550;
+
+/// Creates Deployment `web` (busybox httpd on :8080) for edge nodes (nodeSelector
+/// `node-role.kubernetes.io/edge`), scales it to 3 with kubectl and shows its pods.
+async fn deployment_demo(
+    client: &kube::Client,
+    kubeconfig: &std::path::Path,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let deploy: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"nodeSelector": {"node-role.kubernetes.io/edge": ""},
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [{"name": "web", "image": BUSYBOX_IMAGE,
+                        "command": ["sh", "-c", "echo \"served by $(hostname)\" > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"],
+                        "ports": [{"containerPort": 8080}]}]}}}
+    }))?;
+    let api: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &deploy)
+        .await
+        .context("creating Deployment web")?;
+    let kubectl = |args: &[&str]| {
+        let mut c = tokio::process::Command::new("kubectl");
+        c.arg("--kubeconfig").arg(kubeconfig).args(args);
+        c
+    };
+    let ready = |want: i32| {
+        let api = api.clone();
+        async move {
+            let d = api.get_opt("web").await.ok()??;
+            (d.status?.ready_replicas.unwrap_or(0) >= want).then_some(())
+        }
+    };
+    wait_until("Deployment web: 1 ready", Duration::from_secs(120), || {
+        ready(1)
+    })
+    .await?;
+    say!("    $ kubectl scale deployment web --replicas=3");
+    let out = kubectl(&["scale", "deployment", "web", "--replicas=3"])
+        .output()
+        .await
+        .context("running kubectl scale")?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        say!("    {line}");
+    }
+    wait_until("Deployment web: 3 ready", Duration::from_secs(120), || {
+        ready(3)
+    })
+    .await?;
+    for args in [
+        &["get", "deployment", "web"][..],
+        &["get", "pods", "-l", "app=web", "-o", "wide"][..],
+    ] {
+        let out = kubectl(args)
+            .output()
+            .await
+            .context("running kubectl get")?;
+        say!("    $ kubectl {}", args.join(" "));
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            say!("    {line}");
+        }
+    }
+    say!("    try: kubectl port-forward deployment/web 8080:8080 & wget -qO- 127.0.0.1:8080");
     Ok(())
 }
 
