@@ -365,3 +365,118 @@ async fn metaserver_serves_the_edge_online_offline_and_after_an_offline_restart(
     env.link.thaw();
     env.finish().await;
 }
+
+/// A KubeEdge edge's MetaServer (a raw WebSocket peer sending Applications as KubeEdge's
+/// `metaserver` does, JSON text written by hand in Go's field names) against our cloudcore's
+/// dynamic controller: a list is answered (`applicationResponse`, parent = the request), a
+/// watch registration brings the objects and then their changes, a Secret read is refused
+/// with a Kubernetes 403 in `Error.ErrStatus`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kubeedge_metaserver_is_answered_by_the_dynamic_controller() {
+    use e2e::channel::{Pki, RawEdge};
+    use e2e::cloud::CloudFixture;
+    use kubeedge_shared::application::Application;
+    use kubeedge_shared::{Message, Operation};
+    e2e::edge::init_logs();
+    let cluster = e2e::cluster::connect().await.expect("test cluster");
+    let pki = Pki::new().expect("test PKI");
+    let cloud = CloudFixture::start(cluster.client(), &pki)
+        .await
+        .expect("cloudcore starts");
+    let node = e2e::edge::node_name("ke-ms");
+    let tls = pki.edge_tls(&pki.node_cert(&node).unwrap()).unwrap();
+    let mut edge = RawEdge::connect(cloud.hub.local_addr(), &node, tls)
+        .await
+        .expect("connects");
+    let ns = cluster.temp_namespace("ke-ms").await.expect("ns");
+    let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+    services
+        .create(&PostParams::default(), &service("ke-svc"))
+        .await
+        .expect("service");
+
+    // KubeEdge's request, byte for byte as its metaserver builds it (Option = base64 of "{}").
+    let request = |id: &str, key: &str, verb: &str| -> Message {
+        let text = format!(
+            r#"{{"header":{{"msg_id":"{id}","parent_msg_id":"","timestamp":1,"sync":false}},"route":{{"source":"metaserver","group":"dynamiccontroller","operation":"null","resource":"null"}},"content":{{"ID":"{id}","Key":"{key}","Verb":"{verb}","Nodename":"{node}","Option":"e30=","ReqBody":null,"Subresource":"","RespBody":null,"Status":"InApplying","Reason":"","Error":{{"ErrStatus":{{"metadata":{{}}}}}},"Timestamp":"0001-01-01T00:00:00Z"}}}}"#
+        );
+        serde_json::from_str(&text).expect("a KubeEdge message")
+    };
+    async fn answer(edge: &mut RawEdge, parent: &str) -> Application {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no answer to {parent}"
+            );
+            if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await
+                && m.header.parent_id == parent
+            {
+                assert_eq!(m.route.operation, Operation::ApplicationResponse);
+                assert_eq!(m.route.resource, "ignore/Application/ignore");
+                return Application::from_message(&m).expect("an Application");
+            }
+        }
+    }
+
+    edge.send(&request(
+        "ke-list-1",
+        &format!("/core/v1/services/{ns}/null"),
+        "list",
+    ))
+    .await
+    .unwrap();
+    let listed = answer(&mut edge, "ke-list-1").await;
+    assert_eq!(listed.status, "Approved", "{listed:?}");
+    let body: Value = serde_json::from_slice(&listed.resp_body).unwrap();
+    assert_eq!(body["items"][0]["metadata"]["name"], "ke-svc");
+    assert_eq!(body["items"][0]["kind"], "Service");
+
+    edge.send(&request(
+        "ke-secret-1",
+        &format!("/core/v1/secrets/{ns}/null"),
+        "list",
+    ))
+    .await
+    .unwrap();
+    let refused = answer(&mut edge, "ke-secret-1").await;
+    assert_eq!(refused.status, "Rejected");
+    assert_eq!(refused.error["ErrStatus"]["code"], 403);
+
+    edge.send(&request(
+        "ke-watch-1",
+        &format!("/core/v1/services/{ns}/null"),
+        "watch",
+    ))
+    .await
+    .unwrap();
+    // The registration sends the existing objects as inserts; a new one arrives as well.
+    let mut seen = std::collections::HashSet::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut created = false;
+    while !(seen.contains("ke-svc") && seen.contains("ke-svc2")) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "dynamiccontroller objects: saw {seen:?}"
+        );
+        if let Ok(Some(m)) = edge.recv(Duration::from_millis(300)).await
+            && m.route.source == "dynamiccontroller"
+            && m.route.resource.starts_with(&format!("{ns}/service/"))
+        {
+            assert!(
+                !m.header.resource_version.is_empty(),
+                "ACKed with its version"
+            );
+            edge.ack(&m).await.unwrap();
+            seen.insert(m.route.resource.rsplit('/').next().unwrap().to_string());
+        }
+        if seen.contains("ke-svc") && !created {
+            services
+                .create(&PostParams::default(), &service("ke-svc2"))
+                .await
+                .expect("service");
+            created = true;
+        }
+    }
+    cloud.shutdown().await;
+}
