@@ -167,17 +167,32 @@ async fn cloudcore_image_runs_as_a_pod_and_serves_an_edge() {
     .await;
     let running = env.wait_running("cloudcore").await;
     let id = e2e::edge::container_id(&running, 0);
-    let status = cri
+    let answer = cri
         .runtime()
         .container_status(api::ContainerStatusRequest {
             container_id: id.clone(),
-            verbose: false,
+            verbose: true,
         })
         .await
         .expect("ContainerStatus")
-        .into_inner()
-        .status
-        .expect("a container status");
+        .into_inner();
+    let status = answer.status.expect("a container status");
+    // The process runs as the image's user (no runAsUser in the pod).
+    let info: serde_json::Value = answer
+        .info
+        .get("info")
+        .and_then(|i| serde_json::from_str(i).ok())
+        .expect("containerd's verbose info");
+    let pid = info["pid"].as_u64().expect("the container's pid");
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let uids = proc_status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .expect("a Uid line");
+    assert!(
+        uids.split_whitespace().all(|u| u == "65532"),
+        "cloudcore runs as uids {uids:?}, not the image's 65532"
+    );
     assert!(
         status
             .image_ref
@@ -318,4 +333,113 @@ async fn cloudcore_image_runs_as_a_pod_and_serves_an_edge() {
         })
         .await;
     env.finish().await;
+}
+
+/// `build-image cloudcore` writes the archive and pushes to a registry over HTTP; containerd
+/// pulls what was pushed (CRI PullImage) and gets the same image ID the tool printed.
+#[tokio::test]
+async fn build_image_cli_writes_the_archive_and_pushes_to_a_registry() {
+    let containerd = tokio::task::spawn_blocking(shared_containerd)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("image.tar");
+    let tool = tokio::task::spawn_blocking(|| {
+        e2e::devices::workspace_binary("e2e", "build-image").expect("build-image")
+    })
+    .await
+    .unwrap();
+    // Any glibc program stands in for cloudcore: the CLI, the archive and the push are tested.
+    let tag = format!("cli-{}", std::process::id());
+    let push = format!(
+        "{}/kubeedge-rs/cloudcore:{tag}",
+        containerd.registry().host()
+    );
+    let output = tokio::process::Command::new(&tool)
+        .args([
+            "cloudcore",
+            "--binary",
+            "/bin/true",
+            "--version",
+            "7.7.7",
+            "--out",
+        ])
+        .arg(&out)
+        .args(["--push", &push])
+        .output()
+        .await
+        .expect("running build-image");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "build-image failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let field = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+            .unwrap_or_else(|| panic!("no {name} line in:\n{stdout}"))
+            .to_string()
+    };
+    assert_eq!(
+        field("image "),
+        concat!(
+            "docker.io/kubeedge-rs/cloudcore:",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    assert_eq!(field("pushed "), push);
+    assert!(out.metadata().expect("the archive").len() > 0);
+    // Same inputs, same image: a second run prints the same manifest digest.
+    let again = tokio::process::Command::new(&tool)
+        .args([
+            "cloudcore",
+            "--binary",
+            "/bin/true",
+            "--version",
+            "7.7.7",
+            "--out",
+        ])
+        .arg(dir.path().join("again.tar"))
+        .output()
+        .await
+        .expect("running build-image");
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains(&field("manifest ")),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(dir.path().join("again.tar")).unwrap(),
+        "two runs wrote different archives"
+    );
+
+    // localhost:5000 is the harness' registry for its containerd.
+    let reference = format!("localhost:5000/kubeedge-rs/cloudcore:{tag}");
+    let cri = containerd.cri().await.expect("CRI");
+    let pulled = cri
+        .image()
+        .pull_image(api::PullImageRequest {
+            image: Some(api::ImageSpec {
+                image: reference.clone(),
+                ..Default::default()
+            }),
+            auth: None,
+            sandbox_config: None,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("PullImage {reference}: {e}"))
+        .into_inner();
+    assert_eq!(pulled.image_ref, field("id "));
+    let _ = cri
+        .image()
+        .remove_image(api::RemoveImageRequest {
+            image: Some(api::ImageSpec {
+                image: reference,
+                ..Default::default()
+            }),
+        })
+        .await;
 }
