@@ -5,6 +5,7 @@
 //!   symlink per applet in `/bin`, `/etc/passwd` and `/etc/group`.
 //! - [`pause`]: one layer with a static pause binary compiled from `e2e/images/pause.c`
 //!   (`gcc -static`): the pod sandbox image.
+//! - the cloudcore image: [`crate::cloudcore_image`] (with [`ImageConfig`]: user, labels, ports).
 //!
 //! An [`OciImage`] is written as an OCI image archive ([`OciImage::write_archive`]: `oci-layout`,
 //! `index.json`, sha256-named blobs) for `ctr images import`, or pushed blob by blob to a

@@ -119,3 +119,34 @@ fn push_target(reference: &str) -> anyhow::Result<(String, std::net::SocketAddr,
         tag.to_string(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_targets_need_a_registry_host() {
+        let (host, addr, repository, tag) =
+            push_target("127.0.0.1:5000/kubeedge-rs/cloudcore:0.1.0").unwrap();
+        assert_eq!(host, "127.0.0.1:5000");
+        assert_eq!(addr.port(), 5000);
+        assert_eq!(
+            (repository.as_str(), tag.as_str()),
+            ("kubeedge-rs/cloudcore", "0.1.0")
+        );
+        let (_, addr, _, tag) = push_target("localhost/cloudcore").unwrap();
+        assert_eq!((addr.port(), tag.as_str()), (80, "latest"));
+        let e = push_target("kubeedge-rs/cloudcore:0.1.0").unwrap_err();
+        assert!(e.to_string().contains("names no registry"), "{e}");
+    }
+
+    #[test]
+    fn labels_are_key_value() {
+        assert_eq!(
+            parse_label("org.opencontainers.image.revision=a=b").unwrap(),
+            ("org.opencontainers.image.revision".into(), "a=b".into())
+        );
+        assert!(parse_label("novalue").is_err());
+        assert!(parse_label("=x").is_err());
+    }
+}
