@@ -53,9 +53,13 @@ async fn cloudcore_image_runs_as_a_pod_and_serves_an_edge() {
     }
     let env = EdgeEnv::start("ccimg").await;
 
-    // The image, from the cloudcore binary of this build, imported into the edge's containerd.
-    let binary = tokio::task::spawn_blocking(|| {
-        e2e::devices::workspace_binary("cloudcore", "cloudcore").expect("the cloudcore binary")
+    // The image, from the cloudcore binary of this build (or E2E_CLOUDCORE_BINARY, e.g. the
+    // release one), imported into the edge's containerd.
+    let binary = tokio::task::spawn_blocking(|| match std::env::var_os("E2E_CLOUDCORE_BINARY") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => {
+            e2e::devices::workspace_binary("cloudcore", "cloudcore").expect("the cloudcore binary")
+        }
     })
     .await
     .unwrap();
