@@ -265,14 +265,28 @@ pub fn runtime_files(binary: &Path, system_dirs: &[String]) -> Result<Vec<Runtim
         } else {
             dirs.iter().map(|d| format!("{d}/{name}")).collect()
         };
-        let Some(path) = candidates.into_iter().find(|c| Path::new(c).is_file()) else {
+        // As the loader does, a file of another ELF class (a 32-bit library) is passed over.
+        let mut hit = None;
+        for candidate in candidates {
+            if !Path::new(&candidate).is_file() {
+                continue;
+            }
+            match read_dynamic_info(Path::new(&candidate)) {
+                Ok(info) => {
+                    hit = Some((candidate, info));
+                    break;
+                }
+                Err(ElfError::Unsupported { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((path, lib)) = hit else {
             return Err(ElfError::LibraryNotFound {
                 name,
                 needed_by: needed_by.display().to_string(),
                 searched: dirs,
             });
         };
-        let lib = read_dynamic_info(Path::new(&path))?;
         for next in &lib.needed {
             queue.push_back((next.clone(), PathBuf::from(&path), lib.runpath.clone()));
         }
@@ -419,7 +433,15 @@ mod tests {
         )
         .unwrap();
         std::fs::write(d.join("sys/libc.so.6"), fake_elf(None, &["ld.so"], None)).unwrap();
-        let sys = vec![d.join("sys").display().to_string()];
+        // A 32-bit libc earlier in the search order is passed over.
+        std::fs::create_dir_all(d.join("sys32")).unwrap();
+        let mut elf32 = fake_elf(None, &[], None);
+        elf32[4] = 1;
+        std::fs::write(d.join("sys32/libc.so.6"), elf32).unwrap();
+        let sys = vec![
+            d.join("sys32").display().to_string(),
+            d.join("sys").display().to_string(),
+        ];
         let files = runtime_files(&d.join("app/prog"), &sys).unwrap();
         let paths: Vec<String> = files.iter().map(|f| f.image_path.clone()).collect();
         let mut expected = vec![
