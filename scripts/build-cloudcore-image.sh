@@ -25,7 +25,7 @@ libraries, /etc/passwd with user nonroot (65532) and OCI labels (version, revisi
 
 Then, on a containerd node:  ctr -n k8s.io images import cloudcore-image.tar
 or to any registry:          skopeo copy oci-archive:cloudcore-image.tar docker://<registry>/kubeedge-rs/cloudcore:<version>
-                             crane push cloudcore-image.tar <registry>/kubeedge-rs/cloudcore:<version>
+                             (crane: tar -xf the archive into a directory, crane push <dir> <ref>)
 USAGE
 }
 

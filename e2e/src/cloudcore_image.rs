@@ -152,9 +152,9 @@ fn relative(path: &str) -> String {
     path.trim_start_matches('/').to_string()
 }
 
-/// The layer tar: every parent directory (0755), `/tmp` (1777), `/home/nonroot` (owned by
-/// nobody else: the layer has only uid 0, the user's home is for `$HOME` only), then the files,
-/// all in path order.
+/// The layer tar: every parent directory (0755), `/tmp` (1777), `/home/nonroot` (the user's
+/// `$HOME`; like every entry owned by root, so not writable for it), mount points, then the
+/// files, all in path order.
 fn layer(files: &BTreeMap<String, (u32, Vec<u8>)>) -> std::io::Result<Vec<u8>> {
     let mut dirs: BTreeMap<String, u32> = BTreeMap::new();
     for path in files.keys() {

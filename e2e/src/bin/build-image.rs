@@ -13,9 +13,9 @@ use e2e::images::{normalized_reference, registry_host, repository_and_tag};
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 
-/// Builds container images without Docker: an OCI image archive for `ctr images import`,
-/// `skopeo copy oci-archive:…` or `crane push`, and optionally pushes it to a registry. The
-/// same inputs give the same digests.
+/// Builds container images without Docker: an OCI image archive for `ctr images import` or
+/// `skopeo copy oci-archive:…` (or, unpacked, `crane push <dir>`), and optionally pushes it to
+/// a registry. The same inputs give the same digests.
 #[derive(Parser)]
 #[command(name = "build-image", version)]
 struct Args {

@@ -45,9 +45,10 @@ async fn ready(monitor: &str) -> bool {
 async fn cloudcore_image_runs_as_a_pod_and_serves_an_edge() {
     if e2e::cluster::real_cluster_configured() {
         println!(
-            "SKIPPED cloudcore_image_runs_as_a_pod_and_serves_an_edge: the pod's cloudcore \
-             reaches the in-memory API server on loopback (hostNetwork); a real cluster's \
-             apiserver and credentials are not for a throwaway cloudcore"
+            "SKIPPED cloudcore_image_runs_as_a_pod_and_serves_an_edge: it hands the test's \
+             kubeconfig to a cloudcore in a pod; the in-memory API server's is self-contained \
+             (loopback, embedded CA and token), a real cluster's may name files on this machine \
+             and carries credentials not meant for a throwaway pod"
         );
         return;
     }
@@ -265,7 +266,8 @@ async fn cloudcore_image_runs_as_a_pod_and_serves_an_edge() {
         "metadata": {"name": "on-b"},
         "spec": {
             "nodeName": node_b, "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "c", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}]
+            "containers": [{"name": "c", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"]}]
         }
     }))
     .unwrap();
