@@ -75,6 +75,68 @@ impl EdgeOptions {
     }
 }
 
+/// Writes an edge's certificate (from `pki`'s CA, for `node`) and `edgecore.yaml` into `d`, its
+/// cloud at `server` (`host:port` of a cloudhub WebSocket), containers on the CRI `endpoint`;
+/// returns the loaded config.
+pub fn write_edge_config(
+    d: &std::path::Path,
+    pki: &Pki,
+    node: &str,
+    server: &str,
+    endpoint: &str,
+    options: &EdgeOptions,
+) -> EdgeCoreConfig {
+    let cert = pki.node_cert(node).expect("node certificate");
+    std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).expect("write ca.crt");
+    std::fs::write(d.join("edge.crt"), &cert.cert_pem).expect("write edge.crt");
+    std::fs::write(d.join("edge.key"), &cert.key_pem).expect("write edge.key");
+    let yaml = format!(
+        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+         database:\n  dataSource: {db}\n\
+         modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
+         \x20   websocket:\n      server: {server}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
+         \x20 metaManager:\n    metaServer:\n      enable: {metaserver}\n      server: 127.0.0.1:0\n\
+         \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
+         \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\
+         \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
+        db = d.join("edgecore.db").display(),
+        dmi = d.display(),
+        ca = d.join("ca.crt").display(),
+        crt = d.join("edge.crt").display(),
+        key = d.join("edge.key").display(),
+        // Not loopback: the apiserver refuses to proxy to loopback node addresses.
+        node_ip = crate::node_address::node_ip(),
+        pause = PAUSE_IMAGE,
+        root = d.join("edged").display(),
+        status = options.node_status_update_frequency_secs,
+        metaserver = options.metaserver,
+    );
+    let path = d.join("edgecore.yaml");
+    std::fs::write(&path, yaml).expect("write edgecore.yaml");
+    EdgeCoreConfig::load(&path).expect("edgecore.yaml loads")
+}
+
+/// edged's settings from `config`, with test timers: quick back-offs and retries; pod logs
+/// under `dir`.
+pub fn test_edged_config(config: &EdgeCoreConfig, dir: &std::path::Path) -> EdgedConfig {
+    let mut e = EdgedConfig::from_edgecore(config);
+    e.pod_logs_directory = dir.join("pod-logs");
+    e.crash_backoff_initial = Duration::from_secs(1);
+    e.crash_backoff_max = Duration::from_secs(4);
+    e.image_backoff_initial = Duration::from_secs(1);
+    e.image_backoff_max = Duration::from_secs(4);
+    e.relist_period = Duration::from_millis(500);
+    e.retry_period = Duration::from_secs(1);
+    e.container_log_max_size = 16 * 1024;
+    e.container_log_max_files = 3;
+    e.log_rotation_period = Duration::from_millis(500);
+    // Image GC would remove the shared containerd's images whenever the test machine's
+    // disk is past 80 % (tests that want it set the threshold themselves).
+    e.image_gc_high_threshold_percent = 100;
+    e
+}
+
 /// Cluster + cloudcore + one edge node running a real edgecore.
 pub struct EdgeEnv {
     pub cluster: TestCluster,
@@ -118,7 +180,7 @@ impl EdgeEnv {
     /// Starts everything; does not wait for the node to be Ready.
     pub async fn start_with(options: EdgeOptions) -> EdgeEnv {
         init_logs();
-        let endpoint = match options.endpoint {
+        let endpoint = match options.endpoint.clone() {
             Some(e) => e,
             None => tokio::task::spawn_blocking(shared_containerd)
                 .await
@@ -135,37 +197,14 @@ impl EdgeEnv {
             .expect("link proxy");
         let node = node_name(&options.prefix);
         let dir = tempfile::tempdir().expect("temp dir");
-        let d = dir.path();
-        let cert = pki.node_cert(&node).expect("node certificate");
-        std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).expect("write ca.crt");
-        std::fs::write(d.join("edge.crt"), &cert.cert_pem).expect("write edge.crt");
-        std::fs::write(d.join("edge.key"), &cert.key_pem).expect("write edge.key");
-        let yaml = format!(
-            "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
-             database:\n  dataSource: {db}\n\
-             modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
-             \x20   websocket:\n      server: {server}\n\
-             \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
-             \x20 metaManager:\n    metaServer:\n      enable: {metaserver}\n      server: 127.0.0.1:0\n\
-             \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
-             \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\
-             \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
-            db = d.join("edgecore.db").display(),
-            dmi = d.display(),
-            ca = d.join("ca.crt").display(),
-            crt = d.join("edge.crt").display(),
-            key = d.join("edge.key").display(),
-            server = link.addr,
-            // Not loopback: the apiserver refuses to proxy to loopback node addresses.
-            node_ip = crate::node_address::node_ip(),
-            pause = PAUSE_IMAGE,
-            root = d.join("edged").display(),
-            status = options.node_status_update_frequency_secs,
-            metaserver = options.metaserver,
+        let config = write_edge_config(
+            dir.path(),
+            &pki,
+            &node,
+            &link.addr.to_string(),
+            &endpoint,
+            &options,
         );
-        let path = d.join("edgecore.yaml");
-        std::fs::write(&path, yaml).expect("write edgecore.yaml");
-        let config = EdgeCoreConfig::load(&path).expect("edgecore.yaml loads");
         let ns = cluster.temp_namespace("edged").await.expect("namespace");
         let mut env = EdgeEnv {
             cluster,
@@ -185,21 +224,7 @@ impl EdgeEnv {
 
     /// edged's settings from the config file, with test timers: quick back-offs and retries.
     pub fn edged_config(&self) -> EdgedConfig {
-        let mut e = EdgedConfig::from_edgecore(&self.config);
-        e.pod_logs_directory = self.dir.path().join("pod-logs");
-        e.crash_backoff_initial = Duration::from_secs(1);
-        e.crash_backoff_max = Duration::from_secs(4);
-        e.image_backoff_initial = Duration::from_secs(1);
-        e.image_backoff_max = Duration::from_secs(4);
-        e.relist_period = Duration::from_millis(500);
-        e.retry_period = Duration::from_secs(1);
-        e.container_log_max_size = 16 * 1024;
-        e.container_log_max_files = 3;
-        e.log_rotation_period = Duration::from_millis(500);
-        // Image GC would remove the shared containerd's images whenever the test machine's
-        // disk is past 80 % (tests that want it set the threshold themselves).
-        e.image_gc_high_threshold_percent = 100;
-        e
+        test_edged_config(&self.config, self.dir.path())
     }
 
     pub async fn start_edge(&mut self) {

@@ -5,6 +5,7 @@
 //!   symlink per applet in `/bin`, `/etc/passwd` and `/etc/group`.
 //! - [`pause`]: one layer with a static pause binary compiled from `e2e/images/pause.c`
 //!   (`gcc -static`): the pod sandbox image.
+//! - the cloudcore image: [`crate::cloudcore_image`] (with [`ImageConfig`]: user, labels, ports).
 //!
 //! An [`OciImage`] is written as an OCI image archive ([`OciImage::write_archive`]: `oci-layout`,
 //! `index.json`, sha256-named blobs) for `ctr images import`, or pushed blob by blob to a
@@ -117,25 +118,60 @@ pub struct OciImage {
 impl OciImage {
     /// Assembles config and manifest around uncompressed layer tars.
     pub fn from_layers(layers: Vec<Vec<u8>>, entrypoint: &[&str], cmd: &[&str]) -> Self {
+        Self::from_config(
+            layers,
+            &ImageConfig {
+                entrypoint: entrypoint.iter().map(|s| s.to_string()).collect(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                ..ImageConfig::default()
+            },
+        )
+    }
+
+    /// Assembles config and manifest around uncompressed layer tars, with `settings` as the
+    /// runtime configuration.
+    pub fn from_config(layers: Vec<Vec<u8>>, settings: &ImageConfig) -> Self {
         let layers: Vec<Blob> = layers
             .into_iter()
             .map(|tar| Blob::new(MEDIA_TYPE_LAYER, tar))
             .collect();
         // Uncompressed layers: the diff ID is the layer digest.
         let diff_ids: Vec<&str> = layers.iter().map(|l| l.digest.as_str()).collect();
+        let created_by = settings
+            .created_by
+            .as_deref()
+            .unwrap_or("kubeedge-rs e2e::images");
         let mut config = json!({
             "created": "1970-01-01T00:00:00Z",
             "architecture": oci_architecture(),
             "os": "linux",
             "config": { "Env": [PATH_ENV] },
             "rootfs": { "type": "layers", "diff_ids": diff_ids },
-            "history": [{ "created": "1970-01-01T00:00:00Z", "created_by": "kubeedge-rs e2e::images" }],
+            "history": [{ "created": "1970-01-01T00:00:00Z", "created_by": created_by }],
         });
-        if !entrypoint.is_empty() {
-            config["config"]["Entrypoint"] = json!(entrypoint);
+        let runtime = &mut config["config"];
+        if !settings.entrypoint.is_empty() {
+            runtime["Entrypoint"] = json!(settings.entrypoint);
         }
-        if !cmd.is_empty() {
-            config["config"]["Cmd"] = json!(cmd);
+        if !settings.cmd.is_empty() {
+            runtime["Cmd"] = json!(settings.cmd);
+        }
+        if let Some(user) = &settings.user {
+            runtime["User"] = json!(user);
+        }
+        if let Some(dir) = &settings.working_dir {
+            runtime["WorkingDir"] = json!(dir);
+        }
+        if !settings.labels.is_empty() {
+            runtime["Labels"] = json!(settings.labels);
+        }
+        if !settings.exposed_ports.is_empty() {
+            let ports: serde_json::Map<String, serde_json::Value> = settings
+                .exposed_ports
+                .iter()
+                .map(|p| (p.clone(), json!({})))
+                .collect();
+            runtime["ExposedPorts"] = serde_json::Value::Object(ports);
         }
         let config = Blob::new(MEDIA_TYPE_CONFIG, to_json(&config));
         let manifest = json!({
@@ -208,6 +244,22 @@ impl OciImage {
     }
 }
 
+/// The runtime part of an image config (`config` in the OCI image config JSON).
+#[derive(Clone, Debug, Default)]
+pub struct ImageConfig {
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    /// `uid[:gid]` or a name from the image's `/etc/passwd`.
+    pub user: Option<String>,
+    pub working_dir: Option<String>,
+    /// e.g. `org.opencontainers.image.version`; sorted, so the JSON is the same every time.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `10000/tcp` …
+    pub exposed_ports: Vec<String>,
+    /// The history entry's `created_by`.
+    pub created_by: Option<String>,
+}
+
 /// Splits a reference `host[:port]/repo/path:tag` into (`repo/path`, `tag`); the tag
 /// defaults to `latest`. Digest references are not supported.
 pub fn repository_and_tag(reference: &str) -> (&str, &str) {
@@ -220,6 +272,29 @@ pub fn repository_and_tag(reference: &str) -> (&str, &str) {
     match without_host.rsplit_once(':') {
         Some((repo, tag)) => (repo, tag),
         None => (without_host, "latest"),
+    }
+}
+
+/// The registry host of a reference (`localhost:5000/a:1` → `localhost:5000`), if it names
+/// one: a first component with a `.` or `:`, or `localhost`, as Docker decides.
+pub fn registry_host(reference: &str) -> Option<&str> {
+    match reference.split_once('/') {
+        Some((host, _)) if host.contains('.') || host.contains(':') || host == "localhost" => {
+            Some(host)
+        }
+        _ => None,
+    }
+}
+
+/// A reference as containerd stores it: `kubeedge-rs/cloudcore:1` →
+/// `docker.io/kubeedge-rs/cloudcore:1`, `cloudcore` → `docker.io/library/cloudcore:latest`;
+/// a reference with a registry host only gets a default tag.
+pub fn normalized_reference(reference: &str) -> String {
+    let (repository, tag) = repository_and_tag(reference);
+    match registry_host(reference) {
+        Some(host) => format!("{host}/{repository}:{tag}"),
+        None if repository.contains('/') => format!("docker.io/{repository}:{tag}"),
+        None => format!("docker.io/library/{repository}:{tag}"),
     }
 }
 
@@ -576,6 +651,51 @@ mod tests {
             repository_and_tag("library/busybox"),
             ("library/busybox", "latest")
         );
+    }
+
+    #[test]
+    fn references_are_normalized_as_containerd_stores_them() {
+        assert_eq!(
+            normalized_reference("kubeedge-rs/cloudcore:0.1.0"),
+            "docker.io/kubeedge-rs/cloudcore:0.1.0"
+        );
+        assert_eq!(
+            normalized_reference("cloudcore"),
+            "docker.io/library/cloudcore:latest"
+        );
+        assert_eq!(
+            normalized_reference("localhost:5000/kubeedge-rs/cloudcore"),
+            "localhost:5000/kubeedge-rs/cloudcore:latest"
+        );
+        assert_eq!(
+            registry_host("registry.example:443/a/b:1"),
+            Some("registry.example:443")
+        );
+        assert_eq!(registry_host("a/b:1"), None);
+    }
+
+    #[test]
+    fn config_carries_user_labels_and_ports() {
+        let settings = ImageConfig {
+            entrypoint: vec!["/usr/local/bin/x".into()],
+            user: Some("65532:65532".into()),
+            labels: [(
+                "org.opencontainers.image.version".to_string(),
+                "1".to_string(),
+            )]
+            .into(),
+            exposed_ports: vec!["10000/tcp".into()],
+            ..ImageConfig::default()
+        };
+        let image = OciImage::from_config(vec![LayerBuilder::new().finish().unwrap()], &settings);
+        let config: serde_json::Value = serde_json::from_slice(&image.config.data).unwrap();
+        assert_eq!(config["config"]["User"], "65532:65532");
+        assert_eq!(
+            config["config"]["Labels"]["org.opencontainers.image.version"],
+            "1"
+        );
+        assert_eq!(config["config"]["ExposedPorts"]["10000/tcp"], json!({}));
+        assert!(config["config"].get("WorkingDir").is_none());
     }
 
     #[test]

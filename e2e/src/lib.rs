@@ -4,11 +4,13 @@
 pub use kube_memserver as apiserver;
 pub mod channel;
 pub mod cloud;
+pub mod cloudcore_image;
 pub mod cluster;
 pub mod containerd;
 pub mod crds;
 pub mod devices;
 pub mod edge;
+pub mod elf;
 pub mod images;
 pub mod mosquitto;
 pub mod mqtt;

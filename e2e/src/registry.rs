@@ -142,58 +142,7 @@ impl Registry {
     /// Pushes `image` as `repository:tag` (e.g. `library/busybox`, `latest`): every blob the
     /// registry lacks, then the manifest.
     pub fn push(&self, image: &OciImage, repository: &str, tag: &str) -> Result<(), RegistryError> {
-        for blob in image.layers.iter().chain([&image.config]) {
-            self.push_blob(repository, blob)?;
-        }
-        let path = format!("/v2/{repository}/manifests/{tag}");
-        let response = request(
-            self.addr,
-            "PUT",
-            &path,
-            &[("Content-Type", image.manifest.media_type)],
-            &image.manifest.data,
-        )
-        .map_err(|source| RegistryError::Io {
-            context: format!("PUT {path}"),
-            source,
-        })?;
-        expect_status("PUT", &path, &response, 201)?;
-        Ok(())
-    }
-
-    fn push_blob(&self, repository: &str, blob: &Blob) -> Result<(), RegistryError> {
-        let io_err = |context: String| move |source| RegistryError::Io { context, source };
-        let blob_path = format!("/v2/{repository}/blobs/{}", blob.digest);
-        let head = request(self.addr, "HEAD", &blob_path, &[], &[])
-            .map_err(io_err(format!("HEAD {blob_path}")))?;
-        if head.status == 200 {
-            return Ok(());
-        }
-        let uploads = format!("/v2/{repository}/blobs/uploads/");
-        let started = request(self.addr, "POST", &uploads, &[], &[])
-            .map_err(io_err(format!("POST {uploads}")))?;
-        expect_status("POST", &uploads, &started, 202)?;
-        let location = started
-            .header("location")
-            .ok_or_else(|| RegistryError::Http {
-                method: "POST",
-                path: uploads.clone(),
-                status: started.status,
-                body: "no Location header".into(),
-            })?;
-        let location = path_of(location);
-        let separator = if location.contains('?') { '&' } else { '?' };
-        let digest = blob.digest.replace(':', "%3A");
-        let upload = format!("{location}{separator}digest={digest}");
-        let finished = request(
-            self.addr,
-            "PUT",
-            &upload,
-            &[("Content-Type", "application/octet-stream")],
-            &blob.data,
-        )
-        .map_err(io_err(format!("PUT {upload}")))?;
-        expect_status("PUT", &upload, &finished, 201)
+        push(self.addr, image, repository, tag)
     }
 
     /// Whether the registry serves a manifest for `repository:tag`.
@@ -222,6 +171,68 @@ impl Drop for Registry {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Pushes `image` as `repository:tag` to the registry at `addr` over plain HTTP (no
+/// authentication): every blob the registry lacks, then the manifest.
+pub fn push(
+    addr: SocketAddr,
+    image: &OciImage,
+    repository: &str,
+    tag: &str,
+) -> Result<(), RegistryError> {
+    for blob in image.layers.iter().chain([&image.config]) {
+        push_blob(addr, repository, blob)?;
+    }
+    let path = format!("/v2/{repository}/manifests/{tag}");
+    let response = request(
+        addr,
+        "PUT",
+        &path,
+        &[("Content-Type", image.manifest.media_type)],
+        &image.manifest.data,
+    )
+    .map_err(|source| RegistryError::Io {
+        context: format!("PUT {path}"),
+        source,
+    })?;
+    expect_status("PUT", &path, &response, 201)?;
+    Ok(())
+}
+
+fn push_blob(addr: SocketAddr, repository: &str, blob: &Blob) -> Result<(), RegistryError> {
+    let io_err = |context: String| move |source| RegistryError::Io { context, source };
+    let blob_path = format!("/v2/{repository}/blobs/{}", blob.digest);
+    let head =
+        request(addr, "HEAD", &blob_path, &[], &[]).map_err(io_err(format!("HEAD {blob_path}")))?;
+    if head.status == 200 {
+        return Ok(());
+    }
+    let uploads = format!("/v2/{repository}/blobs/uploads/");
+    let started =
+        request(addr, "POST", &uploads, &[], &[]).map_err(io_err(format!("POST {uploads}")))?;
+    expect_status("POST", &uploads, &started, 202)?;
+    let location = started
+        .header("location")
+        .ok_or_else(|| RegistryError::Http {
+            method: "POST",
+            path: uploads.clone(),
+            status: started.status,
+            body: "no Location header".into(),
+        })?;
+    let location = path_of(location);
+    let separator = if location.contains('?') { '&' } else { '?' };
+    let digest = blob.digest.replace(':', "%3A");
+    let upload = format!("{location}{separator}digest={digest}");
+    let finished = request(
+        addr,
+        "PUT",
+        &upload,
+        &[("Content-Type", "application/octet-stream")],
+        &blob.data,
+    )
+    .map_err(io_err(format!("PUT {upload}")))?;
+    expect_status("PUT", &upload, &finished, 201)
 }
 
 fn registry_config(addr: SocketAddr, storage: &Path) -> String {

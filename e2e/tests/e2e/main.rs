@@ -5,6 +5,7 @@ mod channel;
 mod chaos;
 mod chaos_kubeedge;
 mod churn;
+mod cloudcore_image;
 mod containerd_smoke;
 mod controllers;
 mod demo_cli;
