@@ -124,13 +124,13 @@ pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value
         }
         resources.push(r);
         for sub in &info.subresources {
-            let (g, v, k) = subresource_kind(info, sub);
+            let (g, v, k) = info.subresource_kind(sub);
             let mut s = json!({
                 "name": format!("{}/{sub}", info.plural),
                 "singularName": "",
                 "namespaced": info.namespaced,
                 "kind": k,
-                "verbs": subresource_verbs(sub),
+                "verbs": ResourceInfo::subresource_verbs(sub),
             });
             if g != info.group || v != info.version {
                 s["group"] = json!(g);
@@ -147,22 +147,6 @@ pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value
     Some(
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
     )
-}
-
-// `pods/portforward` is a connecter like exec and attach (GET and POST). Its kind and verbs
-// belong with theirs in `ResourceInfo`; they live here until resources.rs is free to change.
-fn subresource_kind(info: &ResourceInfo, sub: &str) -> (String, String, String) {
-    match sub {
-        "portforward" => (String::new(), "v1".into(), "PodPortForwardOptions".into()),
-        _ => info.subresource_kind(sub),
-    }
-}
-
-fn subresource_verbs(sub: &str) -> Vec<&'static str> {
-    match sub {
-        "portforward" => vec!["create", "get"],
-        _ => ResourceInfo::subresource_verbs(sub),
-    }
 }
 
 fn resource_discovery(info: &ResourceInfo) -> Value {
@@ -184,11 +168,11 @@ fn resource_discovery(info: &ResourceInfo) -> Value {
             info.subresources
                 .iter()
                 .map(|sub| {
-                    let (g, v, k) = subresource_kind(info, sub);
+                    let (g, v, k) = info.subresource_kind(sub);
                     json!({
                         "subresource": sub,
                         "responseKind": {"group": g, "version": v, "kind": k},
-                        "verbs": subresource_verbs(sub),
+                        "verbs": ResourceInfo::subresource_verbs(sub),
                     })
                 })
                 .collect(),

@@ -108,7 +108,8 @@ impl ResourceInfo {
             "status" | "scale" => vec!["get", "patch", "update"],
             "finalize" => vec!["update"],
             "log" => vec!["get"],
-            "exec" | "attach" => vec!["create", "get"],
+            // Connecters (GET and POST).
+            "exec" | "attach" | "portforward" => vec!["create", "get"],
             _ => vec!["create"],
         }
     }
@@ -124,6 +125,7 @@ impl ResourceInfo {
             "scale" => ("autoscaling".into(), "v1".into(), "Scale".into()),
             "exec" => (String::new(), "v1".into(), "PodExecOptions".into()),
             "attach" => (String::new(), "v1".into(), "PodAttachOptions".into()),
+            "portforward" => (String::new(), "v1".into(), "PodPortForwardOptions".into()),
             _ => (self.group.clone(), self.version.clone(), self.kind.clone()),
         }
     }
