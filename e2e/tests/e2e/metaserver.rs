@@ -247,6 +247,25 @@ async fn metaserver_serves_the_edge_online_offline_and_after_an_offline_restart(
     })
     .await;
     watch_task.abort();
+
+    // Online, a write through the MetaServer reaches the cluster (the node's own pod).
+    let (ok, _, err) = kubectl(
+        &env,
+        addr,
+        &["label", "pod", "ms-a", "-n", &ns, "via=metaserver"],
+    )
+    .await;
+    assert!(ok, "an online write through the MetaServer: {err}");
+    let labelled = env.pods().get("ms-a").await.expect("ms-a in the cluster");
+    assert_eq!(
+        labelled
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("via")
+            .map(String::as_str),
+        Some("metaserver")
+    );
     reflector_task.abort();
 
     // A kind the cloud does not push: read through the dynamic controller, then watched.
