@@ -82,6 +82,24 @@ pub async fn run_with(
     );
     let dynamic =
         dynamic::DynamicController::new(client.clone(), Arc::new(hub.clone()), shutdown.clone());
+    let dynamic_events = {
+        let (dynamic, mut events, stop) = (dynamic.clone(), hub.subscribe(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    ev = events.recv() => ev,
+                };
+                match ev {
+                    Ok(crate::cloudhub::NodeEvent::Disconnected { node, .. }) => {
+                        dynamic.node_disconnected(&node)
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => return,
+                }
+            }
+        })
+    };
     let handler = UpstreamHandler::new(client, hub, 64, metrics, services, location);
     loop {
         let up = tokio::select! {
@@ -119,6 +137,7 @@ pub async fn run_with(
         }
     }
     let _ = ds.await;
+    let _ = dynamic_events.await;
     let _ = devices_task.await;
     let _ = svc.await;
     let _ = fetcher.await;

@@ -41,7 +41,8 @@ pub struct Listeners {
     hub: Arc<dyn HubSink>,
     cancel: CancellationToken,
     by_resource: Registry,
-    watching: Mutex<HashSet<ResourceKey>>,
+    /// The running apiserver watches, stopped when their last registration goes.
+    watching: Mutex<HashMap<ResourceKey, CancellationToken>>,
 }
 
 fn resource_key(s: &Served) -> ResourceKey {
@@ -109,19 +110,59 @@ impl Listeners {
                 regs.retain(|(n, id), _| n != node || ids.contains(id));
             }
         }
+        self.stop_idle();
+    }
+
+    /// Drops every registration of `node` (it disconnected; its edge registers again, with a
+    /// watch sync, when it connects).
+    pub fn forget(&self, node: &str) {
+        if let Ok(mut m) = self.by_resource.lock() {
+            for regs in m.values_mut() {
+                regs.retain(|(n, _), _| n != node);
+            }
+        }
+        self.stop_idle();
+    }
+
+    /// Registrations in total.
+    #[cfg(test)]
+    fn count(&self) -> usize {
+        self.by_resource
+            .lock()
+            .map(|m| m.values().map(HashMap::len).sum())
+            .unwrap_or(0)
+    }
+
+    /// Stops the apiserver watches no registration uses any more.
+    fn stop_idle(&self) {
+        let Ok(mut m) = self.by_resource.lock() else {
+            return;
+        };
+        m.retain(|_, regs| !regs.is_empty());
+        if let Ok(mut watching) = self.watching.lock() {
+            watching.retain(|key, token| {
+                let used = m.contains_key(key);
+                if !used {
+                    token.cancel();
+                    tracing::debug!(resource = %key.2, "no edge watches this resource any more; its watch stopped");
+                }
+                used
+            });
+        }
     }
 
     fn ensure_watch(&self, key: ResourceKey, served: Served) {
         let Ok(mut watching) = self.watching.lock() else {
             return;
         };
-        if !watching.insert(key.clone()) {
+        if watching.contains_key(&key) {
             return;
         }
+        let cancel = self.cancel.child_token();
+        watching.insert(key.clone(), cancel.clone());
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &api_resource(&served));
         let regs = self.by_resource.clone();
         let hub = self.hub.clone();
-        let cancel = self.cancel.clone();
         tokio::spawn(async move {
             let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
             loop {
@@ -211,5 +252,90 @@ fn send(hub: &dyn HubSink, node: &str, op: Operation, served: &Served, value: Va
     .with_resource_version(rv);
     if let Err(e) = hub.send(node, msg) {
         tracing::debug!(%node, error = %e, "object for an edge watch not sent; sent again when the edge re-registers");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloudhub::queue::Enqueued;
+    use crate::cloudhub::{Capabilities, SendError};
+
+    struct NoHub;
+
+    impl HubSink for NoHub {
+        fn send(&self, node: &str, _msg: Message) -> Result<Enqueued, SendError> {
+            Err(SendError::NotConnected(node.to_string()))
+        }
+        fn is_connected(&self, _node: &str) -> bool {
+            false
+        }
+        fn connected_nodes(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn capabilities(&self, _node: &str) -> Option<Capabilities> {
+            None
+        }
+        fn disconnect(&self, _node: &str) -> bool {
+            false
+        }
+    }
+
+    fn served() -> Served {
+        Served {
+            group: String::new(),
+            version: "v1".into(),
+            plural: "services".into(),
+            kind: "Service".into(),
+            namespaced: true,
+        }
+    }
+
+    fn register(l: &Listeners, node: &str, id: &str) {
+        let listener = Listener {
+            id: id.into(),
+            node: node.into(),
+            served: served(),
+            namespace: None,
+            label_selector: String::new(),
+            field_selector: String::new(),
+        };
+        l.by_resource
+            .lock()
+            .unwrap()
+            .entry(resource_key(&served()))
+            .or_default()
+            .insert(
+                (node.into(), id.into()),
+                Registered {
+                    listener,
+                    filter: Filter::default(),
+                },
+            );
+    }
+
+    #[tokio::test]
+    async fn registrations_of_gone_edges_are_dropped_and_idle_watches_stopped() {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let l = Listeners::new(client, Arc::new(NoHub), CancellationToken::new());
+        register(&l, "a", "w1");
+        register(&l, "a", "w2");
+        register(&l, "b", "w3");
+        let token = CancellationToken::new();
+        l.watching
+            .lock()
+            .unwrap()
+            .insert(resource_key(&served()), token.clone());
+        l.retain("a", &["w1".to_string()]);
+        assert_eq!(l.count(), 2, "a's w2 is gone, w1 and b's w3 stay");
+        l.forget("a");
+        assert_eq!(l.count(), 1);
+        assert!(!token.is_cancelled(), "b still watches services");
+        l.forget("b");
+        assert_eq!(l.count(), 0);
+        assert!(token.is_cancelled(), "the idle apiserver watch is stopped");
+        assert!(l.watching.lock().unwrap().is_empty());
     }
 }

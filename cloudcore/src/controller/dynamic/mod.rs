@@ -88,6 +88,14 @@ impl DynamicController {
         }
     }
 
+    /// Forgets the watch registrations of a node that disconnected (unless it is connected
+    /// again already): nothing is kept for edges that never come back.
+    pub fn node_disconnected(&self, node: &str) {
+        if !self.inner.hub.is_connected(node) {
+            self.inner.listeners.forget(node);
+        }
+    }
+
     /// Handles one message of an edge's MetaServer (in a task of its own).
     pub fn dispatch(&self, node: String, msg: Message) {
         let this = self.clone();
