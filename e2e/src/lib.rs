@@ -2,6 +2,7 @@
 
 /// The in-memory Kubernetes API server (its own crate, `kube-memserver`).
 pub use kube_memserver as apiserver;
+pub mod bench;
 pub mod channel;
 pub mod cloud;
 pub mod cloudcore_image;

@@ -17,6 +17,7 @@
 
 use anyhow::Context;
 use e2e::apiserver::{ApiServer, Config};
+use e2e::bench::env_usize;
 use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;
 use e2e::devices;
@@ -33,13 +34,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn device(name: &str, node: &str) -> Value {
     let prop = |n: &str, offset: u16| {

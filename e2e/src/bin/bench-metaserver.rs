@@ -14,6 +14,7 @@
 
 use anyhow::Context;
 use e2e::apiserver::{ApiServer, Config};
+use e2e::bench::{env_usize, percentile};
 use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;
 use e2e::process::LoggedProcess;
@@ -49,13 +50,6 @@ impl CloudLink for Offline {
     }
 }
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn pod_json(name: &str, node: &str, rv: u64) -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
@@ -64,11 +58,6 @@ fn pod_json(name: &str, node: &str, rv: u64) -> serde_json::Value {
         "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox",
                  "command": ["sleep", "3600"], "resources": {"requests": {"cpu": "10m"}}}]},
         "status": {"phase": "Running", "podIP": "10.88.0.5"}})
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(i).copied().unwrap_or_default()
 }
 
 async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<usize> {

@@ -521,6 +521,18 @@ pub fn uid_selector(uid: &str) -> HashMap<String, String> {
     HashMap::from([(LABEL_POD_UID.to_string(), uid.to_string())])
 }
 
+/// The labels of a pod's sandboxes and containers by namespace and name (and UID, if given).
+pub fn pod_selector(namespace: &str, pod: &str, uid: Option<&str>) -> HashMap<String, String> {
+    let mut selector = HashMap::from([
+        (LABEL_POD_NAMESPACE.to_string(), namespace.to_string()),
+        (LABEL_POD_NAME.to_string(), pod.to_string()),
+    ]);
+    if let Some(uid) = uid {
+        selector.insert(LABEL_POD_UID.to_string(), uid.to_string());
+    }
+    selector
+}
+
 impl Runtime {
     /// Observes one pod: its sandboxes (with the newest one's IPs) and its containers (with
     /// their exit codes and times).

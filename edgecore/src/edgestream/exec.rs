@@ -8,12 +8,9 @@
 
 use super::sender::TunnelSender;
 use crate::cri::api;
-use crate::cri::runtime::{
-    LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime,
-};
+use crate::cri::runtime::{LABEL_CONTAINER_NAME, Runtime, pod_selector};
 use kubeedge_shared::stream::http::request_head;
 use kubeedge_shared::stream::{Connector, parse_query};
-use std::collections::HashMap;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -140,15 +137,8 @@ pub fn error_response(r: &Refusal) -> Vec<u8> {
 
 /// The running container the request names (the newest, if restarts left several).
 async fn running_container(runtime: &Runtime, r: &StreamRequest) -> Result<String, Refusal> {
-    let mut selector = HashMap::from([
-        (LABEL_POD_NAMESPACE.to_string(), r.namespace.clone()),
-        (LABEL_POD_NAME.to_string(), r.pod.clone()),
-    ]);
-    if let Some(uid) = &r.uid {
-        selector.insert(LABEL_POD_UID.to_string(), uid.clone());
-    }
     let all = runtime
-        .list_containers(selector)
+        .list_containers(pod_selector(&r.namespace, &r.pod, r.uid.as_deref()))
         .await
         .map_err(|e| Refusal(500, format!("listing containers of pod {}: {e}", r.pod)))?;
     if all.is_empty() {

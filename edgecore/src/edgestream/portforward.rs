@@ -15,9 +15,8 @@
 use super::exec::{Refusal, Upgrade};
 use super::sender::TunnelSender;
 use crate::cri::api;
-use crate::cri::runtime::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, Runtime};
+use crate::cri::runtime::{Runtime, pod_selector};
 use kubeedge_shared::stream::{Connector, parse_query};
-use std::collections::HashMap;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -93,15 +92,8 @@ fn parse_port(value: &str, p: &str) -> Result<u16, Refusal> {
 
 /// The ready sandbox of the pod (the newest, should several exist).
 async fn ready_sandbox(runtime: &Runtime, r: &PortForwardRequest) -> Result<String, Refusal> {
-    let mut selector = HashMap::from([
-        (LABEL_POD_NAMESPACE.to_string(), r.namespace.clone()),
-        (LABEL_POD_NAME.to_string(), r.pod.clone()),
-    ]);
-    if let Some(uid) = &r.uid {
-        selector.insert(LABEL_POD_UID.to_string(), uid.clone());
-    }
     let all = runtime
-        .list_sandboxes(selector)
+        .list_sandboxes(pod_selector(&r.namespace, &r.pod, r.uid.as_deref()))
         .await
         .map_err(|e| Refusal(500, format!("listing sandboxes of pod {}: {e}", r.pod)))?;
     if all.is_empty() {

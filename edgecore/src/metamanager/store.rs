@@ -400,9 +400,7 @@ impl MetaStore {
     pub async fn cache_objects(&self, objects: Vec<Value>) -> Result<(), StoreError> {
         self.call(move |conn| {
             for obj in &objects {
-                if let Some(record) = cache_record(obj)
-                    && !OWNED_ELSEWHERE.contains(&record.resource_type.as_str())
-                {
+                if let Some(record) = cache_record(obj) {
                     upsert_object_in(conn, &record)?;
                 }
             }
@@ -442,7 +440,6 @@ impl MetaStore {
                     continue;
                 }
                 if let Some(record) = cache_record(&obj)
-                    && !OWNED_ELSEWHERE.contains(&record.resource_type.as_str())
                     && delete_key_in(conn, &record.key)?
                 {
                     removed += 1;
@@ -471,9 +468,7 @@ impl MetaStore {
     /// Removes one cached object (the cloud deleted it on the MetaServer's request).
     pub async fn uncache(&self, obj: Value) -> Result<(), StoreError> {
         self.call(move |conn| {
-            if let Some(record) = cache_record(&obj)
-                && !OWNED_ELSEWHERE.contains(&record.resource_type.as_str())
-            {
+            if let Some(record) = cache_record(&obj) {
                 delete_key_in(conn, &record.key)?;
             }
             Ok(())
@@ -958,9 +953,10 @@ const OWNED_ELSEWHERE: &[&str] = &[
     "node",
 ];
 
-/// The `meta` row of an object the cloud's dynamic controller would send: KubeEdge's resource
-/// `<ns or null>/<lower-case kind>/<name>` and type.
-pub fn cache_record(obj: &Value) -> Option<MetaRecord> {
+/// The `meta` row of an object the MetaServer may cache, as the cloud's dynamic controller
+/// would send it: KubeEdge's resource `<ns or null>/<lower-case kind>/<name>` and type. `None`
+/// for objects without kind or name and for kinds other modules own.
+fn cache_record(obj: &Value) -> Option<MetaRecord> {
     let kind = obj.get("kind")?.as_str()?.to_ascii_lowercase();
     let name = obj.pointer("/metadata/name")?.as_str()?;
     let ns = obj
@@ -968,7 +964,7 @@ pub fn cache_record(obj: &Value) -> Option<MetaRecord> {
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
         .unwrap_or("null");
-    if kind.is_empty() || name.is_empty() {
+    if kind.is_empty() || name.is_empty() || OWNED_ELSEWHERE.contains(&kind.as_str()) {
         return None;
     }
     Some(MetaRecord::new(

@@ -2,6 +2,7 @@
 //! the legacy `/watch/` prefix) and the query options of get, list and watch.
 
 use http::Method;
+use kubeedge_shared::stream::parse_query;
 
 /// The verb, as the apiserver's request-info resolver names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,7 +208,7 @@ pub struct Options {
 impl Options {
     pub fn parse(query: Option<&str>) -> Result<Options, String> {
         let mut o = Options::default();
-        for (k, v) in form_pairs(query.unwrap_or("")) {
+        for (k, v) in parse_query(query.unwrap_or("")) {
             let flag = || matches!(v.as_str(), "true" | "1");
             match k.as_str() {
                 "watch" => o.watch = flag(),
@@ -240,42 +241,6 @@ impl Options {
                 .map_err(|_| format!("resourceVersion: invalid value {rv:?}")),
         }
     }
-}
-
-/// `application/x-www-form-urlencoded` pairs, percent- and `+`-decoded.
-pub fn form_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
-}
-
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Which representation the client accepts.
@@ -386,7 +351,7 @@ mod tests {
         assert!(Options::parse(Some("timeoutSeconds=x")).is_err());
         let o = Options::parse(Some("resourceVersion=abc")).unwrap();
         assert!(o.resource_version_number().is_err());
-        assert_eq!(decode("%zz%4"), "%zz%4");
+        assert_eq!(kubeedge_shared::stream::query_unescape("%zz%4"), "%zz%4");
     }
 
     #[test]

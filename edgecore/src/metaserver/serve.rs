@@ -103,7 +103,6 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
             "only application/json is served by the MetaServer (no protobuf)",
         );
     }
-    let kinds = kinds::all(&sh.store.v2_resources().await.unwrap_or_default());
     match target {
         Target::Version => json_response(StatusCode::OK, &version()),
         Target::Health => {
@@ -122,6 +121,7 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
             if let Some(v) = discovery_from_cloud(&sh, &path).await {
                 return json_response(StatusCode::OK, &v);
             }
+            let kinds = known_kinds(&sh).await;
             let local = match &target {
                 Target::Groups => Some(kinds::group_list(&kinds)),
                 Target::Group(g) => kinds::group(&kinds, g),
@@ -136,10 +136,16 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
             }
         }
         Target::Resource(r) => {
+            let kinds = known_kinds(&sh).await;
             let kind = kinds::find(&kinds, &r.group, &r.version, &r.resource).cloned();
             resource(sh, r, kind, opts, repr, req).await
         }
     }
+}
+
+/// The built-in kinds and those the database holds objects of (one query).
+async fn known_kinds<L: CloudLink>(sh: &Shared<L>) -> Vec<Kind> {
+    kinds::all(&sh.store.v2_resources().await.unwrap_or_default())
 }
 
 /// The cloud's discovery document at `path` (the whole cluster's kinds, custom resources
@@ -199,7 +205,7 @@ async fn resource<L: CloudLink>(
             "deletecollection is not supported by the MetaServer; delete objects one by one",
         ),
         Verb::Get | Verb::List | Verb::Watch => read(sh, r, kind, opts, repr).await,
-        _ => write(sh, r, kind, opts, req).await,
+        _ => write(sh, r, kind, req).await,
     }
 }
 
@@ -229,14 +235,16 @@ async fn read<L: CloudLink>(
     }
     let held = kind.as_ref().is_some_and(|k| k.held);
     if r.verb == Verb::Watch {
-        if !held {
-            register_watch(&sh, &r, &opts).await;
-        }
-        return watch(sh, r, kind, opts, filter, repr).await;
+        let registered = if held {
+            None
+        } else {
+            Some(register_watch(&sh, &r, &opts).await)
+        };
+        return watch(sh, r, kind, opts, filter, repr, registered).await;
     }
     if !held && sh.link.is_connected() {
         match from_cloud(&sh, &r, &opts, &filter).await {
-            Ok(Answer::Ok(v)) => return render(&r, kind.as_ref(), v, &opts, repr),
+            Ok(Answer::Ok(v)) => return render(&r, v, &opts, repr),
             Ok(Answer::Refused(s)) => {
                 let code = s["code"].as_u64().unwrap_or(500) as u16;
                 return json_response(
@@ -259,7 +267,7 @@ async fn read<L: CloudLink>(
             };
             match sh.store.get_v2(&key).await {
                 Ok(Some(v)) => match serde_json::from_str::<Value>(&v) {
-                    Ok(obj) => render(&r, kind.as_ref(), obj, &opts, repr),
+                    Ok(obj) => render(&r, obj, &opts, repr),
                     Err(_) => status(500, "InternalError", "the stored object is not JSON"),
                 },
                 Ok(None) => status(
@@ -497,14 +505,18 @@ fn application<L: CloudLink>(
 
 /// Registers (once per identical watch) a watch of a kind the cloud does not push: the
 /// cloud then sends its objects and their changes, which are stored and reach the watch.
-async fn register_watch<L: CloudLink>(sh: &Arc<Shared<L>>, r: &ResourceRequest, opts: &Options) {
+/// Returns the registration's Application ID (the watch gives it back when it ends).
+async fn register_watch<L: CloudLink>(
+    sh: &Arc<Shared<L>>,
+    r: &ResourceRequest,
+    opts: &Options,
+) -> String {
     let mut o = list_options(opts);
     if let Some(map) = o.as_object_mut() {
         map.remove("resourceVersion");
     }
-    let mut watch_req = r.clone();
-    watch_req.verb = Verb::Watch;
-    let app = application(sh, &watch_req, o, Vec::new(), "");
+    let app = application(sh, r, o, Vec::new(), "");
+    let id = app.id.clone();
     if sh.regs.add(&app) && sh.link.is_connected() {
         let sh = sh.clone();
         tokio::spawn(async move {
@@ -513,15 +525,10 @@ async fn register_watch<L: CloudLink>(sh: &Arc<Shared<L>>, r: &ResourceRequest, 
             }
         });
     }
+    id
 }
 
-fn render(
-    r: &ResourceRequest,
-    kind: Option<&Kind>,
-    v: Value,
-    opts: &Options,
-    repr: Representation,
-) -> Response<Body> {
+fn render(r: &ResourceRequest, v: Value, opts: &Options, repr: Representation) -> Response<Body> {
     if repr != Representation::Table {
         return json_response(StatusCode::OK, &v);
     }
@@ -534,7 +541,6 @@ fn render(
         Some(items) => items.clone(),
         None => vec![v],
     };
-    let _ = kind;
     json_response(
         StatusCode::OK,
         &table::table(&r.resource, &objects, &rv, opts.include_object.as_deref()),
@@ -652,6 +658,7 @@ async fn watch<L: CloudLink>(
     opts: Options,
     filter: Filter,
     repr: Representation,
+    registered: Option<String>,
 ) -> Response<Body> {
     let scope = WatchScope {
         resource: r.key_prefix(),
@@ -720,15 +727,6 @@ async fn watch<L: CloudLink>(
         .unwrap_or(DEFAULT_WATCH_TIMEOUT);
     let bookmarks = opts.allow_watch_bookmarks;
     let (api_version, kind_name) = api_version_kind(&r, kind.as_ref());
-    let registered = (!kind.as_ref().is_some_and(|k| k.held)).then(|| {
-        let mut o = list_options(&opts);
-        if let Some(map) = o.as_object_mut() {
-            map.remove("resourceVersion");
-        }
-        let mut wr = r.clone();
-        wr.verb = Verb::Watch;
-        application(&sh, &wr, o, Vec::new(), "").id
-    });
     let cancel = sh.cancel.clone();
     tokio::spawn(async move {
         let mut changes = sh.feed.subscribe();
@@ -834,10 +832,8 @@ async fn write<L: CloudLink>(
     sh: Arc<Shared<L>>,
     r: ResourceRequest,
     kind: Option<Kind>,
-    opts: Options,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let _ = opts;
     if !sh.link.is_connected() {
         return status(
             503,
@@ -855,7 +851,7 @@ async fn write<L: CloudLink>(
         .map(|s| s.split(';').next().unwrap_or_default().trim().to_string())
         .unwrap_or_default();
     let query_options: Value = Value::Object(
-        request::form_pairs(req.uri().query().unwrap_or(""))
+        kubeedge_shared::stream::parse_query(req.uri().query().unwrap_or(""))
             .into_iter()
             .filter(|(k, _)| {
                 matches!(

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::{
-    PodIndex, PodName, batch, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active,
-    pod_ready, record_event, set_condition, write_status,
+    PodName, batch, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active, pod_ready,
+    record_event, set_condition, sync_owners, write_status,
 };
 use crate::meta::{now, now_time, parse_time, set_path};
 use crate::resources::ResourceInfo;
@@ -26,18 +26,9 @@ const COMPONENT: &str = "job-controller";
 const BURST: usize = 500;
 
 pub fn pass(st: &State) {
-    let Some(info) = batch(st, "jobs") else {
-        return;
-    };
-    let all = st.table(&info).all();
-    if all.is_empty() {
-        return;
-    }
-    let pods = PodIndex::build(st);
-    for job in all {
-        let ns_pods = pods.candidates(&job);
-        sync(st, &info, &job.value(), &ns_pods);
-    }
+    sync_owners(st, batch(st, "jobs"), |info, v, pods| {
+        sync(st, info, v, pods)
+    });
 }
 
 fn finished(job: &Value) -> bool {

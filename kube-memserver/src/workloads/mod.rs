@@ -545,6 +545,27 @@ pub fn int(v: &Value, default: i64) -> i64 {
 
 /// The pods, indexed once per pass by owner uid (and the ownerless ones by namespace), so that
 /// a controller looks only at its own pods and the orphans it might adopt.
+/// Runs a controller's `sync` for every object of `info`'s kind, with the pods that may be its
+/// own (one pod index per pass; nothing is read when there is no such object).
+pub fn sync_owners(
+    st: &State,
+    info: Option<Arc<ResourceInfo>>,
+    mut sync: impl FnMut(&ResourceInfo, &Value, &[Arc<Obj>]),
+) {
+    let Some(info) = info else {
+        return;
+    };
+    let all = st.table(&info).all();
+    if all.is_empty() {
+        return;
+    }
+    let pods = PodIndex::build(st);
+    for owner in all {
+        let candidates = pods.candidates(&owner);
+        sync(&info, &owner.value(), &candidates);
+    }
+}
+
 pub struct PodIndex {
     by_owner: std::collections::HashMap<String, Vec<Arc<Obj>>>,
     orphans: std::collections::HashMap<String, Vec<Arc<Obj>>>,

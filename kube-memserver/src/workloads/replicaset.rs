@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::{
-    PodIndex, PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active,
-    pod_available, pod_ready, record_event, set_condition, write_status,
+    PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, pod_active,
+    pod_available, pod_ready, record_event, set_condition, sync_owners, write_status,
 };
 use crate::resources::ResourceInfo;
 use crate::state::State;
@@ -20,19 +20,9 @@ const COMPONENT: &str = "replicaset-controller";
 const BURST: usize = 500;
 
 pub fn pass(st: &State) {
-    let Some(info) = apps(st, "replicasets") else {
-        return;
-    };
-    let all = st.table(&info).all();
-    if all.is_empty() {
-        return;
-    }
-    let pods = PodIndex::build(st);
-    for rs in all {
-        let v = rs.value();
-        let ns_pods = pods.candidates(&rs);
-        sync(st, &info, &v, &ns_pods);
-    }
+    sync_owners(st, apps(st, "replicasets"), |info, v, pods| {
+        sync(st, info, v, pods)
+    });
 }
 
 /// Deletion preference (`ActivePods` ordering): smaller sorts first and goes first.

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::{
-    PodIndex, PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int,
-    pod_available, pod_ready, record_event, revisions, write_status,
+    PodName, apps, claim_pods, controller_ref, create_pod, delete_pod, int, pod_available,
+    pod_ready, record_event, revisions, sync_owners, write_status,
 };
 use crate::meta::set_path;
 use crate::resources::ResourceInfo;
@@ -26,18 +26,9 @@ const COMPONENT: &str = "statefulset-controller";
 const BURST: usize = 500;
 
 pub fn pass(st: &State) {
-    let Some(info) = apps(st, "statefulsets") else {
-        return;
-    };
-    let all = st.table(&info).all();
-    if all.is_empty() {
-        return;
-    }
-    let pods = PodIndex::build(st);
-    for sts in all {
-        let ns_pods = pods.candidates(&sts);
-        sync(st, &info, &sts.value(), &ns_pods);
-    }
+    sync_owners(st, apps(st, "statefulsets"), |info, v, pods| {
+        sync(st, info, v, pods)
+    });
 }
 
 fn ordinal(sts_name: &str, pod: &Value) -> Option<i64> {

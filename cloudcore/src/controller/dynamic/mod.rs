@@ -346,7 +346,13 @@ impl DynamicController {
                 "application/json",
                 serde_json::to_vec(&options).unwrap_or_default(),
             )?,
-            _ => unreachable_verb()?,
+            other => {
+                return Err(StatusError::new(
+                    405,
+                    "MethodNotAllowed",
+                    format!("verb {other:?} is not supported by the dynamic controller"),
+                ));
+            }
         };
         let mut out = self.call(req).await?;
         normalise(&mut out, &served);
@@ -420,14 +426,6 @@ fn is_discovery_path(path: &str) -> bool {
         segs.as_slice(),
         ["version"] | ["api"] | ["apis"] | ["api", _] | ["apis", _] | ["apis", _, _]
     )
-}
-
-fn unreachable_verb() -> Result<ApiRequest, StatusError> {
-    Err(StatusError::new(
-        405,
-        "MethodNotAllowed",
-        "unsupported verb",
-    ))
 }
 
 fn get_request(path: &str) -> Result<ApiRequest, StatusError> {
