@@ -241,6 +241,21 @@ impl CertificateAuthority {
         self.sign_csr_params(csr, dn, days, ekus)
     }
 
+    /// Signs a PEM CSR as a cluster's `kubernetes.io/kubelet-serving` signer does: the
+    /// CSR's subject and IP/DNS names kept, EKU serverAuth, `days` validity. PEM out.
+    pub fn sign_serving_csr_pem(&self, csr_pem: &str, days: i64) -> Result<String, PkiError> {
+        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
+        csr.params.is_ca = IsCa::NoCa;
+        csr.params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        csr.params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        csr.params.serial_number = Some(serial());
+        validity(&mut csr.params, days)?;
+        Ok(csr.signed_by(&self.issuer)?.pem())
+    }
+
     fn sign_csr_params(
         &self,
         mut csr: CertificateSigningRequestParams,
@@ -477,6 +492,70 @@ fn pem_body(pem: &str) -> Option<Vec<u8>> {
         .next()?
         .ok()
         .map(|c| c.to_vec())
+}
+
+/// A key and a PEM CSR for the node's MetaServer serving certificate, as KubeEdge v1.17 asks
+/// for it (`CN=system:node:<node>, O=system:nodes`, the listeners' IPs as SANs), for signer
+/// `kubernetes.io/kubelet-serving`.
+pub fn serving_csr(node: &str, ips: &[IpAddr]) -> Result<(String, KeyPair), PkiError> {
+    let key = new_key()?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(
+        DnType::OrganizationName,
+        crate::constants::NODE_ORGANIZATION,
+    );
+    dn.push(
+        DnType::CommonName,
+        format!("{}{node}", crate::constants::NODE_CN_PREFIX),
+    );
+    params.distinguished_name = dn;
+    params.subject_alt_names = ips.iter().map(|ip| SanType::IpAddress(*ip)).collect();
+    let csr = params.serialize_request(&key)?;
+    Ok((csr.pem()?, key))
+}
+
+/// What a PEM CSR asks for (its signature verified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsrRequest {
+    pub common_name: Option<String>,
+    pub organizations: Vec<String>,
+    pub dns_names: Vec<String>,
+    pub ips: Vec<IpAddr>,
+    /// SANs that are neither DNS names nor IPs (e-mail, URI, other).
+    pub other_sans: usize,
+}
+
+pub fn inspect_csr_pem(pem: &str) -> Result<CsrRequest, PkiError> {
+    let csr = CertificateSigningRequestParams::from_pem(pem)
+        .map_err(|e| PkiError::Invalid(format!("not a PEM PKCS#10 CSR: {e}")))?;
+    let mut out = CsrRequest {
+        common_name: None,
+        organizations: Vec::new(),
+        dns_names: Vec::new(),
+        ips: Vec::new(),
+        other_sans: 0,
+    };
+    let text = |v: &rcgen::DnValue| match v {
+        rcgen::DnValue::PrintableString(s) => s.to_string(),
+        rcgen::DnValue::Utf8String(s) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    for (ty, value) in csr.params.distinguished_name.iter() {
+        match ty {
+            DnType::CommonName => out.common_name = Some(text(value)),
+            DnType::OrganizationName => out.organizations.push(text(value)),
+            _ => {}
+        }
+    }
+    for san in &csr.params.subject_alt_names {
+        match san {
+            SanType::DnsName(d) => out.dns_names.push(d.to_string()),
+            SanType::IpAddress(ip) => out.ips.push(*ip),
+            _ => out.other_sans += 1,
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

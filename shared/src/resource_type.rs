@@ -73,6 +73,9 @@ resource_types! {
     Membership => "membership",
     Twin => "twin",
     Inventory => "inventory",
+    CertificateSigningRequest => "certificatesigningrequest",
+    // `k8s/ca.crt`: the edge asks for the cluster CA (KubeEdge v1.17 MetaServer).
+    KubeCa => "ca.crt",
 }
 
 impl ResourceType {
@@ -86,6 +89,8 @@ impl ResourceType {
                 | ResourceType::PodStatus
                 | ResourceType::NodeStatus
                 | ResourceType::ServiceAccountToken
+                | ResourceType::CertificateSigningRequest
+                | ResourceType::KubeCa
         )
     }
 }

@@ -11,6 +11,7 @@ pub mod objectsync;
 pub mod refs;
 pub mod rest;
 pub mod services;
+pub mod serving_certs;
 pub mod upstream;
 
 use crate::cloudhub::{CloudHub, Upstream};
@@ -165,4 +166,12 @@ pub fn parse_inventory(up: &Upstream) -> Result<Vec<HeldObject>, String> {
             })
         })
         .collect())
+}
+
+/// Now, RFC 3339 in whole seconds (as the apiserver writes times).
+pub(crate) fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
 }

@@ -62,6 +62,18 @@ pub fn patch(
     })
 }
 
+/// `PUT` subresource `sub` of an object (e.g. a CSR's `approval`).
+pub fn replace_subresource(
+    kind: Kind,
+    ns: Option<&str>,
+    name: &str,
+    sub: &str,
+    body: &Value,
+) -> Result<ApiRequest, kube::Error> {
+    let r = requests(kind, ns);
+    built(r.replace_subresource(sub, name, &PostParams::default(), json_bytes(body)))
+}
+
 /// `POST` to subresource `sub` of an object (e.g. a service account's `token`).
 pub fn create_subresource(
     kind: Kind,
@@ -114,6 +126,7 @@ pub enum Kind {
     Service,
     Endpoints,
     EndpointSlice,
+    CertificateSigningRequest,
 }
 
 impl Kind {
@@ -157,13 +170,19 @@ impl Kind {
             Kind::Service => ("/api/v1", "services"),
             Kind::Endpoints => ("/api/v1", "endpoints"),
             Kind::EndpointSlice => ("/apis/discovery.k8s.io/v1", "endpointslices"),
+            Kind::CertificateSigningRequest => {
+                ("/apis/certificates.k8s.io/v1", "certificatesigningrequests")
+            }
         }
     }
 
     pub fn namespaced(self) -> bool {
         !matches!(
             self,
-            Kind::Node | Kind::PersistentVolume | Kind::VolumeAttachment
+            Kind::Node
+                | Kind::PersistentVolume
+                | Kind::VolumeAttachment
+                | Kind::CertificateSigningRequest
         )
     }
 
@@ -203,6 +222,9 @@ impl Kind {
             Kind::Service => ("v1", "Service"),
             Kind::Endpoints => ("v1", "Endpoints"),
             Kind::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSlice"),
+            Kind::CertificateSigningRequest => {
+                ("certificates.k8s.io/v1", "CertificateSigningRequest")
+            }
         }
     }
 }

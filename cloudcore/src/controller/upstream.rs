@@ -5,6 +5,7 @@ use super::node_fields;
 use super::node_restriction::{self, Verdict};
 use super::rest::{self, ApiRequest, Kind, call_retrying, status_error, with_type_meta};
 use super::services::ServiceCache;
+use super::serving_certs;
 use crate::cloudhub::{CloudHub, Upstream};
 use crate::metrics::{ControllerMetrics, OperationLabel};
 use kube::api::Patch;
@@ -136,6 +137,7 @@ impl UpstreamHandler {
                 | RT::EndpointsList
                 | RT::Lease
                 | RT::Event
+                | RT::CertificateSigningRequest
         );
         if let Some(why) = [ns, name]
             .into_iter()
@@ -187,6 +189,13 @@ impl UpstreamHandler {
                 self.query(Kind::VolumeAttachment, None, name).await
             }
             (RT::ServiceAccountToken, Operation::Query) => self.token(ns, name, msg).await,
+            (RT::CertificateSigningRequest, Operation::Insert) => {
+                self.csr_create(&up.node, msg).await
+            }
+            (RT::CertificateSigningRequest, Operation::Query) => {
+                self.csr_query(&up.node, name).await
+            }
+            (RT::KubeCa, Operation::Query) => self.kube_ca().await,
             (RT::Service, Operation::Query) => self.cached(Kind::Service, ns, name).await,
             (RT::Endpoints, Operation::Query) => self.cached(Kind::Endpoints, ns, name).await,
             (RT::EndpointSlice, Operation::Query) => {
@@ -560,6 +569,97 @@ impl UpstreamHandler {
         let req = rest::create_subresource(Kind::ServiceAccount, ns, name, "token", &body);
         match self.api(req).await {
             Ok(tr) => Reply::bare(tr, None),
+            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+        }
+    }
+
+    /// A MetaServer serving-certificate request: created (the object's own name or
+    /// `generateName`), approved when it is this node's kubelet-serving request, answered
+    /// as KubeEdge's `ObjectResp`.
+    async fn csr_create(&self, node: &str, msg: &Message) -> Reply {
+        let body = match object_content(msg, Kind::CertificateSigningRequest) {
+            Ok(b) => b,
+            Err(e) => return Reply::object_err(*e),
+        };
+        if let Err(why) = serving_certs::check(node, &body) {
+            tracing::warn!(node, %why, "certificate signing request refused");
+            return Reply::object_err(StatusError::new(403, "Forbidden", why));
+        }
+        let created = match self
+            .api(rest::create(Kind::CertificateSigningRequest, None, &body))
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => return Reply::object_err(status_error(&e)),
+        };
+        let Some(name) = created["metadata"]["name"].as_str().map(str::to_string) else {
+            return Reply::object(with_type_meta(created, Kind::CertificateSigningRequest));
+        };
+        if serving_certs::decided(&created) {
+            return Reply::object(with_type_meta(created, Kind::CertificateSigningRequest));
+        }
+        let approval = serving_certs::approved(created);
+        let req = rest::replace_subresource(
+            Kind::CertificateSigningRequest,
+            None,
+            &name,
+            "approval",
+            &approval,
+        );
+        match self.api(req).await {
+            Ok(obj) => {
+                tracing::info!(node, csr = %name, "MetaServer serving certificate request approved");
+                Reply::object(with_type_meta(obj, Kind::CertificateSigningRequest))
+            }
+            Err(e) => Reply::object_err(status_error(&e)),
+        }
+    }
+
+    /// A CSR read back by the node that sent it (others' are refused).
+    async fn csr_query(&self, node: &str, name: Option<&str>) -> Reply {
+        let Some(name) = name else {
+            return Reply::bare(
+                StatusError::new(400, "BadRequest", "a CSR query needs a name").to_value(),
+                None,
+            );
+        };
+        match self
+            .api(rest::get(Kind::CertificateSigningRequest, None, name))
+            .await
+        {
+            Ok(csr) if serving_certs::requested_node(&csr).as_deref() == Some(node) => {
+                Reply::bare(with_type_meta(csr, Kind::CertificateSigningRequest), None)
+            }
+            Ok(_) => Reply::bare(
+                StatusError::new(
+                    403,
+                    "Forbidden",
+                    format!("certificate signing request {name} is not node {node}'s"),
+                )
+                .to_value(),
+                None,
+            ),
+            Err(e) => Reply::bare(status_error(&e).to_value(), None),
+        }
+    }
+
+    /// `k8s/ca.crt`: the cluster CA as a PEM string (KubeEdge's cloudhub answers it from its
+    /// kubeconfig's CA file; here from the `kube-root-ca.crt` ConfigMap, the same CA).
+    async fn kube_ca(&self) -> Reply {
+        let (ns, name) = serving_certs::ROOT_CA_CONFIGMAP;
+        match self.api(rest::get(Kind::ConfigMap, Some(ns), name)).await {
+            Ok(cm) => match serving_certs::ca_from_configmap(&cm) {
+                Some(pem) => Reply::bare(Value::String(pem), None),
+                None => Reply::bare(
+                    StatusError::new(
+                        500,
+                        "InternalError",
+                        format!("ConfigMap {ns}/{name} has no ca.crt"),
+                    )
+                    .to_value(),
+                    None,
+                ),
+            },
             Err(e) => Reply::bare(status_error(&e).to_value(), None),
         }
     }

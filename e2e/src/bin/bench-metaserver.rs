@@ -94,6 +94,7 @@ async fn in_process(objects: usize) -> anyhow::Result<()> {
             remote_timeout: Duration::from_secs(10),
             bookmark_interval: Duration::from_secs(60),
             limits: Limits::default(),
+            secure: None,
         },
         store.clone(),
         Offline(tokio::sync::broadcast::channel(4).0),

@@ -213,6 +213,9 @@ pub struct MetaServer {
     pub api_audiences: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub service_account_key_files: Vec<String>,
+    /// The second HTTPS listener, on a dummy interface, that pods reach as
+    /// `KUBERNETES_SERVICE_HOST:PORT` (KubeEdge v1.17; with `requireAuthorization`).
+    pub dummy_server: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -483,6 +486,7 @@ impl Default for MetaServer {
             service_account_issuers: vec!["https://kubernetes.default.svc.cluster.local".into()],
             api_audiences: Vec::new(),
             service_account_key_files: Vec::new(),
+            dummy_server: "169.254.30.10:10550".into(),
         }
     }
 }

@@ -76,6 +76,31 @@ pub struct PodContext {
     pub allocatable_cpu_milli: i128,
     pub allocatable_memory: i128,
     pub allocatable_ephemeral: i128,
+    /// Variables every container gets first (the `kubernetes` service's), overridable.
+    pub service_env: Vec<(String, String)>,
+}
+
+/// The variables the kubelet derives from the `default/kubernetes` service, pointing at
+/// `addr` (the MetaServer's dummy address): what in-cluster clients read.
+pub fn master_service_env(addr: std::net::SocketAddr) -> Vec<(String, String)> {
+    let (host, port) = (addr.ip().to_string(), addr.port().to_string());
+    let url_host = if addr.is_ipv6() {
+        format!("[{host}]")
+    } else {
+        host.clone()
+    };
+    let tcp = format!("tcp://{url_host}:{port}");
+    let p = format!("KUBERNETES_PORT_{port}_TCP");
+    vec![
+        ("KUBERNETES_SERVICE_HOST".into(), host.clone()),
+        ("KUBERNETES_SERVICE_PORT".into(), port.clone()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.clone()),
+        ("KUBERNETES_PORT".into(), tcp.clone()),
+        (p.clone(), tcp),
+        (format!("{p}_PROTO"), "tcp".into()),
+        (format!("{p}_PORT"), port),
+        (format!("{p}_ADDR"), host),
+    ]
 }
 
 /// The string values of a configmap (`data`) or a secret (`data`, base64-decoded).
@@ -193,6 +218,9 @@ pub async fn container_env<S: ObjectSource>(
         secrets: HashMap::new(),
     };
     let mut env = OrderedEnv::default();
+    for (k, v) in &ctx.service_env {
+        env.set(k.clone(), v.clone());
+    }
     for from in &container.env_from {
         let prefix = from.prefix.as_deref().unwrap_or("");
         let (secret, reference) = match (&from.config_map_ref, &from.secret_ref) {
@@ -506,7 +534,30 @@ mod tests {
             allocatable_cpu_milli: 2000,
             allocatable_memory: 1 << 30,
             allocatable_ephemeral: 1 << 34,
+            service_env: Vec::new(),
         }
+    }
+
+    #[tokio::test]
+    async fn the_metaserver_is_the_kubernetes_service_unless_the_pod_says_otherwise() {
+        let p = pod(json!({"name": "c", "image": "x",
+            "env": [{"name": "KUBERNETES_SERVICE_PORT", "value": "443"},
+                    {"name": "URL", "value": "https://$(KUBERNETES_SERVICE_HOST)"}]}));
+        let mut c = ctx();
+        c.service_env = master_service_env("169.254.30.10:10550".parse().unwrap());
+        let env = container_env(&p, &p.spec.containers[0], &c, &objects())
+            .await
+            .unwrap();
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("169.254.30.10"));
+        assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("443"));
+        assert_eq!(get("KUBERNETES_PORT"), Some("tcp://169.254.30.10:10550"));
+        assert_eq!(get("KUBERNETES_PORT_10550_TCP_ADDR"), Some("169.254.30.10"));
+        assert_eq!(get("URL"), Some("https://169.254.30.10"));
+        let plain = container_env(&p, &p.spec.containers[0], &ctx(), &objects())
+            .await
+            .unwrap();
+        assert!(!plain.iter().any(|(n, _)| n == "KUBERNETES_SERVICE_HOST"));
     }
 
     #[tokio::test]

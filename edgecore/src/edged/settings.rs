@@ -72,6 +72,18 @@ pub struct EdgedConfig {
     pub image_maximum_gc_age: Duration,
     /// How often images are collected (the kubelet's `ImageGCPeriod`).
     pub image_gc_period: Duration,
+    /// With the MetaServer's `requireAuthorization`: its dummy address, given to containers
+    /// as `KUBERNETES_SERVICE_HOST`/`PORT` so in-cluster clients reach it (KubeEdge v1.17).
+    pub metaserver_service: Option<std::net::SocketAddr>,
+}
+
+/// The MetaServer's dummy address when it serves pods (enabled, `requireAuthorization`).
+fn metaserver_service(config: &EdgeCoreConfig) -> Option<std::net::SocketAddr> {
+    let ms = &config.modules.meta_manager.meta_server;
+    let gate = config.feature_gates.get("requireAuthorization") == Some(&true);
+    (ms.enable && gate)
+        .then(|| ms.dummy_server.parse().ok())
+        .flatten()
 }
 
 /// cloudstream's default stream port, reported as the kubelet port with edgeStream enabled.
@@ -131,6 +143,7 @@ impl EdgedConfig {
             image_gc_low_threshold_percent: k.image_gc_low_threshold_percent,
             image_minimum_gc_age: k.image_minimum_gc_age.0,
             image_maximum_gc_age: k.image_maximum_gc_age.0,
+            metaserver_service: metaserver_service(config),
             ..Self::defaults()
         }
     }
@@ -178,6 +191,7 @@ impl EdgedConfig {
             image_minimum_gc_age: Duration::from_secs(120),
             image_maximum_gc_age: Duration::ZERO,
             image_gc_period: Duration::from_secs(300),
+            metaserver_service: None,
         }
     }
 

@@ -379,6 +379,9 @@ impl<L: CloudLink> Context<L> {
             .link
             .request(msg.clone(), self.config.remote_query_timeout)
             .await?;
+        if path.resource_type == ResourceType::ServiceAccountToken {
+            self.remember_token(path, &reply).await;
+        }
         let durable = match store_plan(&msg.route.operation, path, &reply.content) {
             None => true,
             Some(plan) => {
@@ -405,6 +408,22 @@ impl<L: CloudLink> Context<L> {
             self.ack(&reply).await;
         }
         Ok(reply)
+    }
+
+    /// Keeps a digest of a token the cloud issued for one of this node's pods: the
+    /// MetaServer accepts it as a bearer token (`tokens.rs`).
+    async fn remember_token(&self, path: &ResourcePath, reply: &Message) {
+        let Ok(answer) = kubeedge_shared::content::content_json(&reply.content) else {
+            return;
+        };
+        let ns = path.namespace.as_deref().unwrap_or("default");
+        let sa = path.name.as_deref().unwrap_or("default");
+        if let Some(record) = super::tokens::record_of(ns, sa, &answer)
+            && let Err(e) = super::tokens::remember(&self.store, record).await
+        {
+            tracing::warn!(namespace = ns, service_account = sa, error = %e,
+                "service-account token not recorded; the MetaServer will not accept it");
+        }
     }
 
     async fn send_inventory(&self) {

@@ -13,12 +13,22 @@
 //!   objects and their changes to this edge only; registrations are sent again on every
 //!   connect, with a relist that removes what was deleted meanwhile.
 //! * Writes go to the cloud (node restriction decides there) and are refused while offline.
+//! * With `featureGates.requireAuthorization` (KubeEdge v1.17+): HTTPS on `server` and on
+//!   `dummyServer` (a dummy interface pods reach as `KUBERNETES_SERVICE_HOST`) with a
+//!   certificate the cluster's CA signs (`serving.rs`), pods' service-account tokens as
+//!   credentials and the RBAC rules the cloud sends (`auth.rs`, `authz.rs`).
 
+mod auth;
+mod authz;
+mod dummy;
 mod feed;
 mod kinds;
 mod remote;
 mod request;
+#[cfg(test)]
+mod secure_tests;
 mod serve;
+mod serving;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -46,6 +56,36 @@ pub struct MetaServerConfig {
     /// How often watches that allow bookmarks get one.
     pub bookmark_interval: Duration,
     pub limits: Limits,
+    /// HTTPS, authentication and authorization (`featureGates.requireAuthorization`).
+    pub secure: Option<SecureConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SecureConfig {
+    /// The listener on the dummy interface (`metaServer.dummyServer`); none when empty.
+    pub dummy: Option<SocketAddr>,
+    /// Create the dummy interface `edge-dummy0` with the dummy address (needs root).
+    pub create_dummy_link: bool,
+    /// Where the cluster CA and the serving certificate are kept.
+    pub pki_dir: std::path::PathBuf,
+    pub auth: auth::AuthConfig,
+}
+
+impl SecureConfig {
+    /// The addresses the serving certificate names.
+    fn cert_ips(&self, server: SocketAddr) -> Vec<std::net::IpAddr> {
+        let mut ips: Vec<_> = [Some(server), self.dummy]
+            .into_iter()
+            .flatten()
+            .map(|a| a.ip())
+            .filter(|ip| !ip.is_unspecified())
+            .collect();
+        ips.dedup();
+        if ips.is_empty() {
+            ips.push(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        ips
+    }
 }
 
 impl MetaServerConfig {
@@ -61,12 +101,42 @@ impl MetaServerConfig {
                 ms.server
             )
         })?;
+        let secure = if c.feature_gates.get("requireAuthorization") == Some(&true) {
+            let dummy = if ms.dummy_server.trim().is_empty() {
+                None
+            } else {
+                Some(ms.dummy_server.parse().map_err(|e| {
+                    format!(
+                        "modules.metaManager.metaServer.dummyServer {:?} is not an address: {e} (e.g. 169.254.30.10:10550)",
+                        ms.dummy_server
+                    )
+                })?)
+            };
+            // KubeEdge keeps them in /etc/kubeedge/pki/metaserver: beside the edge's CA dir.
+            let ca = std::path::Path::new(&c.modules.edge_hub.tls_ca_file);
+            let base = ca
+                .parent()
+                .and_then(std::path::Path::parent)
+                .unwrap_or(std::path::Path::new("/etc/kubeedge"));
+            Some(SecureConfig {
+                dummy,
+                create_dummy_link: true,
+                pki_dir: base.join("pki").join("metaserver"),
+                auth: auth::AuthConfig {
+                    issuers: ms.service_account_issuers.clone(),
+                    audiences: ms.api_audiences.clone(),
+                },
+            })
+        } else {
+            None
+        };
         Ok(Some(MetaServerConfig {
             addr,
             node: c.node_name().to_string(),
             remote_timeout: Duration::from_secs(10),
             bookmark_interval: Duration::from_secs(60),
             limits: Limits::default(),
+            secure,
         }))
     }
 }
@@ -91,6 +161,7 @@ pub(crate) struct Shared<L> {
     link: L,
     regs: remote::Registrations,
     cancel: CancellationToken,
+    auth: Option<auth::AuthConfig>,
 }
 
 pub struct MetaServer {
@@ -106,17 +177,34 @@ impl MetaServer {
         store: MetaStore,
         link: L,
     ) -> Result<MetaServer, MetaServerError> {
-        let listener = tokio::net::TcpListener::bind(config.addr)
-            .await
-            .map_err(|source| MetaServerError::Bind {
-                addr: config.addr,
-                source,
-            })?;
+        let listener = bind(config.addr).await?;
         let addr = listener.local_addr().unwrap_or(config.addr);
+        let mut listeners = vec![listener];
+        let mut tls = None;
+        let mut serving_cert = None;
+        if let Some(sec) = &config.secure {
+            if let Some(dummy) = sec.dummy {
+                if sec.create_dummy_link
+                    && let Err(e) = dummy::ensure(dummy.ip())
+                {
+                    tracing::error!(error = %e, "dummy interface for the MetaServer not created; pods cannot reach it at {dummy}");
+                }
+                match bind(dummy).await {
+                    Ok(l) => listeners.push(l),
+                    Err(e) => {
+                        tracing::error!(error = %e, "MetaServer not served on the dummy address")
+                    }
+                }
+            }
+            let sc = serving::ServingCert::new(sec.pki_dir.clone());
+            tls = Some(tls_acceptor(sc.clone()));
+            serving_cert = Some((sc, sec.cert_ips(addr)));
+        }
         let feed = Feed::new(store.max_v2_rv().await?, config.limits);
         let sink_feed = feed.clone();
         store.set_change_sink(Arc::new(move |changes| sink_feed.publish(changes)));
         let cancel = CancellationToken::new();
+        let sh_auth = config.secure.as_ref().map(|s| s.auth.clone());
         let sh = Arc::new(Shared {
             config,
             store,
@@ -124,16 +212,37 @@ impl MetaServer {
             link,
             regs: remote::Registrations::default(),
             cancel: cancel.clone(),
+            auth: sh_auth,
         });
-        tracing::info!(%addr, "MetaServer listening (plain HTTP, loopback clients)");
-        let accept = tokio::spawn(accept_loop(sh.clone(), listener));
+        let mut tasks = Vec::new();
+        for l in listeners {
+            let at = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            match &tls {
+                Some(_) => {
+                    tracing::info!(addr = %at, "MetaServer listening (HTTPS, service-account tokens, RBAC)")
+                }
+                None => {
+                    tracing::info!(addr = %at, "MetaServer listening (plain HTTP, loopback clients)")
+                }
+            }
+            tasks.push(tokio::spawn(accept_loop(sh.clone(), l, tls.clone())));
+        }
+        if let Some((sc, ips)) = serving_cert {
+            tasks.push(tokio::spawn(serving::run(
+                sc,
+                sh.link.clone(),
+                sh.config.node.clone(),
+                ips,
+                cancel.clone(),
+            )));
+        }
         let feed = sh.feed.clone();
-        let resync = tokio::spawn(resync_on_connect(sh));
+        tasks.push(tokio::spawn(resync_on_connect(sh)));
         Ok(MetaServer {
             addr,
             feed,
             cancel,
-            tasks: vec![accept, resync],
+            tasks,
         })
     }
 
@@ -154,7 +263,36 @@ impl MetaServer {
     }
 }
 
-async fn accept_loop<L: CloudLink>(sh: Arc<Shared<L>>, listener: tokio::net::TcpListener) {
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, MetaServerError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetaServerError::Bind { addr, source })
+}
+
+/// TLS ≥ 1.2 with the serving certificate as it is at each handshake (none yet: refused).
+fn tls_acceptor(sc: Arc<serving::ServingCert>) -> tokio_rustls::TlsAcceptor {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = match rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+    {
+        Ok(b) => b.with_no_client_auth().with_cert_resolver(sc),
+        // The ring provider supports the default versions; unreachable in practice.
+        Err(e) => {
+            tracing::error!(error = %e, "TLS set-up failed");
+            rustls::ServerConfig::builder()
+                .with_no_client_auth()
+                .with_cert_resolver(sc)
+        }
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+async fn accept_loop<L: CloudLink>(
+    sh: Arc<Shared<L>>,
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     loop {
         let (stream, peer) = tokio::select! {
             _ = sh.cancel.cancelled() => return,
@@ -168,21 +306,43 @@ async fn accept_loop<L: CloudLink>(sh: Arc<Shared<L>>, listener: tokio::net::Tcp
             },
         };
         let sh = sh.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let cancel = sh.cancel.clone();
-            let svc = service_fn(move |req| {
-                let sh = sh.clone();
-                async move { Ok::<_, std::convert::Infallible>(serve::handle(sh, req).await) }
-            });
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => if let Err(e) = r {
-                    tracing::debug!(%peer, error = %e, "MetaServer connection ended with an error");
-                },
-                _ = cancel.cancelled() => conn.as_mut().graceful_shutdown(),
+            match tls {
+                None => serve_connection(sh, stream, peer).await,
+                Some(acceptor) => {
+                    let handshake =
+                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(s)) => serve_connection(sh, s, peer).await,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "MetaServer TLS handshake failed")
+                        }
+                        Err(_) => tracing::debug!(%peer, "MetaServer TLS handshake timed out"),
+                    }
+                }
             }
         });
+    }
+}
+
+async fn serve_connection<L, S>(sh: Arc<Shared<L>>, stream: S, peer: SocketAddr)
+where
+    L: CloudLink,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let cancel = sh.cancel.clone();
+    let svc = service_fn(move |req| {
+        let sh = sh.clone();
+        async move { Ok::<_, std::convert::Infallible>(serve::handle(sh, req).await) }
+    });
+    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => if let Err(e) = r {
+            tracing::debug!(%peer, error = %e, "MetaServer connection ended with an error");
+        },
+        _ = cancel.cancelled() => conn.as_mut().graceful_shutdown(),
     }
 }
 

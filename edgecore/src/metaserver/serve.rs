@@ -5,7 +5,7 @@ use super::feed::{Event, EventType, Gone};
 use super::kinds::{self, Kind};
 use super::remote::{self, Answer, RemoteError};
 use super::request::{self, Options, PathError, Representation, ResourceRequest, Target, Verb};
-use super::{Shared, table};
+use super::{Shared, auth, table};
 use crate::metamanager::CloudLink;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -78,6 +78,22 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
         Ok(o) => o,
         Err(e) => return status(400, "BadRequest", e),
     };
+    let user = match &sh.auth {
+        None => None,
+        Some(cfg) => {
+            let header = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            match auth::authenticate(&sh.store, cfg, header).await {
+                Ok(u) => u,
+                Err(auth::Refusal::Unauthenticated(why)) => {
+                    tracing::info!(%path, %why, "MetaServer request with a token that is not accepted");
+                    return status(401, "Unauthorized", "Unauthorized");
+                }
+            }
+        }
+    };
     let target = match request::resolve(&method, &path, opts.watch) {
         Ok(t) => t,
         Err(PathError::NotFound) => return not_found_resource(),
@@ -91,6 +107,11 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
             );
         }
     };
+    if sh.auth.is_some()
+        && let Err(refused) = auth::authorize(&sh.store, user.as_ref(), &target, &path).await
+    {
+        return json_response(StatusCode::FORBIDDEN, &refused);
+    }
     let repr = request::representation(
         req.headers()
             .get(header::ACCEPT)

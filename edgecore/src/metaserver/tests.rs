@@ -75,6 +75,7 @@ async fn rig(connected: bool, limits: Limits) -> Rig {
         remote_timeout: Duration::from_secs(1),
         bookmark_interval: Duration::from_millis(200),
         limits,
+        secure: None,
     };
     let server = MetaServer::start(config, store.clone(), link.clone())
         .await

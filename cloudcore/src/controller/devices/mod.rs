@@ -25,6 +25,7 @@ pub use status::{StatusWrite, device_resource, model_resource};
 
 use super::downstream::HubSink;
 use crate::cloudhub::NodeEvent;
+use crate::controller::now_rfc3339;
 use kubeedge_shared::devices::{
     DeviceCondition, DeviceStateMsg, DeviceTwinUpdate, decode_content, split_device_resource,
 };
@@ -463,13 +464,6 @@ impl Devices {
             }
         }
     }
-}
-
-fn now_rfc3339() -> String {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string()
 }
 
 fn stub(key: &ObjKey) -> Value {

@@ -20,6 +20,12 @@ impl PodWorker {
             allocatable_cpu_milli: a.cpu_milli,
             allocatable_memory: a.memory,
             allocatable_ephemeral: a.ephemeral,
+            service_env: self
+                .shared
+                .config
+                .metaserver_service
+                .map(super::super::env::master_service_env)
+                .unwrap_or_default(),
         }
     }
 
