@@ -14,6 +14,7 @@
 //!   connect, with a relist that removes what was deleted meanwhile.
 //! * Writes go to the cloud (node restriction decides there) and are refused while offline.
 
+mod authz;
 mod feed;
 mod kinds;
 mod remote;
