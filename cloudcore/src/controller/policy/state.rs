@@ -38,6 +38,8 @@ pub struct Policy {
     /// Objects seen during a relist in progress, per kind.
     relist: HashMap<Kind, HashSet<ObjKey>>,
     last_rv: u64,
+    /// Inventories that arrived before every kind was listed (judged once they are).
+    early_inventories: HashMap<String, Vec<HeldObject>>,
 }
 
 fn hash_of(v: &Value) -> u64 {
@@ -60,12 +62,17 @@ impl Policy {
             listed: HashSet::new(),
             relist: HashMap::new(),
             last_rv: 0,
+            early_inventories: HashMap::new(),
         }
+    }
+
+    fn all_listed(&self) -> bool {
+        self.listed.len() == Kind::ALL.len()
     }
 
     /// True when [`Policy::flush`] has something to do.
     pub fn is_dirty(&self) -> bool {
-        (self.all_dirty || !self.dirty_nodes.is_empty()) && self.listed.len() == Kind::ALL.len()
+        (self.all_dirty || !self.dirty_nodes.is_empty()) && self.all_listed()
     }
 
     /// Forgets what every node was sent: the next flush sends everything again.
@@ -156,6 +163,11 @@ impl Policy {
                     }
                 }
                 self.listed.insert(kind);
+                if self.all_listed() {
+                    for (node, held) in std::mem::take(&mut self.early_inventories) {
+                        self.inventory(&node, &held);
+                    }
+                }
             }
         }
         if kind != Kind::Pod {
@@ -220,6 +232,11 @@ impl Policy {
     /// The edge lists what it holds: what it should not hold is deleted (it may be left from
     /// before this cloudcore started).
     fn inventory(&mut self, node: &str, held: &[HeldObject]) {
+        if !self.all_listed() {
+            self.early_inventories
+                .insert(node.to_string(), held.to_vec());
+            return;
+        }
         let wanted = self.by_node.get(node);
         let sent = self.sent.get(node);
         let stale: Vec<(ObjKey, &str)> = held
@@ -266,7 +283,7 @@ impl Policy {
     /// Sends every connected dirty node what changed for it. Returns false when a send
     /// failed (the node stays dirty: call again later).
     pub fn flush(&mut self) -> bool {
-        if self.listed.len() != Kind::ALL.len() {
+        if !self.all_listed() {
             return true;
         }
         let nodes: Vec<String> = if std::mem::take(&mut self.all_dirty) {

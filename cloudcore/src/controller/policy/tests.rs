@@ -537,6 +537,30 @@ fn an_inventory_with_accesses_the_node_should_not_hold_gets_deletes() {
     assert_eq!(msgs[0].1.route.operation, Operation::Delete);
     assert_eq!(msgs[0].1.route.resource, "apps/serviceaccountaccess/gone");
     assert_eq!(msgs[0].1.content["metadata"]["uid"], "old");
+
+    // Before everything is listed an inventory waits: the node's pods may not be known yet.
+    let hub = Arc::new(Recorder::default());
+    let mut p = Policy::new(hub.clone());
+    p.apply(Input::Inventory {
+        node: "edge-1".into(),
+        held: vec![held("apps", "reader"), held("apps", "gone")],
+    });
+    assert!(hub.take().is_empty());
+    p.apply(sa("apps", "reader"));
+    p.apply(Input::Pods(Change::Applied(pod(
+        "apps", "a", "edge-1", "reader",
+    ))));
+    for i in [
+        Input::Pods(Change::Listed),
+        Input::ServiceAccounts(Change::Listed),
+        Input::Roles(Change::Listed),
+        Input::RoleBindings(Change::Listed),
+        Input::ClusterRoles(Change::Listed),
+        Input::ClusterRoleBindings(Change::Listed),
+    ] {
+        p.apply(i);
+    }
+    assert_eq!(hub.take(), ["edge-1 delete apps/serviceaccountaccess/gone"]);
 }
 
 #[tokio::test]
