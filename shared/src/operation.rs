@@ -142,6 +142,8 @@ pub mod source {
     pub const DEVICE_CONTROLLER: &str = "devicecontroller";
     pub const SYNC_CONTROLLER: &str = "synccontroller";
     pub const DYNAMIC_CONTROLLER: &str = "dynamiccontroller";
+    /// KubeEdge's policycontroller: the ServiceAccountAccess objects of an edge's pods.
+    pub const POLICY_CONTROLLER: &str = "policycontroller";
     pub const CLOUD_STREAM: &str = "cloudStream";
     pub const NODE_UPGRADE_JOB_CONTROLLER: &str = "nodeupgradejobcontroller";
     pub const ROUTER_EVENTBUS: &str = "router_eventbus";
@@ -156,11 +158,12 @@ pub mod source {
 
     /// Sources that only the cloud stamps; an upstream message claiming one of them is
     /// dropped by cloudhub (KubeEdge's anti-loop `IsFromEdge`).
-    pub const CLOUD_ONLY: [&str; 5] = [
+    pub const CLOUD_ONLY: [&str; 6] = [
         CLOUDHUB,
         CLOUD_STREAM,
         DEVICE_CONTROLLER,
         EDGE_CONTROLLER,
+        POLICY_CONTROLLER,
         SYNC_CONTROLLER,
     ];
 }

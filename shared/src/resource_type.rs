@@ -56,6 +56,7 @@ resource_types! {
     ConfigMap => "configmap",
     Secret => "secret",
     ServiceAccountToken => "serviceaccounttoken",
+    ServiceAccountAccess => "serviceaccountaccess",
     PersistentVolume => "persistentvolume",
     PersistentVolumeClaim => "persistentvolumeclaim",
     VolumeAttachment => "volumeattachment",

@@ -8,6 +8,7 @@ pub mod location;
 pub mod node_fields;
 pub mod node_restriction;
 pub mod objectsync;
+pub mod policy;
 pub mod refs;
 pub mod rest;
 pub mod services;
@@ -81,6 +82,12 @@ pub async fn run_with(
         hub.subscribe(),
         shutdown.clone(),
     );
+    let (policy, policy_task) = policy::spawn(
+        client.clone(),
+        Arc::new(hub.clone()),
+        hub.subscribe(),
+        shutdown.clone(),
+    );
     let dynamic =
         dynamic::DynamicController::new(client.clone(), Arc::new(hub.clone()), shutdown.clone());
     let dynamic_events = {
@@ -124,6 +131,7 @@ pub async fn run_with(
             match parse_inventory(&up) {
                 Ok(held) => {
                     devices.inventory(up.node.clone(), &held).await;
+                    policy.inventory(up.node.clone(), &held).await;
                     let _ = tx
                         .send(Input::Inventory {
                             node: up.node.clone(),
@@ -140,6 +148,7 @@ pub async fn run_with(
     let _ = ds.await;
     let _ = dynamic_events.await;
     let _ = devices_task.await;
+    let _ = policy_task.await;
     let _ = svc.await;
     let _ = fetcher.await;
 }

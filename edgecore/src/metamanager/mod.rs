@@ -15,6 +15,7 @@ pub mod changes;
 mod client;
 mod process;
 pub mod store;
+mod store_access;
 pub mod tokens;
 
 pub use changes::{ChangeSink, V2Change};

@@ -127,6 +127,17 @@ impl<L: CloudLink> Context<L> {
         };
         let ty = path.resource_type.clone();
         let key = msg.route.resource.clone();
+        if ty == ResourceType::ServiceAccountAccess && msg.route.source != source::POLICY_CONTROLLER
+        {
+            // What the MetaServer authorizes comes from the policy controller only, never
+            // from objects an application watches (a `policy.kubeedge.io` CRD's).
+            tracing::warn!(resource = %key, source = %msg.route.source,
+                "ServiceAccountAccess not from the policy controller; ignored");
+            if msg.requires_ack() {
+                self.ack(&msg).await;
+            }
+            return None;
+        }
 
         if op == Operation::Response {
             let plan = store_plan(&Operation::Response, &path, &msg.content)?;
@@ -870,6 +881,75 @@ mod tests {
         assert_eq!(acks[0].parent_id(), msg.id());
         assert_eq!(acks[0].content, json!("OK"));
         assert!(r.store.get("default/pod/web-0").await.unwrap().is_some());
+        r.manager.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn service_account_access_is_stored_updated_deleted_and_acked() {
+        let r = rig(true).await;
+        let acc = |rv: &str, verbs: Value| {
+            json!({"apiVersion": "policy.kubeedge.io/v1alpha1", "kind": "ServiceAccountAccess",
+                "metadata": {"name": "sa", "namespace": "ns", "uid": "u1", "resourceVersion": rv},
+                "spec": {"accessClusterRoleBinding": [{"rules": [{"verbs": verbs}]}]}})
+        };
+        let msg = |op: Operation, rv: &str, content: Value| {
+            Message::new(
+                source::POLICY_CONTROLLER,
+                Group::Resource,
+                op,
+                "ns/serviceaccountaccess/sa",
+                content,
+            )
+            .with_resource_version(rv)
+        };
+        // An object of that type from anyone else (an application's watch) is not stored.
+        let mut foreign = msg(Operation::Insert, "9", acc("9", json!(["*"])));
+        foreign.route.source = source::DYNAMIC_CONTROLLER.into();
+        r.cloud.send(foreign).await.unwrap();
+        wait_for_acks(&r.link, 1).await;
+        assert!(
+            r.store
+                .service_account_accesses("ns", "sa")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let stored = || async {
+            r.store
+                .service_account_accesses("ns", "sa")
+                .await
+                .unwrap()
+                .first()
+                .cloned()
+        };
+        let insert = msg(Operation::Insert, "10", acc("10", json!(["get"])));
+        r.cloud.send(insert.clone()).await.unwrap();
+        assert_eq!(wait_for_acks(&r.link, 2).await[1].parent_id(), insert.id());
+        assert_eq!(stored().await, Some(acc("10", json!(["get"]))));
+        let row = r.store.list_type("serviceaccountaccess").await.unwrap();
+        assert_eq!(row.len(), 1);
+        assert_eq!(row[0].key, "ns/serviceaccountaccess/sa");
+
+        r.cloud
+            .send(msg(Operation::Update, "12", acc("12", json!(["list"]))))
+            .await
+            .unwrap();
+        wait_for_acks(&r.link, 3).await;
+        // An older version arriving late (a resend) does not win.
+        r.cloud
+            .send(msg(Operation::Update, "11", acc("11", json!(["*"]))))
+            .await
+            .unwrap();
+        wait_for_acks(&r.link, 4).await;
+        assert_eq!(stored().await, Some(acc("12", json!(["list"]))));
+
+        let gone = json!({"metadata": {"name": "sa", "namespace": "ns", "uid": "u1", "resourceVersion": "13"}});
+        r.cloud
+            .send(msg(Operation::Delete, "13", gone))
+            .await
+            .unwrap();
+        wait_for_acks(&r.link, 5).await;
+        assert_eq!(stored().await, None);
         r.manager.shutdown().await;
     }
 

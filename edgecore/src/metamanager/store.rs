@@ -881,7 +881,10 @@ fn kind_to_resource(kind: &str) -> String {
 }
 
 fn mirror_v2(conn: &Connection, r: &MetaRecord) -> Result<(), StoreError> {
-    if ResourceType::parse(&r.resource_type).is_request() {
+    let ty = ResourceType::parse(&r.resource_type);
+    // ServiceAccountAccess objects are the MetaServer's authorization data, not served to
+    // applications (their versions are the policy controller's, not the cluster's).
+    if ty.is_request() || ty == ResourceType::ServiceAccountAccess {
         return Ok(());
     }
     let Ok(v) = serde_json::from_str::<Value>(&r.value) else {
@@ -951,6 +954,8 @@ const OWNED_ELSEWHERE: &[&str] = &[
     "configmap",
     "secret",
     "node",
+    // The MetaServer's authorization data: only the policy controller writes it.
+    "serviceaccountaccess",
 ];
 
 /// The `meta` row of an object the MetaServer may cache, as the cloud's dynamic controller

@@ -176,17 +176,16 @@ pub async fn authorize(
         groups: vec!["system:unauthenticated".into()],
     };
     let user = user.unwrap_or(&anonymous);
-    let mut accesses = Vec::new();
-    if let Some((ns, sa)) = service_account(user) {
-        match store.get(&format!("{ns}/serviceaccountaccess/{sa}")).await {
-            Ok(Some(raw)) => accesses.extend(serde_json::from_str::<Value>(&raw).ok()),
-            Ok(None) => {}
+    let accesses = match service_account(user) {
+        None => Vec::new(),
+        Some((ns, sa)) => match store.service_account_accesses(ns, sa).await {
+            Ok(a) => a,
             Err(e) => {
                 let why = format!("the RBAC rules could not be read: {e}");
                 return Err(authz::forbidden_status(&attrs, &why));
             }
-        }
-    }
+        },
+    };
     authz::authorize(&accesses, user, &attrs).map_err(|why| authz::forbidden_status(&attrs, &why))
 }
 

@@ -13,7 +13,6 @@
 //! of an object grant nothing.
 
 // Called by the MetaServer's authentication layer; until it is wired, only tests use it.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use serde_json::{Value, json};
 
@@ -225,3 +224,7 @@ fn rule_allows(rule: &Value, a: &Attributes) -> bool {
     let name_ok = names.peek().is_none() || (!a.name.is_empty() && names.any(|n| n == a.name));
     group_ok && resource_ok && name_ok
 }
+
+#[cfg(test)]
+#[path = "authz_tests.rs"]
+mod tests;
