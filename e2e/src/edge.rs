@@ -62,6 +62,8 @@ pub struct EdgeOptions {
     pub node_status_update_frequency_secs: u32,
     /// Runs the MetaServer (on a free loopback port).
     pub metaserver: bool,
+    /// With `featureGates.requireAuthorization`: the MetaServer's `dummyServer` address.
+    pub metaserver_dummy: Option<std::net::SocketAddr>,
 }
 
 impl EdgeOptions {
@@ -71,6 +73,7 @@ impl EdgeOptions {
             endpoint: None,
             node_status_update_frequency_secs: 1,
             metaserver: false,
+            metaserver_dummy: None,
         }
     }
 }
@@ -90,13 +93,17 @@ pub fn write_edge_config(
     std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).expect("write ca.crt");
     std::fs::write(d.join("edge.crt"), &cert.cert_pem).expect("write edge.crt");
     std::fs::write(d.join("edge.key"), &cert.key_pem).expect("write edge.key");
+    let secure = match options.metaserver_dummy {
+        Some(_) => "featureGates:\n  requireAuthorization: true\n",
+        None => "",
+    };
     let yaml = format!(
-        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n{secure}\
          database:\n  dataSource: {db}\n\
          modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
          \x20   websocket:\n      server: {server}\n\
          \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
-         \x20 metaManager:\n    metaServer:\n      enable: {metaserver}\n      server: 127.0.0.1:0\n\
+         \x20 metaManager:\n    metaServer:\n      enable: {metaserver}\n      server: 127.0.0.1:0\n      dummyServer: \"{dummy}\"\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\
          \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
@@ -111,6 +118,10 @@ pub fn write_edge_config(
         root = d.join("edged").display(),
         status = options.node_status_update_frequency_secs,
         metaserver = options.metaserver,
+        dummy = options
+            .metaserver_dummy
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
     );
     let path = d.join("edgecore.yaml");
     std::fs::write(&path, yaml).expect("write edgecore.yaml");

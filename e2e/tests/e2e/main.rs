@@ -18,6 +18,7 @@ mod join;
 mod kubeedge_cloud;
 mod metamanager;
 mod metaserver;
+mod metaserver_pods;
 mod metrics;
 mod objectsync;
 mod portforward;

@@ -112,12 +112,15 @@ impl MetaServerConfig {
                     )
                 })?)
             };
-            // KubeEdge keeps them in /etc/kubeedge/pki/metaserver: beside the edge's CA dir.
-            let ca = std::path::Path::new(&c.modules.edge_hub.tls_ca_file);
-            let base = ca
+            // KubeEdge keeps them in /etc/kubeedge/pki/metaserver, beside the edge's `ca`
+            // directory; an edge whose CA file lies elsewhere keeps them beside that file.
+            let ca_dir = std::path::Path::new(&c.modules.edge_hub.tls_ca_file)
                 .parent()
-                .and_then(std::path::Path::parent)
-                .unwrap_or(std::path::Path::new("/etc/kubeedge"));
+                .unwrap_or(std::path::Path::new("/etc/kubeedge/ca"));
+            let base = match ca_dir.file_name() {
+                Some(n) if n == "ca" => ca_dir.parent().unwrap_or(ca_dir),
+                _ => ca_dir,
+            };
             Some(SecureConfig {
                 dummy,
                 create_dummy_link: true,
