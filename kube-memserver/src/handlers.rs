@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::authn::UserInfo;
 use super::discovery::{self, DiscoveryFormat};
 use super::patch::PatchType;
 use super::query::{Query, percent_decode_path};
@@ -74,6 +75,7 @@ struct Ctx {
     content_type: String,
     cancel: CancellationToken,
     server_address: String,
+    user: Arc<UserInfo>,
 }
 
 pub async fn handle(
@@ -91,9 +93,10 @@ pub async fn handle(
     {
         return respond(StatusCode::OK, "text/plain; charset=utf-8", "ok");
     }
-    if let Err(e) = authenticate(&st, req.headers()) {
-        return error_response(&e);
-    }
+    let user = match super::authn::authenticate(&st, req.headers()) {
+        Ok(u) => Arc::new(u),
+        Err(e) => return error_response(&e),
+    };
     // Upgrades keep the connection: served before the body is read.
     if let Some((ns, name, sub)) = super::remotecommand::target(&method, &path) {
         let served = if sub == "portforward" {
@@ -124,6 +127,7 @@ pub async fn handle(
         method,
         cancel,
         server_address,
+        user,
     };
     let limit = ctx.st.config.max_body_bytes;
     let body = match Limited::new(req.into_body(), limit).collect().await {
@@ -144,33 +148,6 @@ pub async fn handle(
     };
     tracing::debug!(method = %ctx.method, %path, status = resp.status().as_u16(), elapsed_us = started.elapsed().as_micros() as u64, "request");
     resp
-}
-
-fn authenticate(st: &State, headers: &http::HeaderMap) -> ApiResult<()> {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .ok_or_else(ApiError::unauthorized)?;
-    if !token.is_empty() && token == st.admin_token {
-        return Ok(());
-    }
-    let now = super::meta::now().unix_timestamp();
-    if let Some(sub) = st.tokens.verify(token, now) {
-        let sa = st.core("serviceaccounts");
-        if let Some(obj) = st
-            .table(&sa)
-            .get(&(sub.namespace.clone(), sub.service_account.clone()))
-            && obj.uid() == sub.uid
-        {
-            return Ok(());
-        }
-    }
-    Err(ApiError::unauthorized())
 }
 
 fn segments(path: &str) -> Vec<String> {
@@ -326,6 +303,7 @@ fn write_options(ctx: &Ctx, sub: Option<&str>) -> ApiResult<WriteOptions> {
         dry_run,
         field_manager: ctx.query.non_empty("fieldManager").map(str::to_string),
         subresource: sub.map(str::to_string),
+        user: Some(ctx.user.clone()),
     })
 }
 
@@ -470,7 +448,7 @@ async fn resource_request(
                 verbs::write_scale(st, &info, ns_str, name, None, Some((ptype, &body)), &opts)?;
             Ok(json_response(StatusCode::OK, &out))
         }
-        (&Method::GET, Some(name), None) | (&Method::GET, Some(name), Some("status")) => {
+        (&Method::GET, Some(name), None | Some("status" | "approval")) => {
             let obj = verbs::get(st, &info, ns_str, name)?;
             Ok(object_response(ctx, &info, StatusCode::OK, &obj))
         }
@@ -489,9 +467,8 @@ async fn resource_request(
             let obj = verbs::create(st, &info, ns, obj_body, &opts)?;
             Ok(object_response(ctx, &info, StatusCode::CREATED, &obj))
         }
-        (&Method::PUT, Some(name), sub)
-            if sub.is_none() || sub == Some("status") || sub == Some("finalize") =>
-        {
+        (&Method::PUT, Some(name), None | Some("status" | "finalize" | "approval")) => {
+            let sub = t.sub;
             let obj_body = decode_body(ctx, &body, &info)?;
             let opts = write_options(ctx, sub)?;
             let (obj, created) = verbs::update(st, &info, ns_str, name, obj_body, &opts)?;
@@ -502,7 +479,8 @@ async fn resource_request(
             };
             Ok(object_response(ctx, &info, code, &obj))
         }
-        (&Method::PATCH, Some(name), sub) if sub.is_none() || sub == Some("status") => {
+        (&Method::PATCH, Some(name), None | Some("status" | "approval")) => {
+            let sub = t.sub;
             let Some(ptype) = PatchType::from_content_type(&ctx.content_type) else {
                 return Err(ApiError::unsupported_media_type(&ctx.content_type));
             };

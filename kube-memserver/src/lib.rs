@@ -18,6 +18,8 @@
 //! ```
 
 mod apply;
+mod authn;
+mod certificates;
 mod controllers;
 mod discovery;
 mod endpoints;
@@ -268,7 +270,7 @@ impl ApiServer {
         )
         .with_context(|| format!("writing {}", kubeconfig_path.display()))?;
 
-        let st = Arc::new(State::new(
+        let mut st = State::new(
             config.clone(),
             tokens::TokenIssuer::new(signing_key.into_bytes()),
             token,
@@ -280,7 +282,12 @@ impl ApiServer {
                     .verify_kubelet_certificates
                     .then_some(&pki.ca_der[..]),
             )?,
-        ));
+        );
+        st.csr_signer = Some(certificates::ClusterSigner::new(
+            &pki.ca_pem,
+            &pki.ca_key_pem,
+        )?);
+        let st = Arc::new(st);
         let restored = match &config.data_dir {
             Some(d) => persist::load(&st, d)?,
             None => false,

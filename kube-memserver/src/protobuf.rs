@@ -1,6 +1,6 @@
 //! Decoding of `application/vnd.kubernetes.protobuf` request bodies for the kinds kubectl's
 //! typed clients send that way (`kubectl create configmap|secret|namespace|serviceaccount|token|
-//! deployment|job`).
+//! deployment|job`, and `kubectl certificate approve|deny`'s CertificateSigningRequest).
 //! Responses are always JSON, which those clients accept.
 //!
 //! The envelope is `k8s\0` + `runtime.Unknown{typeMeta, raw}`; `raw` is the object's protobuf
@@ -290,6 +290,34 @@ const JOB: Schema = &[
     (1, "metadata", F::Msg(OBJECT_META), false),
     (2, "spec", F::Msg(JOB_SPEC), false),
 ];
+const CSR_SPEC: Schema = &[
+    (1, "request", F::Bytes, false),
+    (2, "username", F::Str, false),
+    (3, "uid", F::Str, false),
+    (4, "groups", F::Str, true),
+    (5, "usages", F::Str, true),
+    (7, "signerName", F::Str, false),
+    (8, "expirationSeconds", F::OptInt, false),
+];
+const CSR_CONDITION: Schema = &[
+    (1, "type", F::Str, false),
+    (2, "reason", F::Str, false),
+    (3, "message", F::Str, false),
+    (4, "lastUpdateTime", F::Time, false),
+    (5, "lastTransitionTime", F::Time, false),
+    (6, "status", F::Str, false),
+];
+const CSR_STATUS: Schema = &[
+    (1, "conditions", F::Msg(CSR_CONDITION), true),
+    (2, "certificate", F::Bytes, false),
+];
+/// `spec.extra` (a map of string lists) is not decoded: the server sets it on create and keeps
+/// it on every update.
+const CSR: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META), false),
+    (2, "spec", F::Msg(CSR_SPEC), false),
+    (3, "status", F::Msg(CSR_STATUS), false),
+];
 const TYPE_META: Schema = &[(1, "apiVersion", F::Str, false), (2, "kind", F::Str, false)];
 const UNKNOWN: Schema = &[
     (1, "typeMeta", F::Msg(TYPE_META), false),
@@ -310,6 +338,7 @@ fn schema_for(kind: &str) -> Option<Schema> {
         "Service" => SERVICE,
         "Deployment" => DEPLOYMENT,
         "Job" => JOB,
+        "CertificateSigningRequest" => CSR,
         _ => return None,
     })
 }
@@ -537,5 +566,44 @@ mod tests {
         let body = [MAGIC.to_vec(), field(1, &tm), field(2, &raw)].concat();
         assert_eq!(decode(&body).unwrap()["gracePeriodSeconds"], 0);
         assert!(decode(b"nope").is_err());
+    }
+
+    #[test]
+    fn decodes_a_certificate_signing_request_with_conditions() {
+        let cond = [
+            field(1, b"Approved"),
+            field(2, b"KubectlApprove"),
+            field(6, b"True"),
+        ]
+        .concat();
+        let spec = [
+            field(1, b"pem"),
+            field(5, b"server auth"),
+            field(5, b"digital signature"),
+            field(7, b"kubernetes.io/kubelet-serving"),
+        ]
+        .concat();
+        let raw = [
+            field(1, &field(1, b"c1")),
+            field(2, &spec),
+            field(3, &field(1, &cond)),
+        ]
+        .concat();
+        let tm = [
+            field(1, b"certificates.k8s.io/v1"),
+            field(2, b"CertificateSigningRequest"),
+        ]
+        .concat();
+        let obj = decode(&[MAGIC.to_vec(), field(1, &tm), field(2, &raw)].concat()).unwrap();
+        assert_eq!(obj["metadata"]["name"], "c1");
+        assert_eq!(obj["spec"]["request"], "cGVt");
+        assert_eq!(
+            obj["spec"]["usages"],
+            json!(["server auth", "digital signature"])
+        );
+        assert_eq!(
+            obj["status"]["conditions"],
+            json!([{"type": "Approved", "reason": "KubectlApprove", "status": "True"}])
+        );
     }
 }

@@ -44,7 +44,7 @@ pub struct ResourceInfo {
     pub namespaced: bool,
     pub short_names: Vec<String>,
     pub categories: Vec<String>,
-    /// Subresources served (`status`, `token`, `binding`, `finalize`).
+    /// Subresources served (`status`, `token`, `binding`, `finalize`, `approval`…).
     pub subresources: Vec<&'static str>,
     /// A custom resource (served from a CRD).
     pub custom: bool,
@@ -105,7 +105,7 @@ impl ResourceInfo {
 
     pub fn subresource_verbs(sub: &str) -> Vec<&'static str> {
         match sub {
-            "status" | "scale" => vec!["get", "patch", "update"],
+            "status" | "scale" | "approval" => vec!["get", "patch", "update"],
             "finalize" => vec!["update"],
             "log" => vec!["get"],
             // Connecters (GET and POST).
@@ -199,6 +199,7 @@ const BUILTINS: &[Builtin] = &[
     Builtin { group: "apps", version: "v1", plural: "statefulsets", kind: "StatefulSet", namespaced: true, short: &["sts"], subs: &["status", "scale"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["all"] },
     Builtin { group: "apps", version: "v1", plural: "controllerrevisions", kind: "ControllerRevision", namespaced: true, short: &[], subs: &[], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &[] },
     Builtin { group: "batch", version: "v1", plural: "jobs", kind: "Job", namespaced: true, short: &[], subs: &["status"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["all"] },
+    Builtin { group: "certificates.k8s.io", version: "v1", plural: "certificatesigningrequests", kind: "CertificateSigningRequest", namespaced: false, short: &["csr"], subs: &["status", "approval"], returns_deleted: false, create_on_update: false, name_rule: NameRule::PathSegment, fields: &["spec.signerName"], categories: &[] },
     Builtin { group: "apiextensions.k8s.io", version: "v1", plural: "customresourcedefinitions", kind: "CustomResourceDefinition", namespaced: false, short: &["crd", "crds"], subs: &["status"], returns_deleted: false, create_on_update: false, name_rule: NameRule::Subdomain, fields: &[], categories: &["api-extensions"] },
 ];
 

@@ -76,6 +76,11 @@ fn no_body_shape_panics_any_verb_of_any_kind() {
                 ..Default::default()
             };
             let _ = verbs::update(&st, &info, ns, "ok", body.clone(), &status);
+            let approval = WriteOptions {
+                subresource: Some("approval".into()),
+                ..Default::default()
+            };
+            let _ = verbs::update(&st, &info, ns, "ok", body.clone(), &approval);
             let raw = serde_json::to_vec(&body).unwrap_or_default();
             for pt in [
                 PatchType::Merge,

@@ -19,6 +19,8 @@ pub struct State {
     pub config: Config,
     /// TLS towards kubelets (client certificate signed by the cluster CA).
     pub kubelet_tls: super::kubelet::KubeletTls,
+    /// The cluster CA as kube-controller-manager's CSR signers use it (None: nothing is signed).
+    pub csr_signer: Option<super::certificates::ClusterSigner>,
     /// `true` while new watches are held back (a test knob to force relists).
     pub watch_gate: watch::Sender<bool>,
     /// Lists answer after a random delay up to this many milliseconds (a test knob: a loaded
@@ -47,6 +49,7 @@ impl State {
             admin_token,
             ca_pem,
             kubelet_tls,
+            csr_signer: None,
             config,
             watch_gate: watch::channel(false).0,
             list_delay_ms: Default::default(),

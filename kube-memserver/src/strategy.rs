@@ -193,6 +193,7 @@ fn default_kind(info: &ResourceInfo, obj: &mut Value) {
             }
             set_path(obj, &["status", "phase"], json!("Active"));
         }
+        crate::certificates::KIND => crate::certificates::default_status(obj),
         "Secret" if obj["type"].as_str().is_none_or(str::is_empty) => {
             obj["type"] = json!("Opaque");
         }
@@ -440,7 +441,9 @@ pub fn prepare_update(
     new: &mut Value,
     subresource: Option<&str>,
 ) {
-    if subresource == Some("status") {
+    if info.kind == crate::certificates::KIND && !info.custom {
+        crate::certificates::prepare_update(old, new, subresource);
+    } else if subresource == Some("status") {
         let status = new.get("status").cloned();
         let new_meta = new["metadata"].clone();
         let mut merged = old.clone();
@@ -548,7 +551,13 @@ pub fn fold_string_data(secret: &mut Value) {
 }
 
 /// Validation on create and update (`old` set for updates).
-pub fn validate(info: &ResourceInfo, obj: &Value, old: Option<&Value>) -> ApiResult<()> {
+/// `subresource` is the write's (`status`, `approval`…), None on create and main updates.
+pub fn validate(
+    info: &ResourceInfo,
+    obj: &Value,
+    old: Option<&Value>,
+    subresource: Option<&str>,
+) -> ApiResult<()> {
     let mut causes = validate_meta(info, obj);
     if info.custom
         && let Some(schema) = &info.schema
@@ -565,6 +574,9 @@ pub fn validate(info: &ResourceInfo, obj: &Value, old: Option<&Value>) -> ApiRes
             }
             "Service" => causes.extend(validate_service(obj, old)),
             "CustomResourceDefinition" => causes.extend(validate_crd(obj, old)),
+            crate::certificates::KIND => {
+                causes.extend(crate::certificates::validate(obj, old, subresource)?)
+            }
             k if crate::workloads::strategy::is_workload(k) => {
                 causes.extend(crate::workloads::strategy::validate_workload(k, obj, old))
             }
@@ -1016,7 +1028,7 @@ mod tests {
             "hostIPs": [{"ip": "192.168.0.2"}, {"ip": "192.168.0.1"}],
         }));
         check_type(&info, &mut bad).unwrap();
-        let err = validate(&info, &bad, Some(&old)).unwrap_err();
+        let err = validate(&info, &bad, Some(&old), None).unwrap_err();
         assert_eq!(err.code, 422);
         assert!(
             err.message.contains(r#"status.podIPs: Invalid value: [{IP:"10.251.2.64"}, {IP:"10.251.2.36"}]: may specify no more than one IP for each IP family"#),
@@ -1032,17 +1044,17 @@ mod tests {
             json!({"podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}, {"ip": "fd00::2"}]}),
         );
         check_type(&info, &mut dual).unwrap();
-        validate(&info, &dual, Some(&old)).unwrap();
+        validate(&info, &dual, Some(&old), None).unwrap();
         let mut junk = pod_with_status(
             json!({"podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}, {"$patch": "replace"}]}),
         );
         check_type(&info, &mut junk).unwrap();
-        let err = validate(&info, &junk, Some(&old)).unwrap_err();
+        let err = validate(&info, &junk, Some(&old), None).unwrap_err();
         assert!(err.message.contains("status.podIPs[1]"), "{}", err.message);
         let mut host =
             pod_with_status(json!({"hostIP": "10.1.1.1", "hostIPs": [{"ip": "10.1.1.2"}]}));
         check_type(&info, &mut host).unwrap();
-        let err = validate(&info, &host, Some(&old)).unwrap_err();
+        let err = validate(&info, &host, Some(&old), None).unwrap_err();
         assert!(
             err.message.contains("must be equal to `hostIP`"),
             "{}",

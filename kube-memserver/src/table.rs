@@ -412,6 +412,7 @@ pub(crate) fn columns_and_cells(info: &ResourceInfo, obj: &Value) -> (Vec<Column
         ),
         "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet" | "Job"
         | "ControllerRevision" => super::workloads::table::columns_and_cells(&info.kind, obj),
+        crate::certificates::KIND => crate::certificates::columns_and_cells(obj),
         "CustomResourceDefinition" => (
             vec![
                 NAME,

@@ -19,6 +19,10 @@ pub struct TokenSubject {
     pub namespace: String,
     pub service_account: String,
     pub uid: String,
+    /// The token's `jti` claim (the authenticator's `credential-id` extra).
+    pub jti: Option<String>,
+    /// The pod a bound token names: (name, uid).
+    pub pod: Option<(String, String)>,
 }
 
 pub struct TokenClaims<'a> {
@@ -98,6 +102,11 @@ impl TokenIssuer {
             namespace: k8s["namespace"].as_str()?.to_string(),
             service_account: k8s["serviceaccount"]["name"].as_str()?.to_string(),
             uid: k8s["serviceaccount"]["uid"].as_str()?.to_string(),
+            jti: claims["jti"].as_str().map(str::to_string),
+            pod: k8s["pod"]["name"]
+                .as_str()
+                .zip(k8s["pod"]["uid"].as_str())
+                .map(|(n, u)| (n.to_string(), u.to_string())),
         })
     }
 }

@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
 
+#[path = "conformance/certificates.rs"]
+mod certificates;
 #[path = "conformance/workloads.rs"]
 mod workloads;
 

@@ -182,6 +182,9 @@ pub fn create(
         });
     }
     admit_create(st, info, &mut body)?;
+    if info.kind == crate::certificates::KIND && !info.custom {
+        crate::certificates::prepare_create(&mut body, opts.user.as_deref());
+    }
     let table = st.table(info);
     for attempt in 0..8 {
         let mut obj = body.clone();
@@ -194,7 +197,7 @@ pub fn create(
             );
         }
         strategy::prepare_create(info, &mut obj, &now_time());
-        strategy::validate(info, &obj, None)?;
+        strategy::validate(info, &obj, None, None)?;
         if opts.dry_run {
             return detached(obj);
         }

@@ -39,6 +39,8 @@ pub struct WriteOptions {
     pub dry_run: bool,
     pub field_manager: Option<String>,
     pub subresource: Option<String>,
+    /// The authenticated requester (None for the control plane's own writes).
+    pub user: Option<Arc<crate::authn::UserInfo>>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -50,7 +50,7 @@ pub fn update(
             let mut obj = body;
             admit_create(st, info, &mut obj)?;
             strategy::prepare_create(info, &mut obj, &now_time());
-            strategy::validate(info, &obj, None)?;
+            strategy::validate(info, &obj, None, None)?;
             if opts.dry_run {
                 dry = Some(obj);
                 return Ok(Mutation::Unchanged);
@@ -76,7 +76,7 @@ pub fn update(
         let mut new = body;
         let old = cur.value();
         strategy::prepare_update(info, &old, &mut new, sub);
-        strategy::validate(info, &new, Some(&old))?;
+        strategy::validate(info, &new, Some(&old), sub)?;
         if opts.dry_run {
             dry = Some(new);
             return Ok(Mutation::Unchanged);
@@ -202,7 +202,7 @@ pub fn patch(
         check_uid(info, url_name, &v, cur)?;
         let old = cur.value();
         strategy::prepare_update(info, &old, &mut v, sub);
-        strategy::validate(info, &v, Some(&old))?;
+        strategy::validate(info, &v, Some(&old), sub)?;
         if opts.dry_run {
             dry = Some(v);
             return Ok(Mutation::Unchanged);
@@ -247,12 +247,12 @@ pub fn put_computed(
             None => {
                 admit_create(st, info, &mut v)?;
                 strategy::prepare_create(info, &mut v, &now_time());
-                strategy::validate(info, &v, None)?;
+                strategy::validate(info, &v, None, None)?;
             }
             Some(cur) => {
                 let old = cur.value();
                 strategy::prepare_update(info, &old, &mut v, sub);
-                strategy::validate(info, &v, Some(&old))?;
+                strategy::validate(info, &v, Some(&old), sub)?;
                 if finishes_deletion(&v) && !opts.dry_run {
                     return Ok(Mutation::Remove);
                 }
