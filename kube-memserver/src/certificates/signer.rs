@@ -411,7 +411,8 @@ pub fn pass(st: &State) {
         let decision = match decide(signer, &csr, OffsetDateTime::now_utc()) {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(csr = obj.name(), error = %e, "signing certificate request");
+                // Retried on every pass, as the controller requeues: debug, not to flood the log.
+                tracing::debug!(csr = obj.name(), error = %e, "signing certificate request");
                 continue;
             }
         };
