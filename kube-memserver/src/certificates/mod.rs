@@ -3,6 +3,7 @@
 //! `csrsigning` controllers for the `kubernetes.io/*` signers, signing with the cluster CA
 //! (`signer.rs`). The parsing of a request and the conditions both sides read live here.
 
+mod der;
 mod signer;
 mod strategy;
 mod table;

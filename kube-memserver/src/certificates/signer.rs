@@ -11,10 +11,10 @@ use std::net::IpAddr;
 
 use anyhow::Context;
 use rand::RngCore;
-use rcgen::string::{Ia5String, PrintableString};
+use rcgen::string::Ia5String;
 use rcgen::{
-    CertificateParams, DistinguishedName, DnType, DnValue, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, SanType, SerialNumber, SubjectPublicKeyInfo,
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, SerialNumber, SubjectPublicKeyInfo,
 };
 use serde_json::{Value, json};
 use time::{Duration, OffsetDateTime};
@@ -41,13 +41,15 @@ const MIN_TTL: Duration = Duration::minutes(10);
 /// The cluster CA as the signing controllers use it.
 pub struct ClusterSigner {
     issuer: Issuer<'static, KeyPair>,
+    /// The issuer's key again, to sign the certificate once its subject is swapped.
+    key: KeyPair,
     not_after: OffsetDateTime,
 }
 
 impl ClusterSigner {
     pub fn new(ca_pem: &str, ca_key_pem: &str) -> anyhow::Result<Self> {
-        let key = KeyPair::from_pem(ca_key_pem).context("parsing the CA key")?;
-        let issuer = Issuer::from_ca_cert_pem(ca_pem, key).context("loading the CA")?;
+        let key = || KeyPair::from_pem(ca_key_pem).context("parsing the CA key");
+        let issuer = Issuer::from_ca_cert_pem(ca_pem, key()?).context("loading the CA")?;
         let (_, pem) = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes())
             .map_err(|e| anyhow::anyhow!("decoding the CA PEM: {e}"))?;
         let ca = pem
@@ -55,6 +57,7 @@ impl ClusterSigner {
             .map_err(|e| anyhow::anyhow!("parsing the CA: {e}"))?;
         Ok(Self {
             issuer,
+            key: key()?,
             not_after: ca.validity().not_after.to_datetime(),
         })
     }
@@ -92,8 +95,15 @@ impl ClusterSigner {
         }
         let (key_usages, extended_key_usages) = key_usages(usages)?;
         let info = &csr.certification_request_info;
+        let subject = super::der::go_name(&info.subject)?;
         let mut params = CertificateParams::default();
-        params.distinguished_name = subject(csr)?;
+        // Replaced below; only whether it is empty matters to rcgen (SAN criticality).
+        params.distinguished_name = DistinguishedName::new();
+        if !super::der::is_empty_name(&subject) {
+            params
+                .distinguished_name
+                .push(DnType::CommonName, "subject");
+        }
         params.subject_alt_names = sans(csr)?;
         params.key_usages = key_usages;
         params.extended_key_usages = extended_key_usages;
@@ -107,11 +117,24 @@ impl ClusterSigner {
         params.serial_number = Some(SerialNumber::from_slice(&serial));
         let key = SubjectPublicKeyInfo::from_der(info.subject_pki.raw)
             .map_err(|e| format!("unsupported public key: {e}"))?;
-        params
+        let cert = params
             .signed_by(&key, &self.issuer)
-            .map(|c| c.pem())
-            .map_err(|e| format!("signing: {e}"))
+            .map_err(|e| format!("signing: {e}"))?;
+        let der = super::der::replace_subject(cert.der(), &subject, &self.key)?;
+        Ok(pem_certificate(&der))
     }
+}
+
+fn pem_certificate(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
 }
 
 /// The certificate's lifetime for a requested `expirationSeconds`, within [10 min, TTL].
@@ -180,62 +203,6 @@ fn key_usages(
     }
     eku.sort_by_key(|(i, _)| *i);
     Ok((ku, eku.into_iter().map(|(_, e)| e).collect()))
-}
-
-/// The request's subject in the order Go re-encodes a `pkix.Name` (C, ST, L, STREET,
-/// POSTALCODE, O, OU, CN, SERIALNUMBER, then the others). rcgen holds one value per attribute
-/// type: a repeated attribute keeps its first value.
-fn subject(csr: &X509CertificationRequest<'_>) -> Result<DistinguishedName, String> {
-    const ORDER: &[(&[u64], DnType)] = &[
-        (&[2, 5, 4, 6], DnType::CountryName),
-        (&[2, 5, 4, 8], DnType::StateOrProvinceName),
-        (&[2, 5, 4, 7], DnType::LocalityName),
-        (&[2, 5, 4, 10], DnType::OrganizationName),
-        (&[2, 5, 4, 11], DnType::OrganizationalUnitName),
-        (&[2, 5, 4, 3], DnType::CommonName),
-    ];
-    let mut attrs: Vec<(Vec<u64>, String)> = Vec::new();
-    for attr in csr.certification_request_info.subject.iter_attributes() {
-        let oid: Vec<u64> = attr
-            .attr_type()
-            .iter()
-            .map(|i| i.collect())
-            .ok_or("subject attribute with an oversized OID")?;
-        let value = attr
-            .as_str()
-            .map_err(|_| "subject attribute that is not a string".to_string())?;
-        attrs.push((oid, value.to_string()));
-    }
-    let rank = |oid: &[u64]| match oid {
-        [2, 5, 4, 6] => 0,
-        [2, 5, 4, 8] => 1,
-        [2, 5, 4, 7] => 2,
-        [2, 5, 4, 9] => 3,
-        [2, 5, 4, 17] => 4,
-        [2, 5, 4, 10] => 5,
-        [2, 5, 4, 11] => 6,
-        [2, 5, 4, 3] => 7,
-        [2, 5, 4, 5] => 8,
-        _ => 9,
-    };
-    attrs.sort_by_key(|(oid, _)| rank(oid));
-    let mut dn = DistinguishedName::new();
-    for (oid, value) in attrs {
-        let ty = ORDER
-            .iter()
-            .find(|(o, _)| *o == oid.as_slice())
-            .map(|(_, t)| t.clone())
-            .unwrap_or(DnType::CustomDnType(oid));
-        if dn.get(&ty).is_some() {
-            continue;
-        }
-        let value = match PrintableString::try_from(value.as_str()) {
-            Ok(p) => DnValue::PrintableString(p),
-            Err(_) => DnValue::Utf8String(value),
-        };
-        dn.push(ty, value);
-    }
-    Ok(dn)
 }
 
 fn general_names<'a>(csr: &'a X509CertificationRequest<'a>) -> Vec<&'a GeneralName<'a>> {
@@ -444,7 +411,8 @@ pub fn pass(st: &State) {
         let decision = match decide(signer, &csr, OffsetDateTime::now_utc()) {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(csr = obj.name(), error = %e, "signing certificate request");
+                // Retried on every pass, as the controller requeues: debug, not to flood the log.
+                tracing::debug!(csr = obj.name(), error = %e, "signing certificate request");
                 continue;
             }
         };

@@ -9,8 +9,13 @@ fn request(cn: &str, orgs: &[&str], sans: Vec<SanType>) -> String {
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
     params.distinguished_name.push(DnType::CommonName, cn);
-    for o in orgs {
-        params.distinguished_name.push(DnType::OrganizationName, *o);
+    // rcgen keeps one value per type: a second O goes in under the same OID as a custom type.
+    for (i, o) in orgs.iter().enumerate() {
+        let ty = match i {
+            0 => DnType::OrganizationName,
+            _ => DnType::CustomDnType(vec![2, 5, 4, 10]),
+        };
+        params.distinguished_name.push(ty, *o);
     }
     params.subject_alt_names = sans;
     params.serialize_request(&key).unwrap().pem().unwrap()
@@ -220,6 +225,11 @@ fn certificates_never_outlive_the_ca() {
     let der = issued(decide(&signer, &csr, OffsetDateTime::now_utc()).unwrap());
     let (_, cert) = X509Certificate::from_der(&der).unwrap();
     assert_eq!(cert.validity().not_after, ca_cert.validity().not_after);
+    cert.verify_signature(Some(ca_cert.public_key())).unwrap();
+    // Every group of a client certificate is kept, in Go's order (O before CN).
+    assert_eq!(cert.subject().to_string(), "O=devs, O=ops, CN=alice");
+    let eku = cert.extended_key_usage().unwrap().unwrap().value;
+    assert!(eku.client_auth && !eku.server_auth);
 }
 
 #[test]
