@@ -218,6 +218,7 @@ impl Message {
             "membership",
             "twin/cloud_updated",
             "serviceaccounttoken",
+            "k8s/ca.crt",
         ]
         .iter()
         .any(|s| resource.contains(s))
@@ -242,7 +243,14 @@ impl Message {
         }
         if self.route.source == source::EDGE_CONTROLLER {
             match self.resource_type() {
-                Some("node" | "lease" | "nodepatch" | "podpatch" | "podstatus") => return false,
+                Some(
+                    "node"
+                    | "lease"
+                    | "nodepatch"
+                    | "podpatch"
+                    | "podstatus"
+                    | "certificatesigningrequest",
+                ) => return false,
                 Some("pod") if *op == Operation::Response => return false,
                 _ => {}
             }

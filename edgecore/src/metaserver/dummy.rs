@@ -1,6 +1,7 @@
 //! The dummy interface `edge-dummy0` that carries the MetaServer's `dummyServer` address
 //! (KubeEdge v1.17): pods on any network reach the host there, as they would reach the
 //! apiserver's service address. Made with iproute2 (arguments, never a shell); idempotent.
+//! (Left in place on exit, as KubeEdge leaves it: pods keep their address across restarts.)
 
 use std::net::IpAddr;
 use std::process::Command;
@@ -24,15 +25,20 @@ fn ip(args: &[&str]) -> Result<(), String> {
     ))
 }
 
-/// Creates `edge-dummy0` (if missing) with `addr` and brings it up.
+/// Creates `edge-dummy0` (if missing) with `addr` and brings it up. A kernel without the
+/// dummy driver gets the address on `lo` instead: as reachable from pods and the host.
 pub fn ensure(addr: IpAddr) -> Result<(), String> {
-    if let Err(e) = ip(&["link", "add", LINK, "type", "dummy"])
-        && !e.contains("File exists")
-    {
-        return Err(e);
-    }
     let prefix = if addr.is_ipv4() { 32 } else { 128 };
     let cidr = format!("{addr}/{prefix}");
+    match ip(&["link", "add", LINK, "type", "dummy"]) {
+        Ok(()) => {}
+        Err(e) if e.contains("File exists") => {}
+        Err(e) if e.contains("Unknown device type") || e.contains("not supported") => {
+            tracing::warn!(error = %e, "no dummy interface driver in this kernel; the MetaServer's dummy address goes on lo");
+            return ip(&["addr", "replace", &cidr, "dev", "lo"]);
+        }
+        Err(e) => return Err(e),
+    }
     ip(&["addr", "replace", &cidr, "dev", LINK])?;
     ip(&["link", "set", LINK, "up"])
 }
