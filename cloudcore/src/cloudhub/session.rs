@@ -204,7 +204,10 @@ async fn dispatch_upstream(
             name: None,
         })
     } else {
-        ResourcePath::parse(&msg.route.resource)
+        // KubeEdge's edge names a CSR it creates with `generateName` as
+        // `default/certificatesigningrequest/` (an empty name).
+        let r = msg.route.resource.as_str();
+        ResourcePath::parse(r.strip_suffix('/').unwrap_or(r))
     };
     let path = match parsed {
         Ok(p) => p,

@@ -224,3 +224,97 @@ async fn an_edge_pod_reads_the_metaserver_with_its_service_account_online_and_of
     env.wait_edge_link(true).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
 }
+
+/// A KubeEdge v1.17+ edge (raw messages as its metaserver certificate manager sends them)
+/// against our cloudcore: `k8s/ca.crt` answers the cluster CA as a PEM string; a CSR inserted
+/// as `default/certificatesigningrequest/` (client-go's `generateName`) is created, approved
+/// and issued by the cluster's signer, and read back; another node's CSR is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kubeedge_edge_gets_its_metaserver_certificate_from_our_cloud() {
+    use base64::Engine;
+    use e2e::channel::Pki;
+    use e2e::cloud::CloudFixture;
+    use e2e::sim_edge::{SimEdge, unique};
+    use kubeedge_shared::{Group, Message, Operation};
+    e2e::edge::init_logs();
+    let cluster = e2e::cluster::connect().await.expect("test cluster");
+    let pki = Pki::new().expect("test PKI");
+    let cloud = CloudFixture::start(cluster.client(), &pki)
+        .await
+        .expect("cloudcore starts");
+    let node = unique("ke-csr");
+    let mut edge = SimEdge::connect(&cloud, &pki, &node, &[]).await;
+    let ask = |op: Operation, resource: &str, content: serde_json::Value| {
+        Message::new("metamanager", Group::Meta, op, resource, content)
+    };
+
+    let ca = edge
+        .request(&ask(
+            Operation::Query,
+            "k8s/ca.crt",
+            serde_json::Value::Null,
+        ))
+        .await;
+    assert_eq!(ca.route.operation, Operation::Response);
+    assert_eq!(
+        ca.content.as_str().map(str::trim),
+        Some(cluster.cluster_ca_pem().trim()),
+        "the cluster CA as a PEM string"
+    );
+
+    let csr_for = |cn_node: &str| {
+        let ip: std::net::IpAddr = [169, 254, 30, 10].into();
+        let (pem, _) = kubeedge_shared::pki::serving_csr(cn_node, &[ip]).expect("a CSR");
+        json!({"metadata": {"generateName": "csr-", "creationTimestamp": null},
+               "spec": {"request": base64::engine::general_purpose::STANDARD.encode(pem),
+                        "signerName": "kubernetes.io/kubelet-serving",
+                        "usages": ["digital signature", "key encipherment", "server auth"]},
+               "status": {}})
+    };
+    let refused = edge
+        .request(&ask(
+            Operation::Insert,
+            "default/certificatesigningrequest/",
+            csr_for("someone-else"),
+        ))
+        .await;
+    assert_eq!(
+        refused.content["Err"]["ErrStatus"]["code"], 403,
+        "{refused:?}"
+    );
+
+    let created = edge
+        .request(&ask(
+            Operation::Insert,
+            "default/certificatesigningrequest/",
+            csr_for(&node),
+        ))
+        .await;
+    let name = created.content["Object"]["metadata"]["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a created CSR: {created:?}"))
+        .to_string();
+    assert!(name.starts_with("csr-"), "{name}");
+    let query = format!("default/certificatesigningrequest/{name}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let cert = loop {
+        let got = edge
+            .request(&ask(Operation::Query, &query, serde_json::Value::Null))
+            .await;
+        if let Some(c) = got.content["status"]["certificate"].as_str() {
+            break c.to_string();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} not issued: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(cert)
+        .expect("base64");
+    assert!(String::from_utf8_lossy(&pem).contains("BEGIN CERTIFICATE"));
+    let _ = cluster
+        .kubectl_run(&["delete", "csr", &name, "--wait=false"], None)
+        .await;
+}
