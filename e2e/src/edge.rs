@@ -200,7 +200,13 @@ impl EdgeEnv {
         };
         let cluster = crate::cluster::connect().await.expect("test cluster");
         let pki = Pki::new().expect("test PKI");
-        let cloud = CloudFixture::start(cluster.client(), &pki)
+        // The MetaServer's RBAC comes from the policy controller (the cloud's
+        // `featureGates.requireAuthorization`).
+        let sync = cloudcore::controller::objectsync::SyncOptions {
+            policy: options.metaserver_dummy.is_some(),
+            ..crate::cloud::test_sync_options("default")
+        };
+        let cloud = CloudFixture::start_with(cluster.client(), &pki, sync)
             .await
             .expect("cloudcore starts");
         let link = FaultProxy::start(cloud.hub.local_addr())

@@ -312,6 +312,29 @@ pub fn cert_validity(cert_der: &[u8]) -> Option<(i64, i64)> {
     Some((v.not_before.timestamp(), v.not_after.timestamp()))
 }
 
+/// The IP addresses among a DER certificate's subject alternative names.
+pub fn cert_ip_sans(cert_der: &[u8]) -> Vec<IpAddr> {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, c)) = x509_parser::parse_x509_certificate(cert_der) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = c.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::IPAddress(b) => match b.len() {
+                4 => <[u8; 4]>::try_from(*b).ok().map(IpAddr::from),
+                16 => <[u8; 16]>::try_from(*b).ok().map(IpAddr::from),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
 /// Go's `x509.ExtKeyUsage` numbers (the `ExtKeyUsages` header of `/edge.crt`).
 pub fn go_ext_key_usage(n: i64) -> Option<ExtendedKeyUsagePurpose> {
     Some(match n {

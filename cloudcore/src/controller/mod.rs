@@ -82,12 +82,17 @@ pub async fn run_with(
         hub.subscribe(),
         shutdown.clone(),
     );
-    let (policy, policy_task) = policy::spawn(
-        client.clone(),
-        Arc::new(hub.clone()),
-        hub.subscribe(),
-        shutdown.clone(),
-    );
+    let (policy, policy_task) = if sync.policy {
+        let (p, t) = policy::spawn(
+            client.clone(),
+            Arc::new(hub.clone()),
+            hub.subscribe(),
+            shutdown.clone(),
+        );
+        (Some(p), Some(t))
+    } else {
+        (None, None)
+    };
     let dynamic =
         dynamic::DynamicController::new(client.clone(), Arc::new(hub.clone()), shutdown.clone());
     let dynamic_events = {
@@ -131,7 +136,9 @@ pub async fn run_with(
             match parse_inventory(&up) {
                 Ok(held) => {
                     devices.inventory(up.node.clone(), &held).await;
-                    policy.inventory(up.node.clone(), &held).await;
+                    if let Some(policy) = &policy {
+                        policy.inventory(up.node.clone(), &held).await;
+                    }
                     let _ = tx
                         .send(Input::Inventory {
                             node: up.node.clone(),
@@ -148,7 +155,9 @@ pub async fn run_with(
     let _ = ds.await;
     let _ = dynamic_events.await;
     let _ = devices_task.await;
-    let _ = policy_task.await;
+    if let Some(t) = policy_task {
+        let _ = t.await;
+    }
     let _ = svc.await;
     let _ = fetcher.await;
 }

@@ -22,6 +22,9 @@ pub struct AuthConfig {
     pub issuers: Vec<String>,
     /// Accepted `aud` values (`metaServer.apiAudiences`; empty: the issuers, as KubeEdge).
     pub audiences: Vec<String>,
+    /// `metaServer.serviceAccountKeyFiles`: tokens signed with one of these are accepted
+    /// even when this edge did not obtain them.
+    pub keys: std::sync::Arc<super::keys::KeySet>,
 }
 
 /// Why a token is refused (401; the reason is logged, not sent).
@@ -46,6 +49,21 @@ fn claims(token: &str) -> Result<Value, String> {
         .decode(payload.trim_end_matches('='))
         .map_err(|e| format!("claims are not base64url: {e}"))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("claims are not JSON: {e}"))
+}
+
+/// The `alg` of a JWT's header.
+fn header_alg(token: &str) -> String {
+    token
+        .split('.')
+        .next()
+        .and_then(|h| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(h)
+                .ok()
+        })
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|h| h["alg"].as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 fn audiences(v: &Value) -> Vec<&str> {
@@ -104,12 +122,20 @@ pub async fn authenticate(
     }
     let issued = tokens::lookup(store, ns, token)
         .await
-        .map_err(|e| bad(format!("token store: {e}")))?
-        .ok_or_else(|| bad("the token was not issued to a pod of this node".into()))?;
-    if issued.service_account != sa {
-        return Err(bad(
-            "the token's service account differs from the one it was issued for".into(),
-        ));
+        .map_err(|e| bad(format!("token store: {e}")))?;
+    match issued {
+        Some(t) if t.service_account != sa => {
+            return Err(bad(
+                "the token's service account differs from the one it was issued for".into(),
+            ));
+        }
+        Some(_) => {}
+        None if cfg.keys.verify(token, &header_alg(token)) => {}
+        None => {
+            return Err(bad(
+                "the token was not issued to a pod of this node and no serviceAccountKeyFiles key signed it".into(),
+            ));
+        }
     }
     if let Some(pod) = k8s["pod"]["name"].as_str() {
         let uid = k8s["pod"]["uid"].as_str().unwrap_or_default();
@@ -213,6 +239,7 @@ mod tests {
         AuthConfig {
             issuers: vec!["https://kubernetes.default.svc.cluster.local".into()],
             audiences: Vec::new(),
+            keys: Default::default(),
         }
     }
 
@@ -276,6 +303,26 @@ mod tests {
         for h in ["Bearer x.y", "Bearer ", "Basic YTpi"] {
             assert!(authenticate(&store, &cfg(), Some(h)).await.is_err(), "{h}");
         }
+        // With the cluster's public key configured, a token the edge never obtained but the
+        // cluster signed is accepted; one signed with another key is not.
+        let (_, key) = kubeedge_shared::pki::serving_csr("n", &[]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pub_file = dir.path().join("sa.pub");
+        std::fs::write(&pub_file, key.public_key_pem()).unwrap();
+        let mut with_keys = cfg();
+        with_keys.keys = std::sync::Arc::new(
+            super::super::keys::KeySet::load(&[pub_file.to_string_lossy().into_owned()]).unwrap(),
+        );
+        let signed =
+            super::super::keys::tests::es256_token(key.serialize_der(), &sa_claims(now() + 60));
+        let user = authenticate(&store, &with_keys, Some(&format!("Bearer {signed}"))).await;
+        assert!(matches!(user, Ok(Some(_))), "{user:?}");
+        let (_, other) = kubeedge_shared::pki::serving_csr("n", &[]).unwrap();
+        let foreign =
+            super::super::keys::tests::es256_token(other.serialize_der(), &sa_claims(now() + 60));
+        let r = authenticate(&store, &with_keys, Some(&format!("Bearer {foreign}"))).await;
+        assert!(r.is_err(), "{r:?}");
+
         // The pod the token is bound to was replaced.
         let pod = json!({"metadata": {"name": "app", "namespace": "ns", "uid": "new-uid"}});
         store

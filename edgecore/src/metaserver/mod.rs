@@ -22,6 +22,7 @@ mod auth;
 mod authz;
 mod dummy;
 mod feed;
+mod keys;
 mod kinds;
 mod remote;
 mod request;
@@ -128,6 +129,9 @@ impl MetaServerConfig {
                 auth: auth::AuthConfig {
                     issuers: ms.service_account_issuers.clone(),
                     audiences: ms.api_audiences.clone(),
+                    keys: Arc::new(keys::KeySet::load(&ms.service_account_key_files).map_err(
+                        |e| format!("modules.metaManager.metaServer.serviceAccountKeyFiles: {e}"),
+                    )?),
                 },
             })
         } else {
@@ -199,9 +203,10 @@ impl MetaServer {
                     }
                 }
             }
-            let sc = serving::ServingCert::new(sec.pki_dir.clone());
+            let ips = sec.cert_ips(addr);
+            let sc = serving::ServingCert::new(sec.pki_dir.clone(), &ips);
             tls = Some(tls_acceptor(sc.clone()));
-            serving_cert = Some((sc, sec.cert_ips(addr)));
+            serving_cert = Some((sc, ips));
         }
         let feed = Feed::new(store.max_v2_rv().await?, config.limits);
         let sink_feed = feed.clone();

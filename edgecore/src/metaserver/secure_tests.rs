@@ -160,6 +160,7 @@ async fn pods_reach_it_over_https_with_their_token_and_rbac_decides() {
             auth: auth::AuthConfig {
                 issuers: vec![ISSUER.into()],
                 audiences: Vec::new(),
+                keys: Default::default(),
             },
         }),
     };
@@ -245,6 +246,13 @@ async fn pods_reach_it_over_https_with_their_token_and_rbac_decides() {
     let r = https(addr, &ca_pem, "/api/v1/namespaces/ns/pods", Some(&stranger)).await;
     assert_eq!(code(&r), 401, "{r}");
     server.shutdown().await;
+
+    // A stored certificate that does not name the configured addresses is replaced at once;
+    // one that does is renewed at 80 % of its life.
+    let same = serving::ServingCert::new(pki_dir.clone(), &[[127, 0, 0, 1].into()]);
+    assert!(same.renew_at() > time::OffsetDateTime::now_utc().unix_timestamp());
+    let moved = serving::ServingCert::new(pki_dir.clone(), &[[169, 254, 30, 10].into()]);
+    assert_eq!(moved.renew_at(), 0);
 
     // Restarted with the cloud unreachable: the stored certificate is served at once.
     let offline = Offline(broadcast::channel(4).0);

@@ -35,6 +35,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ServingCert {
     dir: PathBuf,
     current: RwLock<Option<(Arc<CertifiedKey>, i64, i64)>>,
+    /// The stored certificate does not name every listener address (the config changed):
+    /// it is served until a new one is issued, which is asked for at once.
+    stale: std::sync::atomic::AtomicBool,
 }
 
 impl ResolvesServerCert for ServingCert {
@@ -48,16 +51,28 @@ fn now() -> i64 {
 }
 
 impl ServingCert {
-    /// Loads `<dir>/metaserver-current.pem` when it holds a usable, unexpired pair.
-    pub fn new(dir: PathBuf) -> Arc<Self> {
+    /// Loads `<dir>/metaserver-current.pem` when it holds a usable, unexpired pair; one that
+    /// does not name every address in `ips` is replaced as soon as the cloud answers.
+    pub fn new(dir: PathBuf, ips: &[IpAddr]) -> Arc<Self> {
         let sc = Arc::new(ServingCert {
             dir,
             current: RwLock::new(None),
+            stale: Default::default(),
         });
         match load_pair(&sc.dir.join(PAIR_FILE)) {
             Ok(Some(pair)) if pair.2 > now() => {
+                let named = pair
+                    .0
+                    .cert
+                    .first()
+                    .map(|c| pki::cert_ip_sans(c))
+                    .unwrap_or_default();
                 tracing::info!(path = %sc.dir.join(PAIR_FILE).display(), "MetaServer serving certificate loaded");
                 sc.set(pair);
+                if ips.iter().any(|ip| !named.contains(ip)) {
+                    tracing::info!(?named, wanted = ?ips, "the stored MetaServer certificate names other addresses; a new one is requested");
+                    sc.stale.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
             }
             Ok(_) => {}
             Err(e) => {
@@ -75,11 +90,16 @@ impl ServingCert {
     }
 
     fn set(&self, pair: (Arc<CertifiedKey>, i64, i64)) {
+        self.stale
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(pair);
     }
 
     /// When a new certificate is due: at 80 % of the current one's lifetime, or now.
-    fn renew_at(&self) -> i64 {
+    pub(super) fn renew_at(&self) -> i64 {
+        if self.stale.load(std::sync::atomic::Ordering::Relaxed) {
+            return 0;
+        }
         match self.read() {
             Some((_, from, to)) => from + (to - from) * 4 / 5,
             None => 0,

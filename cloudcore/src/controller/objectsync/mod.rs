@@ -101,6 +101,10 @@ pub struct SyncOptions {
     /// ACK reports buffered between cloudhub and the writer.
     pub ack_buffer: usize,
     pub election: ElectionConfig,
+    /// `featureGates.requireAuthorization` (KubeEdge's gate for its policycontroller): the
+    /// RBAC rules of the service accounts an edge's pods use are sent to that edge as
+    /// ServiceAccountAccess objects, for its MetaServer. Off by default, as in KubeEdge.
+    pub policy: bool,
 }
 
 impl SyncOptions {
@@ -111,6 +115,7 @@ impl SyncOptions {
         SyncOptions {
             enable: sc.enable,
             resync_interval: std::time::Duration::from_secs(sc.resync_interval.max(1)),
+            policy: c.feature_gates.get("requireAuthorization") == Some(&true),
             ..Default::default()
         }
     }
@@ -125,6 +130,7 @@ impl Default for SyncOptions {
             write_concurrency: 16,
             ack_buffer: 16_384,
             election: ElectionConfig::new(LEASE_NAME),
+            policy: false,
         }
     }
 }

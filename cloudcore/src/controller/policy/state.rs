@@ -28,7 +28,9 @@ pub struct Policy {
     by_node: HashMap<String, HashMap<ObjKey, usize>>,
     rbac: Rbac,
     /// Computed objects (`None`: no such service account), valid until an RBAC change.
-    computed: HashMap<ObjKey, Option<(Value, u64)>>,
+    /// Per service account, computed once per change and shared by every node (an RBAC
+    /// change at 100k nodes compares hashes, it does not copy objects).
+    computed: HashMap<ObjKey, Option<(Arc<Value>, u64)>>,
     /// Per connected node, what it holds from us.
     sent: HashMap<String, HashMap<ObjKey, Sent>>,
     dirty_nodes: HashSet<String>,
@@ -268,13 +270,13 @@ impl Policy {
         self.last_rv
     }
 
-    fn computed(&mut self, sa: &ObjKey) -> Option<(Value, u64)> {
+    fn computed(&mut self, sa: &ObjKey) -> Option<(Arc<Value>, u64)> {
         if let Some(c) = self.computed.get(sa) {
             return c.clone();
         }
         let c = self.rbac.access(&sa.0, &sa.1).map(|v| {
             let h = hash_of(&v);
-            (v, h)
+            (Arc::new(v), h)
         });
         self.computed.insert(sa.clone(), c.clone());
         c
