@@ -14,14 +14,60 @@ pub fn device_id(name: &str) -> String {
     name.to_string()
 }
 
-/// A membership message adding (or removing) one device.
-pub fn membership(object: &Value, added: bool) -> Message {
+/// How an edge names devices: `<name>` (KubeEdge v1.15, and this project's edges, which take
+/// either) or `<namespace>/<name>` (KubeEdge v1.16+: its cloud sends such IDs and v1.17+ edges
+/// parse them in reports and MQTT topics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdForm {
+    #[default]
+    Name,
+    Namespaced,
+}
+
+impl IdForm {
+    /// From a Node's `status.nodeInfo.kubeletVersion`: KubeEdge's edged reports
+    /// `<kubernetes version>-kubeedge-v<major>.<minor>.<patch>`.
+    pub fn of_kubelet_version(v: &str) -> IdForm {
+        let Some(rest) = v.split("-kubeedge-v").nth(1) else {
+            return IdForm::Name;
+        };
+        let mut parts = rest.split(['.', '-']);
+        let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        if (major, minor) >= (1, 16) {
+            IdForm::Namespaced
+        } else {
+            IdForm::Name
+        }
+    }
+
+    pub fn id(self, object: &Value) -> String {
+        let s = |p: &str| {
+            object
+                .pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        };
+        match self {
+            IdForm::Name => device_id(s("/metadata/name")),
+            IdForm::Namespaced => {
+                let ns = Some(s("/metadata/namespace"))
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or("default");
+                format!("{ns}/{}", s("/metadata/name"))
+            }
+        }
+    }
+}
+
+/// A membership message adding (or removing) one device, its ID in the edge's form.
+pub fn membership(object: &Value, added: bool, form: IdForm) -> Message {
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
     let entry = MemberDevice {
-        id: device_id(name),
+        id: form.id(object),
         name: name.to_string(),
         description: object
             .pointer("/metadata/labels/description")
@@ -110,7 +156,7 @@ mod tests {
         let dev = json!({"metadata": {"name": "thermo-1", "namespace": "default",
             "resourceVersion": "17", "labels": {"description": "kitchen"},
             "managedFields": [{}]}, "spec": {"nodeName": "edge-1"}});
-        let m = membership(&dev, true);
+        let m = membership(&dev, true, IdForm::Name);
         assert_eq!(m.route.resource, "membership");
         assert_eq!(m.route.group, Group::Twin);
         assert!(!m.requires_ack());

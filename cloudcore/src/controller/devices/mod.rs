@@ -20,7 +20,7 @@ mod status;
 mod tests;
 mod watch;
 
-pub use messages::device_id;
+pub use messages::{IdForm, device_id};
 pub use status::{StatusWrite, device_resource, model_resource};
 
 use super::downstream::HubSink;
@@ -64,6 +64,11 @@ pub enum Input {
     },
     /// A status write failed: forget what was written for this device.
     WriteFailed(ObjKey),
+    /// How a node's edge names devices (from its Node's kubelet version).
+    NodeIdForm {
+        node: String,
+        form: IdForm,
+    },
 }
 
 /// The actor's state.
@@ -81,6 +86,12 @@ pub struct Devices {
     relist: Option<HashSet<ObjKey>>,
     devices_listed: bool,
     models_listed: bool,
+    /// Nodes whose edges take `<namespace>/<name>` device IDs (KubeEdge ≥ v1.16).
+    id_forms: HashMap<String, IdForm>,
+    /// Nodes whose Node object was asked for since they connected.
+    looked_up: HashSet<String>,
+    /// Asks for a node's kubelet version (answered as `Input::NodeIdForm`).
+    lookups: Option<mpsc::UnboundedSender<String>>,
 }
 
 fn key_of(obj: &Value) -> ObjKey {
@@ -119,6 +130,54 @@ impl Devices {
             relist: None,
             devices_listed: false,
             models_listed: false,
+            id_forms: HashMap::new(),
+            looked_up: HashSet::new(),
+            lookups: None,
+        }
+    }
+
+    /// Node versions are looked up through `lookups` (without it every edge gets v1.15 IDs).
+    pub fn with_lookups(mut self, lookups: mpsc::UnboundedSender<String>) -> Devices {
+        self.lookups = Some(lookups);
+        self
+    }
+
+    fn form(&mut self, node: &str) -> IdForm {
+        if !self.looked_up.contains(node)
+            && let Some(l) = &self.lookups
+            && l.send(node.to_string()).is_ok()
+        {
+            self.looked_up.insert(node.to_string());
+        }
+        self.id_forms.get(node).copied().unwrap_or_default()
+    }
+
+    /// A node's ID form became known: its edge's devices are renamed there (membership
+    /// removal under the old ID, addition under the new one).
+    fn node_id_form(&mut self, node: &str, form: IdForm) {
+        let old = self.id_forms.get(node).copied().unwrap_or_default();
+        if form == IdForm::Name {
+            self.id_forms.remove(node);
+        } else {
+            self.id_forms.insert(node.to_string(), form);
+        }
+        if old == form {
+            return;
+        }
+        tracing::info!(
+            node,
+            ?form,
+            "device IDs for this edge follow its KubeEdge version"
+        );
+        let mine: Vec<Value> = self
+            .devices
+            .values()
+            .filter(|d| node_of(d) == Some(node))
+            .cloned()
+            .collect();
+        for dev in &mine {
+            self.send(node, messages::membership(dev, false, old));
+            self.send(node, messages::membership(dev, true, form));
         }
     }
 
@@ -157,6 +216,7 @@ impl Devices {
             Input::WriteFailed(key) => {
                 self.written.remove(&key);
             }
+            Input::NodeIdForm { node, form } => self.node_id_form(&node, form),
         }
     }
 
@@ -179,7 +239,8 @@ impl Devices {
 
     /// A device bound to `node` arrives there: membership, its model (once per node), itself.
     fn added_flow(&mut self, node: &str, dev: &Value, op: Operation) {
-        self.send(node, messages::membership(dev, true));
+        let form = self.form(node);
+        self.send(node, messages::membership(dev, true, form));
         let model = model_of(dev);
         if !self
             .models_sent
@@ -193,7 +254,8 @@ impl Devices {
     /// A device leaves `node`: membership, its model when no other device there uses it,
     /// itself.
     fn deleted_flow(&mut self, node: &str, dev: &Value) {
-        self.send(node, messages::membership(dev, false));
+        let form = self.form(node);
+        self.send(node, messages::membership(dev, false, form));
         let model = model_of(dev);
         let key = key_of(dev);
         let still_used = self
@@ -293,6 +355,8 @@ impl Devices {
     /// An edge (re)connected: it gets all its devices again (idempotent at the edge).
     fn connected(&mut self, node: &str) {
         self.models_sent.retain(|(n, _)| n != node);
+        // The edge may have been upgraded: its version is asked for again.
+        self.looked_up.remove(node);
         let mine: Vec<Value> = self
             .devices
             .values()
@@ -327,7 +391,8 @@ impl Devices {
                         .is_some_and(|d| node_of(d) == Some(node));
                     if !bound {
                         let obj = stub_with_uid(&key, &h.uid);
-                        self.send(node, messages::membership(&obj, false));
+                        let form = self.form(node);
+                        self.send(node, messages::membership(&obj, false, form));
                         self.send(
                             node,
                             messages::object(Operation::Delete, "device", "Device", &obj),
@@ -517,6 +582,13 @@ pub fn spawn(
     let (tx, mut rx) = mpsc::channel::<Input>(1024);
     let (wtx, wrx) = mpsc::channel(status::QUEUE);
     tokio::spawn(watch::run(client.clone(), tx.clone(), shutdown.clone()));
+    let (ltx, lrx) = mpsc::unbounded_channel();
+    tokio::spawn(watch::node_versions(
+        client.clone(),
+        lrx,
+        tx.clone(),
+        shutdown.clone(),
+    ));
     tokio::spawn(status::run(
         client,
         hub.clone(),
@@ -525,7 +597,7 @@ pub fn spawn(
         shutdown.clone(),
     ));
     let task = tokio::spawn(async move {
-        let mut devices = Devices::new(hub, wtx);
+        let mut devices = Devices::new(hub, wtx).with_lookups(ltx);
         loop {
             let input = tokio::select! {
                 _ = shutdown.cancelled() => break,

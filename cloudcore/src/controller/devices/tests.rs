@@ -322,3 +322,80 @@ fn state_reports_and_membership_detail_requests() {
     let sent = hub.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
     assert_eq!(sent[0].1.header.parent_id, detail.header.id);
 }
+
+#[test]
+fn kubeedge_edges_from_v1_16_get_namespaced_device_ids() {
+    assert_eq!(
+        IdForm::of_kubelet_version("v1.27.7-kubeedge-v1.17.0"),
+        IdForm::Namespaced
+    );
+    assert_eq!(
+        IdForm::of_kubelet_version("v1.26.10-kubeedge-v1.16.1-dirty"),
+        IdForm::Namespaced
+    );
+    assert_eq!(
+        IdForm::of_kubelet_version("v1.26.10-kubeedge-v1.15.3"),
+        IdForm::Name
+    );
+    assert_eq!(
+        IdForm::of_kubelet_version("v1.29.0-kubeedge-rs-0.1.0"),
+        IdForm::Name
+    );
+    assert_eq!(IdForm::of_kubelet_version("garbage"), IdForm::Name);
+
+    let hub = Arc::new(Recorder::default());
+    let (tx, _rx) = mpsc::channel(16);
+    let (ltx, mut lrx) = mpsc::unbounded_channel();
+    let mut d = Devices::new(hub.clone(), tx).with_lookups(ltx);
+    d.apply(Input::ModelsListed);
+    d.apply(Input::DevicesListed);
+    d.apply(Input::ModelApplied(model("thermostat")));
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "thermostat")));
+    // The node's version is asked for once; until it is known, v1.15 IDs.
+    assert_eq!(lrx.try_recv().ok().as_deref(), Some("edge-1"));
+    let first = hub.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
+    assert_eq!(first[0].1.content["added_devices"][0]["id"], "t1");
+    d.apply(Input::DeviceApplied(device("t2", "edge-1", "thermostat")));
+    assert!(lrx.try_recv().is_err(), "asked again");
+    hub.take();
+
+    // A KubeEdge v1.17 edge: its devices are renamed there.
+    d.apply(Input::NodeIdForm {
+        node: "edge-1".into(),
+        form: IdForm::Namespaced,
+    });
+    let renamed = hub.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
+    let ids: Vec<(bool, String)> = renamed
+        .iter()
+        .map(|(_, m)| {
+            let added = m.content["added_devices"].is_array();
+            let list = if added {
+                "added_devices"
+            } else {
+                "removed_devices"
+            };
+            (
+                added,
+                m.content[list][0]["id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    for name in ["t1", "t2"] {
+        assert!(ids.contains(&(false, name.to_string())), "{ids:?}");
+        assert!(ids.contains(&(true, format!("default/{name}"))), "{ids:?}");
+    }
+    // New devices and reconnects use the namespaced form; a reconnect asks again.
+    d.apply(Input::DeviceApplied(device("t3", "edge-1", "thermostat")));
+    let m = hub.sent.lock().unwrap().drain(..).next().unwrap().1;
+    assert_eq!(m.content["added_devices"][0]["id"], "default/t3");
+    d.apply(Input::Connected("edge-1".into()));
+    assert_eq!(lrx.try_recv().ok().as_deref(), Some("edge-1"));
+    // Same form again: nothing sent.
+    hub.take();
+    d.apply(Input::NodeIdForm {
+        node: "edge-1".into(),
+        form: IdForm::Namespaced,
+    });
+    assert!(hub.take().is_empty());
+}

@@ -68,3 +68,44 @@ async fn watch(client: kube::Client, ar: ApiResource, kind: Kind, tx: mpsc::Send
         }
     }
 }
+
+/// Answers the actor's questions about nodes: the ID form of each node's edge, from its
+/// Node's `status.nodeInfo.kubeletVersion`. A node not registered yet (a new KubeEdge edge
+/// registers after connecting) is asked again, for up to a minute.
+pub async fn node_versions(
+    client: kube::Client,
+    mut asks: mpsc::UnboundedReceiver<String>,
+    tx: mpsc::Sender<Input>,
+    shutdown: CancellationToken,
+) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+    loop {
+        let node = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            n = asks.recv() => match n { Some(n) => n, None => return },
+        };
+        let (nodes, tx, stop) = (nodes.clone(), tx.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            for _ in 0..12 {
+                match nodes.get_opt(&node).await {
+                    Ok(Some(n)) => {
+                        let version = n
+                            .status
+                            .and_then(|s| s.node_info)
+                            .map(|i| i.kubelet_version)
+                            .unwrap_or_default();
+                        let form = super::IdForm::of_kubelet_version(&version);
+                        let _ = tx.send(Input::NodeIdForm { node, form }).await;
+                        return;
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!(%node, error = %e, "node lookup failed; retried"),
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+                }
+            }
+        });
+    }
+}
