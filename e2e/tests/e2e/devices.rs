@@ -546,3 +546,125 @@ async fn router_publish_and_subscribe_reach_the_edges_mqtt() {
     .await;
     env.cleanup().await;
 }
+
+/// A KubeEdge v1.17 edge (its Node reports `…-kubeedge-v1.17.0`): membership names the device
+/// `<namespace>/<name>` and its v1.17-shaped report (`device/<ns>/<name>/twin/edge_updated`)
+/// is written to the Device's status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kubeedge_v1_17_edge_gets_namespaced_device_ids() {
+    use e2e::channel::RawEdge;
+    use e2e::sim_edge::{delete_node, edge_node};
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, Patch, PatchParams};
+    use kubeedge_shared::{Group, Message, Operation};
+    init_logs();
+    let cluster = e2e::cluster::connect().await.expect("test cluster");
+    devices::install(&cluster.client())
+        .await
+        .expect("device CRDs");
+    let pki = Pki::new().expect("test PKI");
+    let cloud = CloudFixture::start(cluster.client(), &pki)
+        .await
+        .expect("cloudcore starts");
+    let node = node_name("ke17-devices");
+    edge_node(&cluster, &node).await;
+    Api::<Node>::all(cluster.client())
+        .patch_status(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeInfo": {
+                "kubeletVersion": "v1.27.7-kubeedge-v1.17.0", "machineID": "", "systemUUID": "",
+                "bootID": "", "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "",
+                "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}}})),
+        )
+        .await
+        .expect("node status");
+    let ns = cluster.temp_namespace("ke17-devices").await.expect("ns");
+    let client = cluster.client();
+    let plc: SocketAddr = "127.0.0.1:5021".parse().unwrap();
+    let m: DynamicObject = serde_json::from_value(devices::thermostat_model("thermostat")).unwrap();
+    devices::models(&client, &ns)
+        .create(&PostParams::default(), &m)
+        .await
+        .unwrap();
+    let d: DynamicObject = serde_json::from_value(devices::thermostat(
+        "thermo-17",
+        "thermostat",
+        &node,
+        plc,
+        "7",
+    ))
+    .unwrap();
+    devices::devices(&client, &ns)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    // Connecting after the device exists: the push waits for the node's version.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let tls = pki.edge_tls(&pki.node_cert(&node).unwrap()).unwrap();
+    let mut edge = RawEdge::connect(cloud.hub.local_addr(), &node, tls)
+        .await
+        .expect("connects");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let membership = loop {
+        assert!(tokio::time::Instant::now() < deadline, "no membership");
+        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
+            if m.route.group == Group::Resource {
+                edge.ack(&m).await.unwrap();
+            }
+            if m.route.resource == "membership" {
+                break m;
+            }
+        }
+    };
+    assert_eq!(
+        membership.content["added_devices"][0]["id"],
+        format!("{ns}/thermo-17"),
+        "{membership:?}"
+    );
+    assert_eq!(membership.content["added_devices"][0]["name"], "thermo-17");
+
+    let report = Message::new(
+        "twin",
+        Group::Resource,
+        Operation::Update,
+        format!("device/{ns}/thermo-17/twin/edge_updated"),
+        json!({"event_id": "e17", "timestamp": 1_718_000_000_000i64, "twin": {"temperature": {
+            "actual": {"value": "19", "metadata": {"timestamp": 1_718_000_000_789i64}},
+            "optional": true, "metadata": {"type": "string"},
+            "actual_version": {"cloud": 0, "edge": 1}}}}),
+    );
+    edge.send(&report).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "report not answered"
+        );
+        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
+            if m.route.group == Group::Resource && m.route.operation != Operation::Response {
+                edge.ack(&m).await.unwrap();
+            }
+            if m.header.parent_id == report.header.id {
+                assert_eq!(m.content, json!("OK"));
+                break;
+            }
+        }
+    }
+    let dev = serde_json::to_value(
+        devices::devices(&client, &ns)
+            .get("thermo-17")
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let reported = dev["status"]["twins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["propertyName"] == "temperature")
+        .map(|t| t["reported"]["value"].clone());
+    assert_eq!(reported, Some(json!("19")), "{dev}");
+    cluster.delete_namespace(&ns).await;
+    delete_node(&cluster, &node).await;
+}

@@ -88,8 +88,10 @@ pub struct Devices {
     models_listed: bool,
     /// Nodes whose edges take `<namespace>/<name>` device IDs (KubeEdge ≥ v1.16).
     id_forms: HashMap<String, IdForm>,
-    /// Nodes whose Node object was asked for since they connected.
-    looked_up: HashSet<String>,
+    /// Nodes whose Node object is being asked for.
+    asked: HashSet<String>,
+    /// Connected nodes whose devices wait for their ID form.
+    waiting: HashSet<String>,
     /// Asks for a node's kubelet version (answered as `Input::NodeIdForm`).
     lookups: Option<mpsc::UnboundedSender<String>>,
 }
@@ -131,7 +133,8 @@ impl Devices {
             devices_listed: false,
             models_listed: false,
             id_forms: HashMap::new(),
-            looked_up: HashSet::new(),
+            asked: HashSet::new(),
+            waiting: HashSet::new(),
             lookups: None,
         }
     }
@@ -142,25 +145,36 @@ impl Devices {
         self
     }
 
-    fn form(&mut self, node: &str) -> IdForm {
-        if !self.looked_up.contains(node)
+    fn ask(&mut self, node: &str) {
+        if !self.asked.contains(node)
             && let Some(l) = &self.lookups
             && l.send(node.to_string()).is_ok()
         {
-            self.looked_up.insert(node.to_string());
+            self.asked.insert(node.to_string());
         }
-        self.id_forms.get(node).copied().unwrap_or_default()
     }
 
-    /// A node's ID form became known: its edge's devices are renamed there (membership
-    /// removal under the old ID, addition under the new one).
-    fn node_id_form(&mut self, node: &str, form: IdForm) {
-        let old = self.id_forms.get(node).copied().unwrap_or_default();
-        if form == IdForm::Name {
-            self.id_forms.remove(node);
-        } else {
-            self.id_forms.insert(node.to_string(), form);
+    /// The node's ID form; asked for when not known yet (v1.15's meanwhile).
+    fn form(&mut self, node: &str) -> IdForm {
+        match self.id_forms.get(node) {
+            Some(f) => *f,
+            None => {
+                self.ask(node);
+                IdForm::default()
+            }
         }
+    }
+
+    /// A node's ID form is known: a connect push that waited for it goes out; devices sent
+    /// under another form are renamed there (membership removal, then addition).
+    fn node_id_form(&mut self, node: &str, form: IdForm) {
+        self.asked.remove(node);
+        let old = self.id_forms.insert(node.to_string(), form);
+        if self.waiting.remove(node) {
+            self.push_all(node);
+            return;
+        }
+        let old = old.unwrap_or_default();
         if old == form {
             return;
         }
@@ -169,16 +183,18 @@ impl Devices {
             ?form,
             "device IDs for this edge follow its KubeEdge version"
         );
-        let mine: Vec<Value> = self
-            .devices
+        for dev in self.devices_of(node) {
+            self.send(node, messages::membership(&dev, false, old));
+            self.send(node, messages::membership(&dev, true, form));
+        }
+    }
+
+    fn devices_of(&self, node: &str) -> Vec<Value> {
+        self.devices
             .values()
             .filter(|d| node_of(d) == Some(node))
             .cloned()
-            .collect();
-        for dev in &mine {
-            self.send(node, messages::membership(dev, false, old));
-            self.send(node, messages::membership(dev, true, form));
-        }
+            .collect()
     }
 
     pub fn apply(&mut self, input: Input) {
@@ -352,17 +368,26 @@ impl Devices {
         }
     }
 
-    /// An edge (re)connected: it gets all its devices again (idempotent at the edge).
+    /// An edge (re)connected: it gets all its devices again (idempotent at the edge), once
+    /// its ID form is known (a first contact asks for it; later ones ask again, the edge may
+    /// have been upgraded, and rename if it changed).
     fn connected(&mut self, node: &str) {
         self.models_sent.retain(|(n, _)| n != node);
-        // The edge may have been upgraded: its version is asked for again.
-        self.looked_up.remove(node);
-        let mine: Vec<Value> = self
-            .devices
-            .values()
-            .filter(|d| node_of(d) == Some(node))
-            .cloned()
-            .collect();
+        if !self.devices.values().any(|d| node_of(d) == Some(node)) {
+            return;
+        }
+        let known = self.id_forms.contains_key(node);
+        self.asked.remove(node);
+        self.ask(node);
+        if !known && self.asked.contains(node) {
+            self.waiting.insert(node.to_string());
+            return;
+        }
+        self.push_all(node);
+    }
+
+    fn push_all(&mut self, node: &str) {
+        let mine = self.devices_of(node);
         for dev in &mine {
             self.added_flow(node, dev, Operation::Insert);
         }

@@ -391,11 +391,43 @@ fn kubeedge_edges_from_v1_16_get_namespaced_device_ids() {
     assert_eq!(m.content["added_devices"][0]["id"], "default/t3");
     d.apply(Input::Connected("edge-1".into()));
     assert_eq!(lrx.try_recv().ok().as_deref(), Some("edge-1"));
+    let pushed = hub.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
+    assert!(
+        pushed
+            .iter()
+            .any(|(_, m)| m.content["added_devices"][0]["id"] == "default/t1"),
+        "a known form does not wait"
+    );
     // Same form again: nothing sent.
-    hub.take();
     d.apply(Input::NodeIdForm {
         node: "edge-1".into(),
         form: IdForm::Namespaced,
     });
     assert!(hub.take().is_empty());
+
+    // A node never looked up (e.g. after a cloudcore restart) waits for its form on connect.
+    d.apply(Input::DeviceApplied(device("u1", "edge-2", "thermostat")));
+    assert_eq!(lrx.try_recv().ok().as_deref(), Some("edge-2"));
+    d.apply(Input::NodeIdForm {
+        node: "edge-2".into(),
+        form: IdForm::Name,
+    });
+    hub.take();
+    let (hub2, d2) = (hub.clone(), &mut d);
+    d2.id_forms.remove("edge-2");
+    d2.apply(Input::Connected("edge-2".into()));
+    assert_eq!(lrx.try_recv().ok().as_deref(), Some("edge-2"));
+    assert!(hub2.take().is_empty(), "nothing before the form is known");
+    d2.apply(Input::NodeIdForm {
+        node: "edge-2".into(),
+        form: IdForm::Namespaced,
+    });
+    let sent = hub2.sent.lock().unwrap().drain(..).collect::<Vec<_>>();
+    assert_eq!(sent[0].1.content["added_devices"][0]["id"], "default/u1");
+    assert!(
+        !sent
+            .iter()
+            .any(|(_, m)| m.content["removed_devices"].is_array()),
+        "no rename for a push that waited"
+    );
 }

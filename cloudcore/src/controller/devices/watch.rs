@@ -71,7 +71,7 @@ async fn watch(client: kube::Client, ar: ApiResource, kind: Kind, tx: mpsc::Send
 
 /// Answers the actor's questions about nodes: the ID form of each node's edge, from its
 /// Node's `status.nodeInfo.kubeletVersion`. A node not registered yet (a new KubeEdge edge
-/// registers after connecting) is asked again, for up to a minute.
+/// registers after connecting) is asked again, for up to a minute, then taken as v1.15.
 pub async fn node_versions(
     client: kube::Client,
     mut asks: mpsc::UnboundedReceiver<String>,
@@ -106,6 +106,9 @@ pub async fn node_versions(
                     _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
                 }
             }
+            // Never registered: KubeEdge v1.15's IDs (what this project's edges take too).
+            let form = super::IdForm::default();
+            let _ = tx.send(Input::NodeIdForm { node, form }).await;
         });
     }
 }
