@@ -436,16 +436,21 @@ async fn a_kubeedge_edge_gets_kubeedge_shapes_and_its_reports_are_written() {
     );
     assert!(got[0].content["removed_devices"].is_null());
     assert!(got[0].content["event_id"].is_string() && got[0].content["timestamp"].is_i64());
-    assert_eq!(
-        got[1].route.resource,
-        format!("{ns}/devicemodel/thermostat")
-    );
-    assert_eq!(got[1].route.operation, Operation::Insert);
-    assert_eq!(got[1].content["kind"], "DeviceModel");
-    assert_eq!(got[1].content["apiVersion"], "devices.kubeedge.io/v1beta1");
-    assert_eq!(got[2].route.resource, format!("{ns}/device/thermo-ke"));
-    assert_eq!(got[2].content["spec"]["nodeName"], node.as_str());
-    assert!(!got[2].header.resource_version.is_empty());
+    // The model and the device: the model first when the cloud's model watch delivered it
+    // before the device's (two watches: the model may also follow the device, as in KubeEdge).
+    let by_resource = |r: String| {
+        got[1..]
+            .iter()
+            .find(|m| m.route.resource == r)
+            .unwrap_or_else(|| panic!("no {r} in {got:?}"))
+    };
+    let model = by_resource(format!("{ns}/devicemodel/thermostat"));
+    assert_eq!(model.route.operation, Operation::Insert);
+    assert_eq!(model.content["kind"], "DeviceModel");
+    assert_eq!(model.content["apiVersion"], "devices.kubeedge.io/v1beta1");
+    let device = by_resource(format!("{ns}/device/thermo-ke"));
+    assert_eq!(device.content["spec"]["nodeName"], node.as_str());
+    assert!(!device.header.resource_version.is_empty());
 
     // KubeEdge v1.15's twin report: device/<name>/twin/edge_updated, versions and all.
     let report = Message::new(
