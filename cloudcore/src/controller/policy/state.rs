@@ -17,22 +17,30 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Sent {
     hash: u64,
-    uid: String,
+    uid: Arc<str>,
 }
+
+/// A node name or a service account key, shared by every map that holds it (at 100k nodes
+/// with a few pods each, copies of the same strings were most of the state).
+type NodeName = Arc<str>;
+type SaKey = Arc<ObjKey>;
 
 pub struct Policy {
     hub: Arc<dyn HubSink>,
     /// Pod `(ns, name)` → (node, service account key).
-    pods: HashMap<ObjKey, (String, ObjKey)>,
+    pods: HashMap<ObjKey, (NodeName, SaKey)>,
     /// Node → service account → how many of its pods use it.
-    by_node: HashMap<String, HashMap<ObjKey, usize>>,
+    by_node: HashMap<NodeName, HashMap<SaKey, usize>>,
+    /// The one copy of each node name and service account key.
+    node_names: HashSet<NodeName>,
+    sa_keys: HashSet<SaKey>,
     rbac: Rbac,
     /// Computed objects (`None`: no such service account), valid until an RBAC change.
     /// Per service account, computed once per change and shared by every node (an RBAC
     /// change at 100k nodes compares hashes, it does not copy objects).
-    computed: HashMap<ObjKey, Option<(Arc<Value>, u64)>>,
+    computed: HashMap<SaKey, Option<(Arc<Value>, u64, Arc<str>)>>,
     /// Per connected node, what it holds from us.
-    sent: HashMap<String, HashMap<ObjKey, Sent>>,
+    sent: HashMap<NodeName, HashMap<SaKey, Sent>>,
     dirty_nodes: HashSet<String>,
     all_dirty: bool,
     /// Kinds whose first list is complete; nothing is sent before all are.
@@ -56,6 +64,8 @@ impl Policy {
             hub,
             pods: HashMap::new(),
             by_node: HashMap::new(),
+            node_names: HashSet::new(),
+            sa_keys: HashSet::new(),
             rbac: Rbac::default(),
             computed: HashMap::new(),
             sent: HashMap::new(),
@@ -66,6 +76,24 @@ impl Policy {
             last_rv: 0,
             early_inventories: HashMap::new(),
         }
+    }
+
+    fn node_name(&mut self, node: &str) -> NodeName {
+        if let Some(n) = self.node_names.get(node) {
+            return n.clone();
+        }
+        let n: NodeName = Arc::from(node);
+        self.node_names.insert(n.clone());
+        n
+    }
+
+    fn sa_key(&mut self, key: ObjKey) -> SaKey {
+        if let Some(k) = self.sa_keys.get(&key) {
+            return k.clone();
+        }
+        let k = Arc::new(key);
+        self.sa_keys.insert(k.clone());
+        k
     }
 
     fn all_listed(&self) -> bool {
@@ -130,7 +158,7 @@ impl Policy {
             ),
             Input::Connected(node) | Input::Disconnected(node) => {
                 // Whatever it holds is sent again when it connects.
-                self.sent.remove(&node);
+                self.sent.remove(node.as_str());
                 self.dirty_nodes.insert(node);
             }
             Input::Inventory { node, held } => self.inventory(&node, &held),
@@ -192,25 +220,26 @@ impl Policy {
 
     fn pod_applied(&mut self, pod: PodRef) {
         let key = pod.key();
-        let place = (
-            pod.node.clone(),
-            (pod.namespace.clone(), pod.service_account.clone()),
-        );
-        if self.pods.get(&key) == Some(&place) {
+        let same = self.pods.get(&key).is_some_and(|(n, sa)| {
+            **n == *pod.node && sa.0 == pod.namespace && sa.1 == pod.service_account
+        });
+        if same {
             return;
         }
         self.pod_gone(&key);
         if pod.node.is_empty() {
             return;
         }
+        let node = self.node_name(&pod.node);
+        let sa = self.sa_key((pod.namespace, pod.service_account));
         *self
             .by_node
-            .entry(place.0.clone())
+            .entry(node.clone())
             .or_default()
-            .entry(place.1.clone())
+            .entry(sa.clone())
             .or_default() += 1;
-        self.dirty_nodes.insert(place.0.clone());
-        self.pods.insert(key, place);
+        self.dirty_nodes.insert(node.to_string());
+        self.pods.insert(key, (node, sa));
     }
 
     fn pod_gone(&mut self, key: &ObjKey) {
@@ -228,7 +257,7 @@ impl Policy {
                 self.by_node.remove(&node);
             }
         }
-        self.dirty_nodes.insert(node);
+        self.dirty_nodes.insert(node.to_string());
     }
 
     /// The edge lists what it holds: what it should not hold is deleted (it may be left from
@@ -270,13 +299,18 @@ impl Policy {
         self.last_rv
     }
 
-    fn computed(&mut self, sa: &ObjKey) -> Option<(Arc<Value>, u64)> {
+    fn computed(&mut self, sa: &SaKey) -> Option<(Arc<Value>, u64, Arc<str>)> {
         if let Some(c) = self.computed.get(sa) {
             return c.clone();
         }
         let c = self.rbac.access(&sa.0, &sa.1).map(|v| {
             let h = hash_of(&v);
-            (Arc::new(v), h)
+            let uid: Arc<str> = Arc::from(
+                v.pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+            );
+            (Arc::new(v), h, uid)
         });
         self.computed.insert(sa.clone(), c.clone());
         c
@@ -294,8 +328,9 @@ impl Policy {
                 .keys()
                 .chain(self.sent.keys())
                 .cloned()
-                .collect::<HashSet<_>>()
+                .collect::<HashSet<NodeName>>()
                 .into_iter()
+                .map(|n| n.to_string())
                 .collect()
         } else {
             self.dirty_nodes.drain().collect()
@@ -303,7 +338,7 @@ impl Policy {
         let mut ok = true;
         for node in nodes {
             if !self.hub.is_connected(&node) {
-                self.sent.remove(&node);
+                self.sent.remove(node.as_str());
                 continue;
             }
             if !self.sync_node(&node) {
@@ -315,24 +350,20 @@ impl Policy {
     }
 
     fn sync_node(&mut self, node: &str) -> bool {
-        let wanted: Vec<ObjKey> = self
+        let wanted: Vec<SaKey> = self
             .by_node
             .get(node)
             .map(|m| m.keys().cloned().collect())
             .unwrap_or_default();
+        let node_key = self.node_name(node);
         let mut ok = true;
         let mut keep = HashSet::new();
         for sa in wanted {
-            let Some((obj, hash)) = self.computed(&sa) else {
+            let Some((obj, hash, uid)) = self.computed(&sa) else {
                 continue;
             };
             keep.insert(sa.clone());
             let before = self.sent.get(node).and_then(|s| s.get(&sa)).cloned();
-            let uid = obj
-                .pointer("/metadata/uid")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
             if before.as_ref().is_some_and(|b| b.hash == hash) {
                 continue;
             }
@@ -344,7 +375,7 @@ impl Policy {
             match self.hub.send(node, messages::object(op, &obj, rv)) {
                 Ok(_) => {
                     self.sent
-                        .entry(node.to_string())
+                        .entry(node_key.clone())
                         .or_default()
                         .insert(sa, Sent { hash, uid });
                 }
@@ -354,7 +385,7 @@ impl Policy {
                 }
             }
         }
-        let gone: Vec<(ObjKey, Sent)> = self
+        let gone: Vec<(SaKey, Sent)> = self
             .sent
             .get(node)
             .map(|s| {
