@@ -24,6 +24,8 @@ struct Sent {
 /// with a few pods each, copies of the same strings were most of the state).
 type NodeName = Arc<str>;
 type SaKey = Arc<ObjKey>;
+/// A service account's object, its hash and its UID.
+type Computed = (Arc<Value>, u64, Arc<str>);
 
 pub struct Policy {
     hub: Arc<dyn HubSink>,
@@ -38,7 +40,7 @@ pub struct Policy {
     /// Computed objects (`None`: no such service account), valid until an RBAC change.
     /// Per service account, computed once per change and shared by every node (an RBAC
     /// change at 100k nodes compares hashes, it does not copy objects).
-    computed: HashMap<SaKey, Option<(Arc<Value>, u64, Arc<str>)>>,
+    computed: HashMap<SaKey, Option<Computed>>,
     /// Per connected node, what it holds from us.
     sent: HashMap<NodeName, HashMap<SaKey, Sent>>,
     dirty_nodes: HashSet<String>,
@@ -299,7 +301,7 @@ impl Policy {
         self.last_rv
     }
 
-    fn computed(&mut self, sa: &SaKey) -> Option<(Arc<Value>, u64, Arc<str>)> {
+    fn computed(&mut self, sa: &SaKey) -> Option<Computed> {
         if let Some(c) = self.computed.get(sa) {
             return c.clone();
         }
