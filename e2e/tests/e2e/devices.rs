@@ -369,10 +369,8 @@ async fn a_device_no_mapper_can_serve_gets_a_condition_and_the_others_run_on() {
 /// A KubeEdge v1.15 edge (a raw WebSocket peer speaking as KubeEdge's edgecore does) gets the
 /// device messages in KubeEdge's shapes from our cloudcore, and its twin report in KubeEdge's
 /// shape lands in the Device's status and is answered as KubeEdge's cloud answers it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_kubeedge_edge_gets_kubeedge_shapes_and_its_reports_are_written() {
-    use e2e::channel::RawEdge;
-    use kubeedge_shared::{Group, Message, Operation};
+/// The cloud side for raw (KubeEdge-shaped) edges: the device CRDs and cloudcore.
+async fn raw_edge_cloud() -> (TestCluster, Pki, CloudFixture) {
     init_logs();
     let cluster = e2e::cluster::connect().await.expect("test cluster");
     devices::install(&cluster.client())
@@ -382,6 +380,35 @@ async fn a_kubeedge_edge_gets_kubeedge_shapes_and_its_reports_are_written() {
     let cloud = CloudFixture::start(cluster.client(), &pki)
         .await
         .expect("cloudcore starts");
+    (cluster, pki, cloud)
+}
+
+/// The thermostat model and a thermostat `name` bound to `node` (its PLC at `plc`) in `ns`.
+async fn create_thermostat(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    plc: SocketAddr,
+) {
+    let m: DynamicObject = serde_json::from_value(devices::thermostat_model("thermostat")).unwrap();
+    devices::models(client, ns)
+        .create(&PostParams::default(), &m)
+        .await
+        .unwrap();
+    let d: DynamicObject =
+        serde_json::from_value(devices::thermostat(name, "thermostat", node, plc, "7")).unwrap();
+    devices::devices(client, ns)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kubeedge_edge_gets_kubeedge_shapes_and_its_reports_are_written() {
+    use e2e::channel::RawEdge;
+    use kubeedge_shared::{Group, Message, Operation};
+    let (cluster, pki, cloud) = raw_edge_cloud().await;
     let node = node_name("ke-devices");
     let tls = pki.edge_tls(&pki.node_cert(&node).unwrap()).unwrap();
     let mut edge = RawEdge::connect(cloud.hub.local_addr(), &node, tls)
@@ -390,23 +417,7 @@ async fn a_kubeedge_edge_gets_kubeedge_shapes_and_its_reports_are_written() {
     let ns = cluster.temp_namespace("ke-devices").await.expect("ns");
     let client = cluster.client();
     let plc: SocketAddr = "127.0.0.1:5020".parse().unwrap();
-    let m: DynamicObject = serde_json::from_value(devices::thermostat_model("thermostat")).unwrap();
-    devices::models(&client, &ns)
-        .create(&PostParams::default(), &m)
-        .await
-        .unwrap();
-    let d: DynamicObject = serde_json::from_value(devices::thermostat(
-        "thermo-ke",
-        "thermostat",
-        &node,
-        plc,
-        "7",
-    ))
-    .unwrap();
-    devices::devices(&client, &ns)
-        .create(&PostParams::default(), &d)
-        .await
-        .unwrap();
+    create_thermostat(&client, &ns, "thermo-ke", &node, plc).await;
 
     // membership (group twin, NO-ACK), then the model, then the device (group resource).
     let mut got: Vec<Message> = Vec::new();
@@ -562,15 +573,7 @@ async fn a_kubeedge_v1_17_edge_gets_namespaced_device_ids() {
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{Api, Patch, PatchParams};
     use kubeedge_shared::{Group, Message, Operation};
-    init_logs();
-    let cluster = e2e::cluster::connect().await.expect("test cluster");
-    devices::install(&cluster.client())
-        .await
-        .expect("device CRDs");
-    let pki = Pki::new().expect("test PKI");
-    let cloud = CloudFixture::start(cluster.client(), &pki)
-        .await
-        .expect("cloudcore starts");
+    let (cluster, pki, cloud) = raw_edge_cloud().await;
     let node = node_name("ke17-devices");
     edge_node(&cluster, &node).await;
     Api::<Node>::all(cluster.client())
@@ -587,23 +590,7 @@ async fn a_kubeedge_v1_17_edge_gets_namespaced_device_ids() {
     let ns = cluster.temp_namespace("ke17-devices").await.expect("ns");
     let client = cluster.client();
     let plc: SocketAddr = "127.0.0.1:5021".parse().unwrap();
-    let m: DynamicObject = serde_json::from_value(devices::thermostat_model("thermostat")).unwrap();
-    devices::models(&client, &ns)
-        .create(&PostParams::default(), &m)
-        .await
-        .unwrap();
-    let d: DynamicObject = serde_json::from_value(devices::thermostat(
-        "thermo-17",
-        "thermostat",
-        &node,
-        plc,
-        "7",
-    ))
-    .unwrap();
-    devices::devices(&client, &ns)
-        .create(&PostParams::default(), &d)
-        .await
-        .unwrap();
+    create_thermostat(&client, &ns, "thermo-17", &node, plc).await;
     // Connecting after the device exists: the push waits for the node's version.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let tls = pki.edge_tls(&pki.node_cert(&node).unwrap()).unwrap();

@@ -269,7 +269,7 @@ async fn request_certificate(
     Ok(())
 }
 
-fn write_file(path: &str, data: &[u8], mode: u32) -> Result<(), CertError> {
+pub(crate) fn write_file(path: &str, data: &[u8], mode: u32) -> Result<(), CertError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let err = |source| CertError::Write {

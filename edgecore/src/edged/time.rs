@@ -20,6 +20,17 @@ pub fn now() -> String {
     rfc3339(SystemTime::now())
 }
 
+/// Seconds since the Unix epoch (JWT `exp`/`nbf`, certificate validity).
+pub fn unix_now() -> i64 {
+    unix(SystemTime::now())
+}
+
+pub fn unix(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
 /// CRI timestamps are Unix nanoseconds; 0 means "never".
 pub fn from_unix_nanos(nanos: i64) -> Option<SystemTime> {
     (nanos > 0).then(|| UNIX_EPOCH + Duration::from_nanos(nanos as u64))

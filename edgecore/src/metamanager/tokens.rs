@@ -31,15 +31,7 @@ fn key(namespace: &str, token: &str) -> String {
     format!("{namespace}/{TOKEN_TYPE}/{}", digest(token))
 }
 
-fn unix(rfc3339: &str) -> Option<i64> {
-    time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
-        .ok()
-        .map(|t| t.unix_timestamp())
-}
-
-fn now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
-}
+use crate::edged::time::{parse_rfc3339, unix, unix_now as now};
 
 /// The record for a `TokenRequest` answer (`status.token` set), if it is one.
 pub fn record_of(namespace: &str, service_account: &str, answer: &Value) -> Option<MetaRecord> {
@@ -48,7 +40,8 @@ pub fn record_of(namespace: &str, service_account: &str, answer: &Value) -> Opti
         .filter(|t| !t.is_empty())?;
     let expires = answer["status"]["expirationTimestamp"]
         .as_str()
-        .and_then(unix)
+        .and_then(parse_rfc3339)
+        .map(unix)
         .unwrap_or(0);
     let bound = &answer["spec"]["boundObjectRef"];
     let pod = (bound["kind"] == "Pod").then(|| json!({"name": bound["name"], "uid": bound["uid"]}));

@@ -33,9 +33,7 @@ pub enum Refusal {
     Unauthenticated(String),
 }
 
-fn now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
-}
+use crate::edged::time::unix_now as now;
 
 /// The claims part of a JWT.
 fn claims(token: &str) -> Result<Value, String> {

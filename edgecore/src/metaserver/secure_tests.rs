@@ -70,24 +70,6 @@ impl CloudLink for CloudFake {
     }
 }
 
-#[derive(Clone)]
-struct Offline(broadcast::Sender<LinkEvent>);
-
-impl CloudLink for Offline {
-    fn is_connected(&self) -> bool {
-        false
-    }
-    async fn send(&self, _msg: Message) -> Result<(), HubError> {
-        Err(HubError::Disconnected)
-    }
-    async fn request(&self, _msg: Message, _timeout: Duration) -> Result<Message, HubError> {
-        Err(HubError::Disconnected)
-    }
-    fn subscribe(&self) -> broadcast::Receiver<LinkEvent> {
-        self.0.subscribe()
-    }
-}
-
 const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 fn jwt(ns: &str, sa: &str, pod: &str, uid: &str) -> String {
@@ -255,7 +237,7 @@ async fn pods_reach_it_over_https_with_their_token_and_rbac_decides() {
     assert_eq!(moved.renew_at(), 0);
 
     // Restarted with the cloud unreachable: the stored certificate is served at once.
-    let offline = Offline(broadcast::channel(4).0);
+    let offline = super::tests::FakeLink::new(false);
     let server = MetaServer::start(config, store.clone(), offline)
         .await
         .unwrap();

@@ -46,9 +46,7 @@ impl ResolvesServerCert for ServingCert {
     }
 }
 
-fn now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
-}
+use crate::edged::time::unix_now as now;
 
 impl ServingCert {
     /// Loads `<dir>/metaserver-current.pem` when it holds a usable, unexpired pair; one that
@@ -132,21 +130,9 @@ fn load_pair(path: &Path) -> Result<Option<Pair>, String> {
     )))
 }
 
+/// Written beside and renamed, mode 0600 (the certificate manager's writer).
 fn write_private(path: &Path, data: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    f.write_all(data)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    crate::certmanager::write_file(&path.to_string_lossy(), data, 0o600).map_err(|e| e.to_string())
 }
 
 /// Keeps a valid certificate in `sc`: requests one when there is none or it is due,
@@ -236,7 +222,6 @@ async fn obtain<L: CloudLink>(
     node: &str,
     ips: &[IpAddr],
 ) -> Result<(), String> {
-    std::fs::create_dir_all(&sc.dir).map_err(|e| format!("{}: {e}", sc.dir.display()))?;
     let ca = ask(link, Operation::Query, "k8s/ca.crt", Value::Null).await?;
     match ca.as_str() {
         Some(pem) if pem.contains("BEGIN CERTIFICATE") => {

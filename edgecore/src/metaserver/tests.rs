@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 type Answerer = Box<dyn Fn(&Application) -> Application + Send>;
 
 #[derive(Clone)]
-struct FakeLink {
+pub(super) struct FakeLink {
     connected: Arc<AtomicBool>,
     /// Answers an Application (None: no answer, the request times out).
     answer: Arc<Mutex<Option<Answerer>>>,
@@ -24,7 +24,7 @@ struct FakeLink {
 }
 
 impl FakeLink {
-    fn new(connected: bool) -> Self {
+    pub(super) fn new(connected: bool) -> Self {
         FakeLink {
             connected: Arc::new(AtomicBool::new(connected)),
             answer: Arc::default(),
