@@ -1,0 +1,1 @@
+//! DNS at the edge (being written).
