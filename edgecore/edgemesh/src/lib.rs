@@ -12,6 +12,7 @@
 pub mod catalog;
 pub mod dns;
 pub mod model;
+pub mod proxy;
 
 pub use catalog::{Catalog, Snapshot};
 pub use model::{EndpointSlice, Key, LocalPod, Service};
