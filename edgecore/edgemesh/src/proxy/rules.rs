@@ -226,8 +226,8 @@ pub fn plan(snap: &Snapshot, s: &RuleSettings) -> Plan {
             let id = port_id(svc, p);
             let id_refs: Vec<&str> = id.iter().map(String::as_str).collect();
             let svc_chain = hashed(&s.prefix, "SVC", &id_refs);
-            let targets = targets(p, s, &id_refs, service.internal_local);
-            if targets.is_empty() {
+            let cluster_targets = targets(p, s, &id_refs, service.internal_local);
+            if cluster_targets.is_empty() {
                 for ip in &cluster_ips {
                     add(
                         &mut filter_rules,
@@ -252,7 +252,7 @@ pub fn plan(snap: &Snapshot, s: &RuleSettings) -> Plan {
                     &mut nat_rules,
                     &mut add,
                     &svc_chain,
-                    &targets,
+                    &cluster_targets,
                     proto,
                     service.affinity_seconds,
                     &c,
@@ -263,7 +263,7 @@ pub fn plan(snap: &Snapshot, s: &RuleSettings) -> Plan {
                 let ext_targets = if service.external_local {
                     targets(p, s, &id_refs, true)
                 } else {
-                    targets
+                    cluster_targets
                 };
                 if ext_targets.is_empty() {
                     add(
