@@ -260,22 +260,13 @@ pub fn plan(snap: &Snapshot, s: &RuleSettings) -> Plan {
                 );
             }
             if node_ports && let Some(np) = p.port.node_port {
-                let ext_targets = if service.external_local {
-                    targets(p, s, &id_refs, true)
+                let own_chain = service.external_local != service.internal_local;
+                let ext_targets = if own_chain {
+                    targets(p, s, &id_refs, service.external_local)
                 } else {
                     cluster_targets
                 };
-                if ext_targets.is_empty() {
-                    add(
-                        &mut filter_rules,
-                        format_args!(
-                            "-A {} -m addrtype --dst-type LOCAL -p {proto} -m {proto} --dport {np} -j REJECT --reject-with icmp-port-unreachable",
-                            c.services
-                        ),
-                    );
-                    continue;
-                }
-                let ext_chain = if service.external_local {
+                let ext_chain = if own_chain {
                     let name = hashed(&s.prefix, "EXT", &id_refs);
                     write_targets(
                         &mut nat_rules,
@@ -559,6 +550,26 @@ mod tests {
             .filter(|l| l.contains("-d 10.96.0.32/32"))
             .collect();
         assert_eq!(svc_lines.len(), 1, "{}", p.text);
+    }
+
+    #[test]
+    fn external_traffic_policy_local_node_ports_use_local_endpoints_only() {
+        let snap = snapshot(json!({"metadata": {"name": "np", "namespace": "shop"},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.33", "selector": {"app": "web"},
+                     "externalTrafficPolicy": "Local",
+                     "ports": [{"port": 9000, "targetPort": 8080, "nodePort": 30090}]}}));
+        let t = plan(&snap, &settings()).text;
+        let ext = t
+            .lines()
+            .find(|l| l.starts_with("-A KE-NODEPORTS") && l.contains("--dport 30090"))
+            .unwrap();
+        let chain = ext.rsplit(' ').next().unwrap();
+        assert!(chain.starts_with("KE-EXT-"), "{ext}");
+        let targets: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with(&format!("-A {chain} ")))
+            .collect();
+        assert_eq!(targets.len(), 1, "only the local pod: {targets:?}");
     }
 
     #[test]
