@@ -114,6 +114,7 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
     let (hub, upstream) = CloudHub::bind(hub_config, certs.server_tls()?, hub_metrics)
         .await
         .with_context(|| format!("cloudhub cannot listen on {listen}"))?;
+    let services = crate::controller::services::ServiceCache::default();
     let _stream = if cfg.modules.cloud_stream.enable {
         // As KubeEdge's NegotiateTunnelPort: this replica's port for its own address.
         let ip = crate::cloudstream::tunnel_port::local_ip();
@@ -121,7 +122,17 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
             .await
             .context("negotiating the tunnel port (commonConfig.tunnelPort)")?;
         start_iptables_manager(&cfg, &client, &shutdown);
-        Some(start_stream(&cfg, &certs, client.clone(), tunnel_port, stream_metrics).await?)
+        Some(
+            start_stream(
+                &cfg,
+                &certs,
+                client.clone(),
+                tunnel_port,
+                stream_metrics,
+                Arc::new(services.clone()),
+            )
+            .await?,
+        )
     } else {
         None
     };
@@ -130,8 +141,11 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
         client,
         hub.clone(),
         upstream,
-        ready,
-        controller_metrics,
+        crate::controller::Handles {
+            ready,
+            metrics: controller_metrics,
+            services,
+        },
         &crate::controller::objectsync::SyncOptions::from_cloudcore(&cfg),
         shutdown,
     )
@@ -201,6 +215,7 @@ async fn start_stream(
     client: kube::Client,
     tunnel_port: u16,
     metrics: crate::metrics::StreamMetrics,
+    relay_targets: Arc<dyn crate::cloudstream::mesh_relay::RelayTargets>,
 ) -> anyhow::Result<crate::cloudstream::CloudStream> {
     use crate::cloudstream::certificate::ServerIdentity;
     use crate::cloudstream::client_auth;
@@ -248,6 +263,7 @@ async fn start_stream(
         node_port: Some(tunnel_port),
         client_auth,
         metrics,
+        relay_targets: Some(relay_targets),
     };
     crate::cloudstream::CloudStream::start(settings, client)
         .await

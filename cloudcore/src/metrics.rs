@@ -221,6 +221,8 @@ impl ControllerMetrics {
 pub struct StreamMetrics {
     /// Requests answered 401 for want of a client certificate chaining to the stream CA.
     pub requests_refused: Family<ReasonLabel, Counter>,
+    /// edgemesh connections relayed between edges.
+    pub mesh_relay: crate::cloudstream::mesh_relay::RelayMetrics,
 }
 
 impl StreamMetrics {
@@ -231,6 +233,7 @@ impl StreamMetrics {
             "Stream server requests refused 401, by reason (no_client_certificate, untrusted_client_certificate)",
             self.requests_refused.clone(),
         );
+        self.mesh_relay.register(registry);
     }
 }
 

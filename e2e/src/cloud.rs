@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 pub struct CloudFixture {
     pub hub: CloudHub,
+    /// The controllers' Services and EndpointSlices (what a cloudstream's relay checks).
+    pub services: cloudcore::controller::services::ServiceCache,
     pub ready: Readiness,
     pub metrics: HubMetrics,
     pub controller_metrics: ControllerMetrics,
@@ -76,13 +78,21 @@ impl CloudFixture {
         let shutdown = CancellationToken::new();
         let controller_metrics = ControllerMetrics::default();
         let (cm, token) = (controller_metrics.clone(), shutdown.clone());
+        let services = cloudcore::controller::services::ServiceCache::default();
+        let fixture_services = services.clone();
         let h = hub.clone();
         let r = ready.clone();
         let controllers = tokio::spawn(async move {
-            cloudcore::controller::run_with(client, h, upstream, r, cm, &sync, token).await
+            let handles = cloudcore::controller::Handles {
+                ready: r,
+                metrics: cm,
+                services,
+            };
+            cloudcore::controller::run_with(client, h, upstream, handles, &sync, token).await
         });
         Ok(CloudFixture {
             hub,
+            services: fixture_services,
             ready,
             metrics,
             controller_metrics,

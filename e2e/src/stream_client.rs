@@ -35,6 +35,7 @@ pub fn loopback_settings(pki: &Pki, client_auth: ClientAuth) -> StreamSettings {
         node_port: Some(0),
         client_auth,
         metrics: Default::default(),
+        relay_targets: None,
     }
 }
 

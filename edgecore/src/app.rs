@@ -38,6 +38,8 @@ pub enum StartError {
     EventBus(#[from] crate::eventbus::EventBusError),
     #[error("cannot start the MetaServer: {0}")]
     MetaServer(#[from] crate::metaserver::MetaServerError),
+    #[error("cannot start edgemesh (modules.edgeMesh): {0}")]
+    Mesh(#[from] kubeedge_edgemesh::mesh::MeshError),
 }
 
 /// The running edge: edgehub, the database and the metamanager.
@@ -52,6 +54,7 @@ pub struct EdgeCore {
     stream: Option<crate::edgestream::EdgeStream>,
     devices: Option<Devices>,
     metaserver: Option<crate::metaserver::MetaServer>,
+    mesh: Option<crate::mesh::Mesh>,
 }
 
 /// devicetwin and the eventbus, when enabled.
@@ -138,6 +141,36 @@ impl EdgeCore {
                 return Err(e);
             }
         };
+        // Endpoints on other nodes are relayed by the cloud's tunnel port (edgestream's TLS).
+        let dialer: Option<Arc<dyn kubeedge_edgemesh::proxy::relay::RelayDialer>> =
+            match (&edged, config.modules.edge_stream.enable) {
+                (Some(e), true) => crate::edgestream::EdgeStream::relay_dialer(config, e)
+                    .ok()
+                    .map(|d| Arc::new(d) as _),
+                _ => None,
+            };
+        let mesh = match (crate::mesh::mesh_config(config), &metaserver) {
+            (Ok(Some(mc)), Some(ms)) => crate::mesh::Mesh::start(mc, ms, dialer, true)
+                .await
+                .map(Some)
+                .map_err(StartError::from),
+            (Err(e), _) => Err(StartError::Unsupported(e)),
+            _ => Ok(None),
+        };
+        let mesh = match mesh {
+            Ok(m) => m,
+            Err(e) => {
+                if let Some(ms) = metaserver {
+                    ms.shutdown().await;
+                }
+                hub.shutdown();
+                store.close().await;
+                return Err(e);
+            }
+        };
+        if let Some(m) = &mesh {
+            module_metrics.register(|r| m.edgemesh().register_metrics(r));
+        }
         let (meta, client, changes) = MetaManager::start_routed(
             MetaManagerConfig::from_edgecore(config),
             store.clone(),
@@ -164,7 +197,15 @@ impl EdgeCore {
         };
         let (link, running_edged) = match edged {
             Some(e) => {
-                match Edged::start(e, client, changes, Some(hub.subscribe()), status_reports) {
+                let observer = mesh.as_ref().map(|m| m.pod_observer());
+                match Edged::start(
+                    e,
+                    client,
+                    changes,
+                    Some(hub.subscribe()),
+                    status_reports,
+                    observer,
+                ) {
                     Ok(running) => (None, Some(running)),
                     Err(err) => {
                         meta.shutdown().await;
@@ -186,12 +227,18 @@ impl EdgeCore {
             stream,
             devices,
             metaserver,
+            mesh,
         })
     }
 
     /// The MetaServer's address, when it runs.
     pub fn metaserver_addr(&self) -> Option<std::net::SocketAddr> {
         self.metaserver.as_ref().map(|m| m.local_addr())
+    }
+
+    /// edgemesh, when it runs.
+    pub fn mesh(&self) -> Option<&kubeedge_edgemesh::mesh::EdgeMesh> {
+        self.mesh.as_ref().map(|m| m.edgemesh())
     }
 
     /// Events and bytes in the MetaServer's watch history, when it runs.
@@ -212,6 +259,9 @@ impl EdgeCore {
     /// Stops edged (pods keep running), the metamanager (letting writes in progress
     /// finish), the cloud link and the database, in that order.
     pub async fn shutdown(self) {
+        if let Some(m) = self.mesh {
+            m.shutdown().await;
+        }
         if let Some(ms) = self.metaserver {
             ms.shutdown().await;
         }

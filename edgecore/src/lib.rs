@@ -11,6 +11,7 @@ pub mod edgestream;
 pub mod eventbus;
 pub mod install;
 pub mod memory;
+pub mod mesh;
 pub mod metamanager;
 pub mod metaserver;
 pub mod module_metrics;

@@ -221,6 +221,23 @@ fn reset(config_path: &std::path::Path, yes: bool) -> ExitCode {
             }
             _ => false,
         };
+    if let Some(c) = &config {
+        // edgemesh's iptables chains and address (rules outlive edgecore on purpose).
+        match edgecore::mesh::cleanup(c) {
+            Ok(()) => {
+                if c.modules.edge_mesh.enable {
+                    println!(
+                        "removed edgemesh's iptables chains ({}-*) and address {}",
+                        c.modules.edge_mesh.proxy.chain_prefix, c.modules.edge_mesh.listen_address
+                    );
+                }
+            }
+            Err(e) if c.modules.edge_mesh.enable => {
+                eprintln!("edgecore reset: edgemesh's iptables chains not removed: {e}")
+            }
+            Err(_) => {}
+        }
+    }
     match install::reset(
         std::path::Path::new("/"),
         config_path,

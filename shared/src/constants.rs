@@ -15,6 +15,8 @@ pub const CAPABILITY_INVENTORY: &str = "inventory-resync";
 /// PORT_FORWARD_CONNECT. Released KubeEdge edges crash on connect types they do not know,
 /// so the cloud sends it to no other edge.
 pub const CAPABILITY_PORT_FORWARD: &str = "port-forward";
+/// Tunnel capability: the edge dials relayed Service connections (RELAY_CONNECT, edgemesh).
+pub const CAPABILITY_RELAY: &str = "relay";
 
 pub const DEFAULT_PROJECT_ID: &str = "e632aba927ea4ac2b575ec1603d56f10";
 pub const DEFAULT_CLOUDHUB_PORT: u16 = 10000;

@@ -10,6 +10,7 @@ pub mod certificate;
 pub mod client_auth;
 pub mod exec;
 pub mod iptables;
+pub mod mesh_relay;
 pub mod metrics;
 pub mod node_port;
 pub mod relay;
@@ -103,6 +104,8 @@ pub struct StreamSettings {
     /// Who may use the stream server: the stream CA ([`client_auth::select`]).
     pub client_auth: ClientAuth,
     pub metrics: StreamMetrics,
+    /// What edgemesh's relay may connect edges to (none: every relay request is refused).
+    pub relay_targets: Option<Arc<dyn mesh_relay::RelayTargets>>,
 }
 
 pub struct CloudStream {
@@ -156,12 +159,17 @@ impl CloudStream {
             client: client.clone(),
             port: if port == 0 { stream_addr.port() } else { port },
         });
+        let relay = mesh_relay::Relay {
+            sessions: sessions.clone(),
+            targets: settings.relay_targets.clone(),
+            metrics: settings.metrics.mesh_relay.clone(),
+        };
         tokio::spawn(tunnel::serve(
             tunnel,
             tunnel_tls,
             settings.allow_legacy_cn,
             node_port,
-            sessions.clone(),
+            relay,
             shutdown.clone(),
         ));
         tokio::spawn(server::serve(

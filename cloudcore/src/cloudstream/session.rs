@@ -43,15 +43,17 @@ pub enum Outgoing {
 pub struct EdgeCapabilities {
     /// PORT_FORWARD_CONNECT (released KubeEdge edges crash on it).
     pub port_forward: bool,
+    /// RELAY_CONNECT (edgemesh's relay between edges).
+    pub relay: bool,
 }
 
 impl EdgeCapabilities {
     /// From the handshake header's comma-separated value.
     pub fn parse(header: &str) -> Self {
+        let has = |cap: &str| header.split(',').any(|c| c.trim() == cap);
         EdgeCapabilities {
-            port_forward: header
-                .split(',')
-                .any(|c| c.trim() == kubeedge_shared::constants::CAPABILITY_PORT_FORWARD),
+            port_forward: has(kubeedge_shared::constants::CAPABILITY_PORT_FORWARD),
+            relay: has(kubeedge_shared::constants::CAPABILITY_RELAY),
         }
     }
 }
@@ -239,6 +241,8 @@ mod tests {
         assert!(EdgeCapabilities::parse("port-forward").port_forward);
         assert!(!EdgeCapabilities::parse("").port_forward, "a KubeEdge edge");
         assert!(!EdgeCapabilities::parse("port-forwarding").port_forward);
+        assert!(EdgeCapabilities::parse("port-forward,relay").relay);
+        assert!(!EdgeCapabilities::parse("port-forward").relay);
     }
 
     #[tokio::test]

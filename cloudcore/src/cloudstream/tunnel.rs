@@ -36,9 +36,10 @@ pub async fn serve(
     tls: Arc<rustls::ServerConfig>,
     allow_legacy_cn: bool,
     node_port: Option<NodePort>,
-    sessions: Arc<Sessions>,
+    relay: super::mesh_relay::Relay,
     shutdown: CancellationToken,
 ) {
+    let sessions = relay.sessions.clone();
     super::accept_loop(
         "tunnel",
         listener,
@@ -47,6 +48,7 @@ pub async fn serve(
         move |tls, peer| {
             let (sessions, shutdown) = (sessions.clone(), shutdown.clone());
             let node_port = node_port.clone();
+            let relay = relay.clone();
             async move {
                 let cn = tls
                     .get_ref()
@@ -57,12 +59,19 @@ pub async fn serve(
                 let svc = hyper::service::service_fn(move |req| {
                     let (sessions, shutdown) = (sessions.clone(), shutdown.clone());
                     let node_port = node_port.clone();
+                    let relay = relay.clone();
                     let identity = Identity {
                         peer,
                         cn: cn.clone(),
                         allow_legacy_cn,
                     };
                     async move {
+                        if req.uri().path() == stream::RELAY_PATH {
+                            let cn = identity.cn.clone();
+                            return Ok::<_, std::convert::Infallible>(
+                                super::mesh_relay::handle(req, cn, allow_legacy_cn, relay).await,
+                            );
+                        }
                         Ok::<_, std::convert::Infallible>(upgrade(
                             req, identity, node_port, sessions, shutdown,
                         ))
@@ -206,7 +215,7 @@ async fn run_session<S>(
         capabilities,
     } = edge;
     let session = sessions.add(&node, &ip, capabilities, out_tx);
-    tracing::info!(%node, %ip, port_forward = capabilities.port_forward, "edge stream tunnel connected");
+    tracing::info!(%node, %ip, port_forward = capabilities.port_forward, relay = capabilities.relay, "edge stream tunnel connected");
     if let Some(np) = node_port {
         tokio::spawn(set_kubelet_port(np, session.clone()));
     }

@@ -4,6 +4,7 @@
 pub mod devices;
 pub mod downstream;
 pub mod dynamic;
+pub mod endpoint_index;
 pub mod location;
 pub mod node_fields;
 pub mod node_restriction;
@@ -25,17 +26,26 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use upstream::UpstreamHandler;
 
+/// What the controllers share with the rest of cloudcore.
+#[derive(Clone, Default)]
+pub struct Handles {
+    /// Set once the informers have synced (`/readyz`).
+    pub ready: Readiness,
+    pub metrics: crate::metrics::ControllerMetrics,
+    /// Services, Endpoints and EndpointSlices (cloudstream's relay checks endpoints in it).
+    pub services: ServiceCache,
+}
+
 /// Runs the controllers until `shutdown`, with the default `syncController` settings.
 pub async fn run(
     client: kube::Client,
     hub: CloudHub,
     upstream: mpsc::Receiver<Upstream>,
-    ready: Readiness,
-    metrics: crate::metrics::ControllerMetrics,
+    handles: Handles,
     shutdown: CancellationToken,
 ) {
     let sync = objectsync::SyncOptions::default();
-    run_with(client, hub, upstream, ready, metrics, &sync, shutdown).await
+    run_with(client, hub, upstream, handles, &sync, shutdown).await
 }
 
 /// Runs the controllers until `shutdown`.
@@ -43,11 +53,15 @@ pub async fn run_with(
     client: kube::Client,
     hub: CloudHub,
     mut upstream: mpsc::Receiver<Upstream>,
-    ready: Readiness,
-    metrics: crate::metrics::ControllerMetrics,
+    handles: Handles,
     sync: &objectsync::SyncOptions,
     shutdown: CancellationToken,
 ) {
+    let Handles {
+        ready,
+        metrics,
+        services,
+    } = handles;
     let (tx, rx) = mpsc::channel(1024);
     // ObjectSync records for KubeEdge edges; not part of readiness (the CRDs are optional).
     let records = objectsync::start(
@@ -70,7 +84,6 @@ pub async fn run_with(
     let location = downstream.location();
     let events = hub.subscribe();
     let ds = tokio::spawn(downstream.run(client.clone(), events, rx, shutdown.clone()));
-    let services = ServiceCache::default();
     let svc = tokio::spawn(
         services
             .clone()

@@ -22,6 +22,7 @@
 //!
 //! Memory: each object is kept once, as compact JSON without `managedFields`.
 
+use super::endpoint_index::EndpointIndex;
 use super::location::ObjectKey;
 use super::rest::{Kind, with_type_meta};
 use crate::http::Readiness;
@@ -36,7 +37,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
 
 /// The cached kinds, shared between the watcher task and the upstream handlers.
@@ -51,6 +52,8 @@ pub struct ServiceCache {
 struct Store {
     objects: RwLock<BTreeMap<ObjectKey, Cached>>,
     synced: AtomicBool,
+    /// Node → TCP endpoint, for EndpointSlices only (the relay's check).
+    endpoints: Mutex<EndpointIndex>,
 }
 
 struct Cached {
@@ -120,6 +123,16 @@ impl ServiceCache {
             items,
             resource_version,
         }
+    }
+
+    /// Whether an EndpointSlice places a TCP endpoint `addr` on `node` (what the stream
+    /// tunnel's relay may connect to).
+    pub fn endpoint_on_node(&self, node: &str, addr: std::net::SocketAddr) -> bool {
+        self.slices
+            .endpoints
+            .lock()
+            .map(|i| i.contains(node, addr))
+            .unwrap_or(false)
     }
 
     /// Objects held per kind (services, endpoints, endpointslices).
@@ -216,11 +229,15 @@ impl Feed {
                 if let Some(seen) = self.relisting.as_mut() {
                     seen.insert(key.clone());
                 }
+                if self.kind == Kind::EndpointSlice {
+                    self.index().set(key.clone(), &v);
+                }
                 let cached = self.compact(v);
                 self.write().insert(key, cached);
             }
             Event::Delete(v) => {
                 if let Some(key) = key_of(&v) {
+                    self.index().remove(&key);
                     self.write().remove(&key);
                 }
             }
@@ -228,11 +245,19 @@ impl Feed {
                 // Objects not in the new list were deleted meanwhile; until now the previous
                 // copies kept answering (stale beats empty during a relist).
                 if let Some(seen) = self.relisting.take() {
+                    self.index().retain(|k| seen.contains(k));
                     self.write().retain(|k, _| seen.contains(k));
                 }
                 self.store.synced.store(true, Ordering::Release);
             }
         }
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, EndpointIndex> {
+        self.store
+            .endpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<ObjectKey, Cached>> {

@@ -95,6 +95,8 @@ async fn in_process(objects: usize) -> anyhow::Result<()> {
             bookmark_interval: Duration::from_secs(60),
             limits: Limits::default(),
             secure: None,
+            serve: true,
+            standing: Vec::new(),
         },
         store.clone(),
         Offline(tokio::sync::broadcast::channel(4).0),

@@ -212,6 +212,12 @@ impl Catalog {
 
     /// Replaces every Service and EndpointSlice (after a relist): what is not listed goes.
     pub fn replace_all(&mut self, services: Vec<Service>, slices: Vec<EndpointSlice>) {
+        self.replace_services(services);
+        self.replace_slices(slices);
+    }
+
+    /// Replaces every Service: those not listed go.
+    pub fn replace_services(&mut self, services: Vec<Service>) {
         let keep: HashSet<Key> = services.iter().map(|s| s.key.clone()).collect();
         let gone: Vec<Key> = self
             .services
@@ -225,6 +231,10 @@ impl Catalog {
         for s in services {
             self.apply_service(s);
         }
+    }
+
+    /// Replaces every EndpointSlice: those not listed go.
+    pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) {
         let keep: HashSet<Key> = slices.iter().map(|s| s.key.clone()).collect();
         let gone: Vec<Key> = self
             .slices

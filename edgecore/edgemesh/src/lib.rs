@@ -11,8 +11,10 @@
 
 pub mod catalog;
 pub mod dns;
+pub mod mesh;
 pub mod model;
 pub mod proxy;
 
 pub use catalog::{Catalog, Snapshot};
+pub use mesh::{EdgeMesh, MeshInput};
 pub use model::{EndpointSlice, Key, LocalPod, Service};

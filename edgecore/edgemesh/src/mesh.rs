@@ -18,12 +18,11 @@ use tokio_util::sync::CancellationToken;
 /// What edgecore tells edgemesh.
 #[derive(Debug, Clone)]
 pub enum MeshInput {
-    /// Every Service and EndpointSlice (at start, from the edge database, and after a relist):
-    /// what is not listed is gone. Rules are applied only after the first one.
-    Replace {
-        services: Vec<Service>,
-        slices: Vec<EndpointSlice>,
-    },
+    /// Every Service (at start, from the edge database, and after a relist): what is not
+    /// listed is gone. Rules are applied only once both kinds were listed.
+    ServicesListed(Vec<Service>),
+    /// Every EndpointSlice, likewise.
+    SlicesListed(Vec<EndpointSlice>),
     Service(Service),
     ServiceGone(Key),
     Slice(EndpointSlice),
@@ -105,7 +104,7 @@ impl EdgeMesh {
         let relay_metrics = RelayMetrics::default();
         let mut tasks = Vec::new();
         let dns = match config.dns.clone() {
-            Some(d) => Some(crate::dns::DnsServer::start(d, snapshots.clone()).await?),
+            Some(d) => Some(crate::dns::DnsServer::start(d, snapshots.clone())?),
             None => None,
         };
         let (loaded_tx, loaded_rx) = watch::channel(false);
@@ -248,6 +247,7 @@ async fn run_catalog(
     cancel: CancellationToken,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
+    let (mut services_listed, mut slices_listed) = (false, false);
     loop {
         batch.clear();
         let n = tokio::select! {
@@ -259,9 +259,13 @@ async fn run_catalog(
         }
         for input in batch.drain(..) {
             match input {
-                MeshInput::Replace { services, slices } => {
-                    catalog.replace_all(services, slices);
-                    loaded.send_replace(true);
+                MeshInput::ServicesListed(services) => {
+                    catalog.replace_services(services);
+                    services_listed = true;
+                }
+                MeshInput::SlicesListed(slices) => {
+                    catalog.replace_slices(slices);
+                    slices_listed = true;
                 }
                 MeshInput::Service(s) => catalog.apply_service(s),
                 MeshInput::ServiceGone(k) => catalog.delete_service(&k),
@@ -273,6 +277,9 @@ async fn run_catalog(
             }
         }
         if let Some(snap) = catalog.snapshot() {
+            if services_listed && slices_listed && !*loaded.borrow() {
+                loaded.send_replace(true);
+            }
             metrics.services.set(catalog.service_count() as i64);
             metrics.slices.set(catalog.slice_count() as i64);
             metrics.backends.set(snap.backend_count() as i64);

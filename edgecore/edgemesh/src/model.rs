@@ -506,15 +506,51 @@ struct WireUidHolder {
     metadata: WireUid,
 }
 
+fn value<'a, T: Deserialize<'a>>(
+    kind: &'static str,
+    v: &'a serde_json::Value,
+) -> Result<T, ModelError> {
+    T::deserialize(v).map_err(|e| ModelError::Json {
+        kind,
+        message: e.to_string(),
+    })
+}
+
 impl LocalPod {
     /// A local pod from its object as stored (`status` as edged last computed it, when
     /// `status` is given, instead of the stored one).
     pub fn from_json(pod: &str, status: Option<&str>) -> Result<LocalPod, ModelError> {
-        let mut w: WirePod = json("Pod", pod)?;
-        let key = key_of("Pod", &w.metadata)?;
+        let w: WirePod = json("Pod", pod)?;
         let uid: WireUidHolder = json("Pod", pod)?;
+        let status = match status {
+            Some(s) => Some(json("PodStatus", s)?),
+            None => None,
+        };
+        Self::from_wire(w, uid, status)
+    }
+
+    /// Like [`LocalPod::from_json`], from objects edged already holds parsed.
+    pub fn from_value(
+        pod: &serde_json::Value,
+        status: Option<&serde_json::Value>,
+    ) -> Result<LocalPod, ModelError> {
+        let w: WirePod = value("Pod", pod)?;
+        let uid: WireUidHolder = value("Pod", pod)?;
+        let status = match status {
+            Some(s) => Some(value("PodStatus", s)?),
+            None => None,
+        };
+        Self::from_wire(w, uid, status)
+    }
+
+    fn from_wire(
+        mut w: WirePod,
+        uid: WireUidHolder,
+        status: Option<WirePodStatus>,
+    ) -> Result<LocalPod, ModelError> {
+        let key = key_of("Pod", &w.metadata)?;
         if let Some(s) = status {
-            w.status = json("PodStatus", s)?;
+            w.status = s;
         }
         let mut ips: Vec<IpAddr> = w
             .status

@@ -47,6 +47,9 @@ pub struct Modules {
     #[serde(rename = "dbTest")]
     pub db_test: DbTest,
     pub edge_stream: EdgeStream,
+    /// Services at the edge (kubeedge-rs; KubeEdge moved this to its separate EdgeMesh
+    /// agent, which binds the same address: enable one of them).
+    pub edge_mesh: EdgeMesh,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,6 +292,81 @@ pub struct EdgeStream {
     /// Tunnel server `host:port` (cloudstream, 10004).
     pub server: String,
     pub write_deadline: i32,
+}
+
+/// `modules.edgeMesh`: DNS for Services on a node-local address, ClusterIP rules, the relay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct EdgeMesh {
+    pub enable: bool,
+    /// The node-local address pods use as their nameserver (EdgeMesh's 169.254.96.16),
+    /// put on the dummy interface `edgemesh0` (or `lo` where the kernel has no dummy
+    /// driver). With `edged.tailoredKubeletConfig.clusterDNS` empty, pods get it.
+    pub listen_address: String,
+    pub dns: EdgeMeshDns,
+    pub proxy: EdgeMeshProxy,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct EdgeMeshDns {
+    pub enable: bool,
+    pub port: u16,
+    /// Where other names are forwarded (`host:port` or an IP); empty: the nameservers of
+    /// `edged.tailoredKubeletConfig.resolvConf`.
+    pub upstream_servers: Vec<String>,
+    /// Seconds answers about Services may be cached.
+    pub ttl: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct EdgeMeshProxy {
+    pub enable: bool,
+    /// Prefix of the iptables chains (`KE-SERVICES`, `KE-SVC-…`).
+    pub chain_prefix: String,
+    /// Port of the relay on `listenAddress`, for endpoints on other nodes; 0: no relay.
+    pub relay_port: u16,
+    /// Endpoint addresses on other nodes that this node routes to directly (e.g. a flat
+    /// pod network); the others go through the relay (TCP) or are not reached (UDP).
+    #[serde(rename = "directCIDRs")]
+    pub direct_cidrs: Vec<String>,
+    /// Rules are updated at most this often (a Go duration).
+    pub min_sync_period: KubeDuration,
+}
+
+impl Default for EdgeMesh {
+    fn default() -> Self {
+        EdgeMesh {
+            enable: false,
+            listen_address: "169.254.96.16".into(),
+            dns: EdgeMeshDns::default(),
+            proxy: EdgeMeshProxy::default(),
+        }
+    }
+}
+
+impl Default for EdgeMeshDns {
+    fn default() -> Self {
+        EdgeMeshDns {
+            enable: true,
+            port: 53,
+            upstream_servers: Vec::new(),
+            ttl: 5,
+        }
+    }
+}
+
+impl Default for EdgeMeshProxy {
+    fn default() -> Self {
+        EdgeMeshProxy {
+            enable: true,
+            chain_prefix: "KE".into(),
+            relay_port: 40001,
+            direct_cidrs: Vec::new(),
+            min_sync_period: KubeDuration(std::time::Duration::from_millis(100)),
+        }
+    }
 }
 
 /// kubeedge-rs settings (top-level `kubeedgeRs`).

@@ -35,6 +35,52 @@ impl EdgeCoreConfig {
             problems.bad("database.dataSource", "must not be empty");
         }
 
+        let mesh = &self.modules.edge_mesh;
+        if mesh.enable {
+            if mesh.listen_address.parse::<std::net::Ipv4Addr>().is_err() {
+                problems.bad(
+                    "modules.edgeMesh.listenAddress",
+                    format!(
+                        "{:?} is not an IPv4 address (e.g. 169.254.96.16)",
+                        mesh.listen_address
+                    ),
+                );
+            }
+            if mesh.dns.enable && mesh.dns.port == 0 {
+                problems.bad("modules.edgeMesh.dns.port", "must be 1–65535");
+            }
+            for (i, u) in mesh.dns.upstream_servers.iter().enumerate() {
+                if crate::mesh::parse_upstream(u).is_err() {
+                    problems.bad(
+                        &format!("modules.edgeMesh.dns.upstreamServers[{i}]"),
+                        format!("{u:?} is not an IP address or IP:port"),
+                    );
+                }
+            }
+            let p = &mesh.proxy;
+            if p.enable {
+                let prefix_ok = !p.chain_prefix.is_empty()
+                    && p.chain_prefix.len() <= 6
+                    && p.chain_prefix
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit());
+                if !prefix_ok {
+                    problems.bad(
+                        "modules.edgeMesh.proxy.chainPrefix",
+                        format!(
+                            "{:?} must be 1–6 upper-case letters or digits (e.g. KE)",
+                            p.chain_prefix
+                        ),
+                    );
+                }
+                for (i, c) in p.direct_cidrs.iter().enumerate() {
+                    if let Err(e) = kubeedge_edgemesh::proxy::rules::Cidr::parse(c) {
+                        problems.bad(&format!("modules.edgeMesh.proxy.directCIDRs[{i}]"), e);
+                    }
+                }
+            }
+        }
+
         let hub = &self.modules.edge_hub;
         if hub.enable {
             problems.positive("modules.edgeHub.heartbeat", hub.heartbeat);

@@ -63,6 +63,18 @@ pub enum EdgedError {
     Runtime(#[from] CriError),
 }
 
+/// Who wants to know the state of this node's pods as edged sees it now, also while the cloud
+/// is unreachable (edgemesh: the endpoints of local pods). Called on edged's tasks: must not
+/// block.
+pub trait PodObserver: Send + Sync {
+    /// The pod object (as stored) and the status edged computed for it now.
+    fn pod_status(&self, pod: &Value, status: &Value);
+    /// The pod is being removed from the node.
+    fn pod_gone(&self, uid: &str);
+    /// Every pod of the node was reported once (from the database, at start).
+    fn pods_listed(&self);
+}
+
 /// The running edged.
 pub struct Edged {
     cancel: CancellationToken,
@@ -88,6 +100,7 @@ impl Edged {
         changes: mpsc::Receiver<ObjectChange>,
         link: Option<broadcast::Receiver<LinkEvent>>,
         status_reports: Arc<status_report::StatusReports>,
+        observer: Option<Arc<dyn PodObserver>>,
     ) -> Result<Edged, EdgedError> {
         let cri = CriClient::connect_lazy(&config.runtime_endpoint)?;
         let machine = node::Machine::detect(&config.root_directory);
@@ -114,6 +127,7 @@ impl Edged {
             resync,
             image_gc_now: Notify::new(),
             status_reports,
+            observer,
         });
         let task = tokio::spawn(run(shared, machine, changes, link, cancel.clone()));
         Ok(Edged { cancel, task })
@@ -222,6 +236,12 @@ impl Dispatcher {
             pods = mine.len(),
             "edged started; adopting the pods of this node"
         );
+        if let Some(o) = &shared.observer {
+            for p in &mine {
+                o.pod_status(p, &p["status"]);
+            }
+            o.pods_listed();
+        }
         for p in mine {
             self.upsert(p);
         }

@@ -112,7 +112,13 @@ impl EdgedConfig {
             register_schedulable: e.register_schedulable,
             node_labels: e.node_labels.clone(),
             register_with_taints: e.register_with_taints.clone(),
-            cluster_dns: k.cluster_dns.clone(),
+            // edgemesh's DNS when no other is configured (KubeEdge users set clusterDNS to
+            // EdgeMesh's 169.254.96.16 by hand).
+            cluster_dns: if k.cluster_dns.is_empty() {
+                crate::mesh::cluster_dns(config).into_iter().collect()
+            } else {
+                k.cluster_dns.clone()
+            },
             cluster_domain: k.cluster_domain.clone(),
             resolv_conf: k.resolv_conf.clone(),
             max_pods: k.max_pods.max(0) as i64,

@@ -16,6 +16,7 @@ pub mod exec;
 pub mod logs;
 pub mod metrics;
 pub mod portforward;
+pub mod relay;
 pub mod sender;
 pub mod tunnel;
 
@@ -99,6 +100,34 @@ impl EdgeStream {
         edged: &EdgedConfig,
         status_reports: Arc<crate::edged::status_report::StatusReports>,
     ) -> Result<EdgeStream, EdgeStreamError> {
+        let (settings, tls) = settings_and_tls(config, edged)?;
+        let cri = crate::cri::CriClient::connect_lazy(&edged.runtime_endpoint)
+            .map_err(EdgeStreamError::Runtime)?;
+        let runtime = crate::cri::runtime::Runtime::new(cri, edged.runtime_request_timeout);
+        Ok(EdgeStream::start(settings, tls, runtime, status_reports))
+    }
+
+    /// edgemesh's way to endpoints on other nodes: relayed by the cloud's tunnel port.
+    pub fn relay_dialer(
+        config: &EdgeCoreConfig,
+        edged: &EdgedConfig,
+    ) -> Result<relay::TunnelDialer, EdgeStreamError> {
+        let (settings, tls) = settings_and_tls(config, edged)?;
+        Ok(relay::TunnelDialer::new(settings, tls))
+    }
+
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// The tunnel settings and TLS of `modules.edgeStream`.
+fn settings_and_tls(
+    config: &EdgeCoreConfig,
+    edged: &EdgedConfig,
+) -> Result<(EdgeStreamSettings, Arc<rustls::ClientConfig>), EdgeStreamError> {
+    {
         let s = &config.modules.edge_stream;
         let ca = tls::load_certs(Path::new(&s.tls_tunnel_ca_file)).map_err(load_err(
             "modules.edgeStream.tlsTunnelCAFile",
@@ -117,9 +146,6 @@ impl EdgeStream {
             key: s.tls_tunnel_private_key_file.clone(),
             source: TlsError::Config(e.to_string()),
         })?;
-        let cri = crate::cri::CriClient::connect_lazy(&edged.runtime_endpoint)
-            .map_err(EdgeStreamError::Runtime)?;
-        let runtime = crate::cri::runtime::Runtime::new(cri, edged.runtime_request_timeout);
         let settings = EdgeStreamSettings {
             server: s.server.clone(),
             node_name: edged.node_name.clone(),
@@ -127,11 +153,6 @@ impl EdgeStream {
             handshake_timeout: std::time::Duration::from_secs(s.handshake_timeout.max(1) as u64),
             root_dir: edged.root_directory.clone(),
         };
-        Ok(EdgeStream::start(settings, tls, runtime, status_reports))
-    }
-
-    pub async fn shutdown(self) {
-        self.shutdown.cancel();
-        let _ = self.task.await;
+        Ok((settings, tls))
     }
 }

@@ -6,7 +6,7 @@ use super::EdgeStreamSettings;
 pub use super::sender::TunnelSender;
 use crate::cri::runtime::Runtime;
 use crate::edged::stats::StatsProvider;
-use kubeedge_shared::constants::{CAPABILITY_PORT_FORWARD, HEADER_CAPABILITIES};
+use kubeedge_shared::constants::{CAPABILITY_PORT_FORWARD, CAPABILITY_RELAY, HEADER_CAPABILITIES};
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader, WsWriter};
 use kubeedge_shared::stream::{self, Connector, MessageType, TunnelMessage};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -129,7 +129,10 @@ pub async fn connect(
             &[
                 (stream::HEADER_HOSTNAME, s.node_name.as_str()),
                 (stream::HEADER_INTERNAL_IP, s.node_ip.as_str()),
-                (HEADER_CAPABILITIES, CAPABILITY_PORT_FORWARD),
+                (
+                    HEADER_CAPABILITIES,
+                    &format!("{CAPABILITY_PORT_FORWARD},{CAPABILITY_RELAY}"),
+                ),
             ],
         )
         .await?;
@@ -300,6 +303,17 @@ pub async fn serve(
                     m.connect_id,
                     connector,
                     runtime.clone(),
+                    sender.clone(),
+                    data_rx,
+                    token,
+                ));
+            }
+            MessageType::RelayConnect => {
+                let (data_tx, data_rx) = mpsc::channel(CONN_BUFFER);
+                let token = open(&mut conns, &session, m.connect_id, Some(data_tx));
+                tokio::spawn(super::relay::serve(
+                    m.connect_id,
+                    m.data,
                     sender.clone(),
                     data_rx,
                     token,

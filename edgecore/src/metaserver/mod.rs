@@ -20,8 +20,9 @@
 
 mod auth;
 mod authz;
-mod dummy;
+pub(crate) mod dummy;
 mod feed;
+pub mod informer;
 mod keys;
 mod kinds;
 mod remote;
@@ -59,6 +60,35 @@ pub struct MetaServerConfig {
     pub limits: Limits,
     /// HTTPS, authentication and authorization (`featureGates.requireAuthorization`).
     pub secure: Option<SecureConfig>,
+    /// Serve HTTP (`metaServer.enable`); without it only the standing watches and
+    /// [`MetaServer::informer`] are served (edgemesh with the MetaServer off).
+    pub serve: bool,
+    /// Kinds kept registered at the cloud for in-process readers, whatever HTTP clients
+    /// watch (edgemesh: Services and EndpointSlices).
+    pub standing: Vec<StandingWatch>,
+}
+
+/// A cluster-wide watch this edge keeps at the cloud, so that the kind's objects and their
+/// changes are in the edge database (and served offline).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandingWatch {
+    /// Empty for the core group.
+    pub group: String,
+    pub version: String,
+    /// The plural, e.g. `services`.
+    pub resource: String,
+}
+
+impl StandingWatch {
+    /// `/<group or core>/<version>/<plural>`: the prefix of its `meta_v2` keys.
+    pub fn key_prefix(&self) -> String {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        };
+        format!("/{group}/{}/{}", self.version, self.resource)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -90,10 +120,16 @@ impl SecureConfig {
 }
 
 impl MetaServerConfig {
-    /// The settings of `modules.metaManager.metaServer`; `None` when it is disabled.
+    /// The settings of `modules.metaManager.metaServer`; `None` when neither it nor
+    /// edgemesh (which reads Services through it) is enabled.
     pub fn from_edgecore(c: &crate::config::EdgeCoreConfig) -> Result<Option<Self>, String> {
         let ms = &c.modules.meta_manager.meta_server;
-        if !ms.enable {
+        let standing = if c.modules.edge_mesh.enable {
+            crate::mesh::standing_watches()
+        } else {
+            Vec::new()
+        };
+        if !ms.enable && standing.is_empty() {
             return Ok(None);
         }
         let addr = ms.server.parse().map_err(|e| {
@@ -102,7 +138,7 @@ impl MetaServerConfig {
                 ms.server
             )
         })?;
-        let secure = if c.feature_gates.get("requireAuthorization") == Some(&true) {
+        let secure = if ms.enable && c.feature_gates.get("requireAuthorization") == Some(&true) {
             let dummy = if ms.dummy_server.trim().is_empty() {
                 None
             } else {
@@ -144,6 +180,8 @@ impl MetaServerConfig {
             bookmark_interval: Duration::from_secs(60),
             limits: Limits::default(),
             secure,
+            serve: ms.enable,
+            standing,
         }))
     }
 }
@@ -174,6 +212,7 @@ pub(crate) struct Shared<L> {
 pub struct MetaServer {
     addr: SocketAddr,
     feed: Arc<Feed>,
+    store: MetaStore,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -184,12 +223,16 @@ impl MetaServer {
         store: MetaStore,
         link: L,
     ) -> Result<MetaServer, MetaServerError> {
-        let listener = bind(config.addr).await?;
-        let addr = listener.local_addr().unwrap_or(config.addr);
-        let mut listeners = vec![listener];
+        let mut listeners = Vec::new();
+        let mut addr = config.addr;
+        if config.serve {
+            let listener = bind(config.addr).await?;
+            addr = listener.local_addr().unwrap_or(config.addr);
+            listeners.push(listener);
+        }
         let mut tls = None;
         let mut serving_cert = None;
-        if let Some(sec) = &config.secure {
+        if let Some(sec) = config.secure.as_ref().filter(|_| config.serve) {
             if let Some(dummy) = sec.dummy {
                 if sec.create_dummy_link
                     && let Err(e) = dummy::ensure(dummy.ip())
@@ -244,14 +287,25 @@ impl MetaServer {
                 cancel.clone(),
             )));
         }
+        for w in sh.config.standing.clone() {
+            serve::register_standing(&sh, &w).await;
+        }
         let feed = sh.feed.clone();
+        let store = sh.store.clone();
         tasks.push(tokio::spawn(resync_on_connect(sh)));
         Ok(MetaServer {
             addr,
             feed,
+            store,
             cancel,
             tasks,
         })
+    }
+
+    /// An in-process reader of the stored objects of `watch` (a standing watch: the cloud
+    /// keeps them current while connected) and of their changes.
+    pub fn informer(&self, watch: &StandingWatch) -> informer::Informer {
+        informer::Informer::new(self.feed.clone(), self.store.clone(), watch.key_prefix())
     }
 
     pub fn local_addr(&self) -> SocketAddr {

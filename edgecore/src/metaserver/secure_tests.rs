@@ -145,6 +145,8 @@ async fn pods_reach_it_over_https_with_their_token_and_rbac_decides() {
                 keys: Default::default(),
             },
         }),
+        serve: true,
+        standing: Vec::new(),
     };
     let server = MetaServer::start(config.clone(), store.clone(), link.clone())
         .await

@@ -549,6 +549,21 @@ async fn register_watch<L: CloudLink>(
     id
 }
 
+/// Registers a standing watch (kept for the life of the MetaServer; see
+/// [`super::StandingWatch`]).
+pub async fn register_standing<L: CloudLink>(sh: &Arc<Shared<L>>, w: &super::StandingWatch) {
+    let r = ResourceRequest {
+        verb: Verb::Watch,
+        group: w.group.clone(),
+        version: w.version.clone(),
+        resource: w.resource.clone(),
+        namespace: None,
+        name: None,
+        subresource: String::new(),
+    };
+    register_watch(sh, &r, &Options::default()).await;
+}
+
 fn render(r: &ResourceRequest, v: Value, opts: &Options, repr: Representation) -> Response<Body> {
     if repr != Representation::Table {
         return json_response(StatusCode::OK, &v);

@@ -76,6 +76,8 @@ async fn rig(connected: bool, limits: Limits) -> Rig {
         bookmark_interval: Duration::from_millis(200),
         limits,
         secure: None,
+        serve: true,
+        standing: Vec::new(),
     };
     let server = MetaServer::start(config, store.clone(), link.clone())
         .await

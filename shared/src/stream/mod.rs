@@ -34,6 +34,10 @@ pub enum MessageType {
     /// (kubeedge/kubeedge#7019). Sent only to edges that advertise
     /// [`crate::constants::CAPABILITY_PORT_FORWARD`].
     PortForwardConnect,
+    /// `8`, kubeedge-rs only: connect to a Service endpoint on this node for another edge's
+    /// edgemesh (payload [`RelayConnect`]). Sent only to edges that advertise
+    /// [`crate::constants::CAPABILITY_RELAY`].
+    RelayConnect,
     Unknown(u64),
 }
 
@@ -48,6 +52,7 @@ impl MessageType {
             MessageType::CloseConnect => 5,
             MessageType::AttachConnect => 6,
             MessageType::PortForwardConnect => 7,
+            MessageType::RelayConnect => 8,
             MessageType::Unknown(c) => c,
         }
     }
@@ -62,6 +67,7 @@ impl MessageType {
             5 => MessageType::CloseConnect,
             6 => MessageType::AttachConnect,
             7 => MessageType::PortForwardConnect,
+            8 => MessageType::RelayConnect,
             other => MessageType::Unknown(other),
         }
     }
@@ -139,6 +145,31 @@ impl TunnelMessage {
             data: data.to_vec(),
         })
     }
+}
+
+/// Where an edge asks the cloud to relay a connection (edgemesh, kubeedge-rs only): an HTTP
+/// upgrade on the tunnel port, authenticated with the edge's certificate.
+pub const RELAY_PATH: &str = "/v1/kubeedge-rs/relay";
+/// The upgrade protocol of a relay request (raw bytes after the 101).
+pub const RELAY_PROTOCOL: &str = "kubeedge-rs-relay";
+/// Relay request header: the node the endpoint runs on.
+pub const HEADER_RELAY_NODE: &str = "X-KubeEdge-RS-Relay-Node";
+/// Relay request header: the endpoint, `ip:port` (TCP).
+pub const HEADER_RELAY_TARGET: &str = "X-KubeEdge-RS-Relay-Target";
+
+/// The payload of RELAY_CONNECT: the endpoint the edge dials.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayConnect {
+    pub addr: std::net::SocketAddr,
+}
+
+/// The first DATA message of a relay connection, from the edge: whether the dial worked.
+/// Everything after it is the connection's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RelayStatus {
+    /// Empty when connected.
+    pub error: String,
 }
 
 /// Go's `net/url.URL` as `encoding/json` writes it (exported field names).

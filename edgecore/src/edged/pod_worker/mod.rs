@@ -82,6 +82,8 @@ pub struct Shared {
     pub image_gc_now: tokio::sync::Notify,
     /// Status patches per pod (`/metrics`).
     pub status_reports: Arc<super::status_report::StatusReports>,
+    /// Told each pod's state (edgemesh).
+    pub observer: Option<Arc<dyn super::PodObserver>>,
 }
 
 impl Shared {
@@ -275,6 +277,9 @@ impl PodWorker {
         let intent = self.intent.borrow_and_update().clone();
         self.refresh_spec(&intent.object);
         if intent.deleted {
+            if let Some(o) = &self.shared.observer {
+                o.pod_gone(&self.uid);
+            }
             return self.remove().await;
         }
         let retry = self.shared.config.retry_period;
@@ -308,6 +313,10 @@ impl PodWorker {
             return Next::After(retry);
         };
         if pod.is_terminating() {
+            // Out of its Services at once, as the endpoint controllers do.
+            if let Some(o) = &self.shared.observer {
+                o.pod_status(&self.raw, &self.previous_status());
+            }
             return self.terminate(&pod).await;
         }
         self.sync_running(&pod, intent.config_version).await

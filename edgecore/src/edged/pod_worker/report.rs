@@ -28,6 +28,9 @@ impl PodWorker {
     /// server refused is sent again only after a back-off (doubling up to
     /// [`STATUS_REFUSED_MAX`]) or once it changes; the refusal is logged once per reason.
     pub(super) async fn report(&mut self, status: Value) {
+        if let Some(o) = &self.shared.observer {
+            o.pod_status(&self.raw, &status);
+        }
         if !self.force_report && self.last_sent.as_ref() == Some(&status) {
             self.status_pending = false;
             return;

@@ -79,6 +79,7 @@ async fn harness(object: Value) -> Harness {
         resync: watch::channel(0).0,
         image_gc_now: Notify::new(),
         status_reports: Arc::new(StatusReports::default()),
+        observer: None,
         config,
     });
     let (intent, rx) = watch::channel(PodIntent {
