@@ -20,6 +20,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,48 @@ pub struct EdgeOptions {
     pub metaserver: bool,
     /// With `featureGates.requireAuthorization`: the MetaServer's `dummyServer` address.
     pub metaserver_dummy: Option<std::net::SocketAddr>,
+    /// Services at the edge (`modules.edgeMesh`).
+    pub mesh: Option<MeshOptions>,
+}
+
+/// `modules.edgeMesh` of a test edge: an address and chains of its own, so that edges of
+/// parallel tests on this machine do not share them.
+#[derive(Debug, Clone)]
+pub struct MeshOptions {
+    pub address: std::net::Ipv4Addr,
+    pub chain_prefix: String,
+    /// The relay's port (0: none).
+    pub relay_port: u16,
+    /// ClusterIP rules (off: DNS only).
+    pub proxy: bool,
+}
+
+impl MeshOptions {
+    /// A fresh address in 169.254.96.100–.250 and chain prefix `KT<n>` for this process.
+    pub fn unique() -> MeshOptions {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) % 150;
+        // Processes of parallel runs differ by pid.
+        let base = (std::process::id() as usize * 7) % 150;
+        let k = (base + n) % 150;
+        MeshOptions {
+            address: std::net::Ipv4Addr::new(169, 254, 96, 100 + k as u8),
+            chain_prefix: format!("KT{k:02}"),
+            relay_port: 40001,
+            proxy: true,
+        }
+    }
+
+    /// Removes the chains and address an edge with these options left (edgemesh keeps them
+    /// across restarts on purpose).
+    pub fn cleanup(&self) {
+        let mut c = EdgeCoreConfig::default();
+        c.modules.edge_mesh.listen_address = self.address.to_string();
+        c.modules.edge_mesh.proxy.chain_prefix = self.chain_prefix.clone();
+        if let Err(e) = edgecore::mesh::cleanup(&c) {
+            eprintln!("edgemesh cleanup: {e}");
+        }
+    }
 }
 
 impl EdgeOptions {
@@ -74,6 +117,7 @@ impl EdgeOptions {
             node_status_update_frequency_secs: 1,
             metaserver: false,
             metaserver_dummy: None,
+            mesh: None,
         }
     }
 }
@@ -123,6 +167,14 @@ pub fn write_edge_config(
             .map(|a| a.to_string())
             .unwrap_or_default(),
     );
+    let mesh = match &options.mesh {
+        Some(m) => format!(
+            "\x20 edgeMesh:\n    enable: true\n    listenAddress: {}\n    proxy:\n      enable: {}\n      chainPrefix: {}\n      relayPort: {}\n",
+            m.address, m.proxy, m.chain_prefix, m.relay_port
+        ),
+        None => String::new(),
+    };
+    let yaml = yaml + &mesh;
     let path = d.join("edgecore.yaml");
     std::fs::write(&path, yaml).expect("write edgecore.yaml");
     EdgeCoreConfig::load(&path).expect("edgecore.yaml loads")
@@ -418,38 +470,128 @@ impl EdgeEnv {
     pub async fn finish(mut self) {
         self.stop_edge().await;
         self.stop_cloud();
-        let cri = self.cri().await;
-        let mut runtime = cri.runtime();
-        if let Ok(r) = runtime
-            .list_pod_sandbox(api::ListPodSandboxRequest {
-                filter: Some(api::PodSandboxFilter {
-                    label_selector: HashMap::from([(
-                        "kubeedge-rs.io/node".to_string(),
-                        self.node.clone(),
-                    )]),
-                    ..Default::default()
-                }),
-            })
-            .await
-        {
-            for s in r.into_inner().items {
-                let _ = runtime
-                    .stop_pod_sandbox(api::StopPodSandboxRequest {
-                        pod_sandbox_id: s.id.clone(),
-                    })
-                    .await;
-                let _ = runtime
-                    .remove_pod_sandbox(api::RemovePodSandboxRequest {
-                        pod_sandbox_id: s.id,
-                    })
-                    .await;
-            }
-        }
+        remove_node_sandboxes(&self.endpoint, &self.node).await;
         self.cluster.delete_namespace(&self.ns).await;
         let _ = self
             .nodes()
             .delete(&self.node, &kube::api::DeleteParams::default())
             .await;
+    }
+}
+
+/// Turns on edgestream in `config` (edge files in `dir`), dialling the tunnel at `tunnel`.
+pub fn enable_stream(config: &mut EdgeCoreConfig, dir: &std::path::Path, tunnel: SocketAddr) {
+    let s = &mut config.modules.edge_stream;
+    s.enable = true;
+    s.server = tunnel.to_string();
+    s.tls_tunnel_ca_file = dir.join("ca.crt").display().to_string();
+    s.tls_tunnel_cert_file = dir.join("edge.crt").display().to_string();
+    s.tls_tunnel_private_key_file = dir.join("edge.key").display().to_string();
+}
+
+/// Another edge node on an [`EdgeEnv`]'s cloud and cluster, with a link of its own.
+pub struct PeerEdge {
+    pub node: String,
+    pub dir: tempfile::TempDir,
+    pub config: EdgeCoreConfig,
+    pub edge: Option<EdgeCore>,
+    pub link: FaultProxy,
+}
+
+impl EdgeEnv {
+    /// Starts a second edge node on this environment's cloud, containers on the CRI
+    /// `endpoint`, edgestream to `tunnel` when given; waits for its node to be Ready.
+    pub async fn start_peer(
+        &self,
+        options: EdgeOptions,
+        endpoint: &str,
+        tunnel: Option<SocketAddr>,
+    ) -> PeerEdge {
+        let link = FaultProxy::start(self.cloud().hub.local_addr())
+            .await
+            .expect("link proxy");
+        let node = node_name(&options.prefix);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = write_edge_config(
+            dir.path(),
+            &self.pki,
+            &node,
+            &link.addr.to_string(),
+            endpoint,
+            &options,
+        );
+        if let Some(t) = tunnel {
+            enable_stream(&mut config, dir.path(), t);
+        }
+        let edged = test_edged_config(&config, dir.path());
+        let edge = EdgeCore::start_with(&config, Some(edged))
+            .await
+            .expect("the peer edgecore starts");
+        let peer = PeerEdge {
+            node,
+            dir,
+            config,
+            edge: Some(edge),
+            link,
+        };
+        wait_for(&format!("node {} Ready", peer.node), WAIT, || async {
+            let n = self.nodes().get_opt(&peer.node).await.ok()??;
+            let v = serde_json::to_value(n).ok()?;
+            v["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                .then_some(())
+        })
+        .await;
+        peer
+    }
+}
+
+impl PeerEdge {
+    /// Stops its edgecore, removes its pods from the runtime at `endpoint` and its Node.
+    pub async fn finish(mut self, env: &EdgeEnv, endpoint: &str) {
+        if let Some(e) = self.edge.take() {
+            e.shutdown().await;
+        }
+        remove_node_sandboxes(endpoint, &self.node).await;
+        let _ = env
+            .nodes()
+            .delete(&self.node, &kube::api::DeleteParams::default())
+            .await;
+    }
+}
+
+/// Stops and removes every sandbox of `node` at the CRI `endpoint`.
+pub async fn remove_node_sandboxes(endpoint: &str, node: &str) {
+    let Ok(cri) = CriClient::connect(endpoint).await else {
+        return;
+    };
+    let mut runtime = cri.runtime();
+    if let Ok(r) = runtime
+        .list_pod_sandbox(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: HashMap::from([(
+                    "kubeedge-rs.io/node".to_string(),
+                    node.to_string(),
+                )]),
+                ..Default::default()
+            }),
+        })
+        .await
+    {
+        for s in r.into_inner().items {
+            let _ = runtime
+                .stop_pod_sandbox(api::StopPodSandboxRequest {
+                    pod_sandbox_id: s.id.clone(),
+                })
+                .await;
+            let _ = runtime
+                .remove_pod_sandbox(api::RemovePodSandboxRequest {
+                    pod_sandbox_id: s.id,
+                })
+                .await;
+        }
     }
 }
 

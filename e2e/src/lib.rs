@@ -16,6 +16,7 @@ pub mod images;
 pub mod mosquitto;
 pub mod mqtt;
 pub mod node_address;
+pub mod pod_probe;
 pub mod process;
 pub mod procfs;
 pub mod registry;

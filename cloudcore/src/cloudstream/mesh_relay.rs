@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use kubeedge_shared::names::valid_node_name;
 use kubeedge_shared::stream::{self, MessageType, RelayConnect, RelayStatus, TunnelMessage};
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::net::SocketAddr;
@@ -44,7 +44,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 const CHUNK: usize = 32 * 1024;
 
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Outcome {
     Relayed,
     BadRequest,
@@ -53,9 +53,21 @@ pub enum Outcome {
     DialFailed,
 }
 
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Relayed => "relayed",
+            Outcome::BadRequest => "bad_request",
+            Outcome::Forbidden => "forbidden",
+            Outcome::NoTunnel => "no_tunnel",
+            Outcome::DialFailed => "dial_failed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
-    pub outcome: Outcome,
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Default)]
@@ -80,7 +92,9 @@ impl RelayMetrics {
 
     fn count(&self, outcome: Outcome) {
         self.connections
-            .get_or_create(&OutcomeLabel { outcome })
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.label(),
+            })
             .inc();
     }
 }

@@ -23,6 +23,7 @@ mod metrics;
 mod objectsync;
 mod portforward;
 mod resilience;
+mod services;
 mod stream;
 mod stream_auth;
 mod tunnel_port;

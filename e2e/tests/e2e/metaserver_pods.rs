@@ -7,6 +7,7 @@
 
 use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
+use e2e::pod_probe;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -58,47 +59,11 @@ async fn apply(env: &EdgeEnv, objects: &[serde_json::Value]) {
 
 /// The container's log lines so far (CRI log files under the test's pod-logs dir).
 fn pod_log(env: &EdgeEnv, pod: &str, uid: &str) -> String {
-    let p = env
-        .dir
-        .path()
-        .join("pod-logs")
-        .join(format!("{}_{pod}_{uid}", env.ns))
-        .join("main")
-        .join("0.log");
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
-/// The output of the rounds completed after line `from`: `(round, command, rc, output)`.
-fn rounds(log: &str) -> Vec<(u64, String, i32, String)> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    for line in log.lines() {
-        // `<time> <stream> <P|F> <content>`
-        let content = line.splitn(4, ' ').nth(3).unwrap_or_default();
-        if let Some(rest) = content.strip_prefix("@@ ") {
-            let f: Vec<&str> = rest.split(' ').collect();
-            if let [round, cmd, rc] = f[..] {
-                out.push((
-                    round.parse().unwrap_or(0),
-                    cmd.to_string(),
-                    rc.parse().unwrap_or(-1),
-                    std::mem::take(&mut current),
-                ));
-            }
-        } else {
-            current.push_str(content);
-            current.push('\n');
-        }
-    }
-    out
+    pod_probe::container_log(&env.dir.path().join("pod-logs"), &env.ns, pod, uid, "main")
 }
 
 fn last(log: &str, cmd: &str) -> Option<(u64, i32, String)> {
-    rounds(log)
-        .into_iter()
-        .rev()
-        .find(|r| r.1 == cmd)
-        .map(|r| (r.0, r.2, r.3))
+    pod_probe::last(log, cmd).map(|r| (r.round, r.rc, r.output))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

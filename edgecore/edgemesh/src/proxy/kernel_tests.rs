@@ -164,7 +164,7 @@ async fn cluster_ip_traffic_follows_the_rules_and_the_relay_in_the_kernel() {
     let relayed = metrics
         .connections
         .get_or_create(&super::relay::OutcomeLabel {
-            outcome: super::relay::Outcome::Relayed,
+            outcome: super::relay::Outcome::Relayed.label(),
         })
         .get();
     assert_eq!(relayed, 1);

@@ -15,7 +15,7 @@ mod kernel_tests;
 
 use crate::catalog::Snapshot;
 use iptables::Iptables;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -26,15 +26,25 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+/// The `result` label of a rule update.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum SyncResult {
     Applied,
     Failed,
 }
 
+impl SyncResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            SyncResult::Applied => "applied",
+            SyncResult::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SyncLabel {
-    pub result: SyncResult,
+    pub result: &'static str,
 }
 
 #[derive(Clone)]
@@ -124,7 +134,7 @@ pub async fn run_rule_sync(
                     metrics
                         .syncs
                         .get_or_create(&SyncLabel {
-                            result: SyncResult::Applied,
+                            result: SyncResult::Applied.label(),
                         })
                         .inc();
                     metrics.rules.set(plan.rules as i64);
@@ -135,7 +145,7 @@ pub async fn run_rule_sync(
                     metrics
                         .syncs
                         .get_or_create(&SyncLabel {
-                            result: SyncResult::Failed,
+                            result: SyncResult::Failed.label(),
                         })
                         .inc();
                     tracing::warn!(error = %e, retry_in = ?retry, "ClusterIP rules not applied; retrying");

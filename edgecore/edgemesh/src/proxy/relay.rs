@@ -66,18 +66,29 @@ const ATTEMPTS: usize = 3;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
-    pub outcome: Outcome,
+    pub outcome: &'static str,
 }
 
-#[derive(
-    Debug, Clone, Copy, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelValue,
-)]
+/// What became of a relayed connection (the `outcome` label).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Outcome {
     Relayed,
     NoService,
     NoBackend,
     DialFailed,
     Overloaded,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Relayed => "relayed",
+            Outcome::NoService => "no_service",
+            Outcome::NoBackend => "no_backend",
+            Outcome::DialFailed => "dial_failed",
+            Outcome::Overloaded => "overloaded",
+        }
+    }
 }
 
 #[derive(Default, Clone)]
@@ -114,7 +125,9 @@ impl RelayMetrics {
 
     fn count(&self, outcome: Outcome) {
         self.connections
-            .get_or_create(&OutcomeLabel { outcome })
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.label(),
+            })
             .inc();
     }
 }
@@ -447,7 +460,7 @@ mod tests {
             metrics
                 .connections
                 .get_or_create(&OutcomeLabel {
-                    outcome: Outcome::NoService
+                    outcome: Outcome::NoService.label()
                 })
                 .get(),
             1
