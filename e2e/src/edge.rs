@@ -79,6 +79,8 @@ pub struct MeshOptions {
     pub relay_port: u16,
     /// ClusterIP rules (off: DNS only).
     pub proxy: bool,
+    /// `proxy.directCIDRs`.
+    pub direct_cidrs: Vec<String>,
 }
 
 impl MeshOptions {
@@ -94,6 +96,7 @@ impl MeshOptions {
             chain_prefix: format!("KT{k:02}"),
             relay_port: 40001,
             proxy: true,
+            direct_cidrs: Vec::new(),
         }
     }
 
@@ -169,8 +172,8 @@ pub fn write_edge_config(
     );
     let mesh = match &options.mesh {
         Some(m) => format!(
-            "\x20 edgeMesh:\n    enable: true\n    listenAddress: {}\n    proxy:\n      enable: {}\n      chainPrefix: {}\n      relayPort: {}\n",
-            m.address, m.proxy, m.chain_prefix, m.relay_port
+            "\x20 edgeMesh:\n    enable: true\n    listenAddress: {}\n    proxy:\n      enable: {}\n      chainPrefix: {}\n      relayPort: {}\n      directCIDRs: {:?}\n",
+            m.address, m.proxy, m.chain_prefix, m.relay_port, m.direct_cidrs
         ),
         None => String::new(),
     };

@@ -239,3 +239,303 @@ async fn a_pod_reaches_a_service_by_name_and_cluster_ip_online_and_offline() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     env.finish().await;
 }
+
+/// A DNS query for `name` (type A, id 0x4242, recursion desired).
+fn dns_query(name: &str) -> Vec<u8> {
+    let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.trim_end_matches('.').split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
+/// Answers every DNS query on a UDP socket with one A record, 192.0.2.123 (a UDP
+/// backend outside the cluster); returns its port.
+async fn udp_dns_backend() -> u16 {
+    let sock = tokio::net::UdpSocket::bind("0.0.0.0:0")
+        .await
+        .expect("bind a UDP backend");
+    let port = sock.local_addr().expect("its address").port();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+            if n < 12 {
+                continue;
+            }
+            let mut r = buf[..n].to_vec();
+            r[2] |= 0x80; // QR
+            r[3] = 0x80; // RA, NOERROR
+            r[6] = 0;
+            r[7] = 1; // ANCOUNT
+            r[8..12].fill(0);
+            // Drop any additional (EDNS) record after the question: the counts say none.
+            let mut end = 12;
+            while end < r.len() && r[end] != 0 {
+                end += 1 + r[end] as usize;
+            }
+            r.truncate((end + 5).min(r.len()));
+            r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 192, 0, 2, 123]);
+            let _ = sock.send_to(&r, from).await;
+        }
+    });
+    port
+}
+
+/// The rcode and answer count of a DNS reply, and whether it was truncated.
+fn reply_summary(r: &[u8]) -> (u8, u16, bool) {
+    assert!(r.len() >= 12, "short reply {r:?}");
+    (
+        r[3] & 0x0f,
+        u16::from_be_bytes([r[6], r[7]]),
+        r[2] & 0x02 != 0,
+    )
+}
+
+async fn udp_ask(server: std::net::SocketAddr, q: &[u8]) -> Option<Vec<u8>> {
+    let s = tokio::net::UdpSocket::bind("0.0.0.0:0").await.ok()?;
+    s.send_to(q, server).await.ok()?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(3), s.recv(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    buf.truncate(n);
+    Some(buf)
+}
+
+async fn tcp_ask(server: std::net::SocketAddr, q: &[u8]) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(server)
+        .await
+        .expect("DNS over TCP");
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(q);
+    s.write_all(&framed).await.expect("send");
+    let len = tokio::time::timeout(Duration::from_secs(5), s.read_u16())
+        .await
+        .expect("a TCP answer in time")
+        .expect("a length");
+    let mut buf = vec![0u8; len as usize];
+    s.read_exact(&mut buf).await.expect("the answer");
+    buf
+}
+
+const HEADLESS_SCRIPT: &str = "i=0; while true; do i=$((i+1)); \
+    nslookup web-h.$NS.svc.cluster.local 2>&1; echo \"@@ $i headless $?\"; \
+    nslookup -type=srv _http._tcp.web.$NS.svc.cluster.local 2>&1; echo \"@@ $i srv $?\"; \
+    nslookup probe.example $UDP_IP 2>&1; echo \"@@ $i udp $?\"; \
+    sleep 0.3; done";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn headless_udp_and_huge_services_and_bad_dns_input_at_the_edge() {
+    if !root() {
+        return;
+    }
+    let mut mesh = MeshOptions::unique();
+    // The 10,000 endpoints below are "routable": one rule chain each.
+    mesh.direct_cidrs = vec!["10.123.0.0/16".into()];
+    let _cleanup = MeshCleanup(mesh.clone());
+    let env = mesh_env("svc-udp", &mesh).await;
+    let ns = env.ns.clone();
+    let dns = std::net::SocketAddr::from((mesh.address, 53));
+
+    for name in ["web-1", "web-2"] {
+        env.create_pod(web_pod(name, "web")).await;
+    }
+    create_service(
+        &env,
+        json!({"metadata": {"name": "web"},
+               "spec": {"selector": {"app": "web"},
+                        "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+    )
+    .await;
+    create_service(
+        &env,
+        json!({"metadata": {"name": "web-h"},
+               "spec": {"clusterIP": "None", "selector": {"app": "web"},
+                        "ports": [{"name": "http", "port": 8080}]}}),
+    )
+    .await;
+    // A UDP Service without a selector: its endpoint is a server on this host, reached at
+    // the pod network's gateway.
+    let gateway = {
+        let subnet = e2e::edge::shared_containerd().pod_subnet();
+        let base: std::net::Ipv4Addr = subnet
+            .split('/')
+            .next()
+            .and_then(|a| a.parse().ok())
+            .expect("the pod subnet");
+        std::net::Ipv4Addr::from(u32::from(base) + 1)
+    };
+    let udp_port = udp_dns_backend().await;
+    let udp = create_service(
+        &env,
+        json!({"metadata": {"name": "udp-dns"},
+               "spec": {"ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": udp_port}]}}),
+    )
+    .await;
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(env.cluster.client(), &ns);
+    let slice = |name: &str,
+                 service: &str,
+                 port: Value,
+                 endpoints: Value|
+     -> k8s_openapi::api::discovery::v1::EndpointSlice {
+        serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4", "ports": [port], "endpoints": endpoints}))
+        .expect("an EndpointSlice")
+    };
+    slices
+        .create(
+            &PostParams::default(),
+            &slice(
+                "udp-dns-1",
+                "udp-dns",
+                json!({"name": "dns", "port": udp_port, "protocol": "UDP"}),
+                json!([{"addresses": [gateway.to_string()]}]),
+            ),
+        )
+        .await
+        .expect("slice created");
+    let uip = cluster_ip(&udp);
+
+    for name in ["web-1", "web-2"] {
+        env.wait_running(name).await;
+    }
+    let ips: Vec<String> = {
+        let mut v = Vec::new();
+        for name in ["web-1", "web-2"] {
+            let p = env.pods().get(name).await.expect("the pod");
+            v.push(p.status.and_then(|s| s.pod_ip).expect("a pod IP"));
+        }
+        v
+    };
+    let client = env
+        .create_pod(probe_pod(
+            "client",
+            HEADLESS_SCRIPT,
+            &[("NS", ns.as_str()), ("UDP_IP", uip.as_str())],
+        ))
+        .await;
+    let uid = client.metadata.uid.clone().expect("a uid");
+    env.wait_running("client").await;
+    // Headless: the ready pods' addresses; SRV for the named port; UDP through the ClusterIP.
+    wait_for("the headless name resolves to both pods", WAIT, || async {
+        let log = log_of(&env, "client", &uid);
+        pod_probe::since(&log, "headless", 0)
+            .into_iter()
+            .find(|r| r.rc == 0 && ips.iter().all(|ip| r.output.contains(ip.as_str())))
+    })
+    .await;
+    wait_round(
+        &env,
+        "client",
+        &uid,
+        "srv",
+        0,
+        &format!("web.{ns}.svc.cluster.local"),
+    )
+    .await;
+    wait_round(&env, "client", &uid, "udp", 0, "192.0.2.123").await;
+
+    // Bad input: garbage and a 300-byte name get a clean answer (or none), and the server
+    // keeps answering.
+    let garbage: Vec<u8> = (0..200u32).map(|i| (i * 37 % 251) as u8).collect();
+    let _ = udp_ask(dns, &garbage).await;
+    let long = format!("{}.example", vec!["a".repeat(60); 5].join("."));
+    assert!(long.len() > 300);
+    let mut q = dns_query("x.example");
+    // Splice the 300-byte name in by hand (the helper would too, but say it plainly).
+    q.truncate(12);
+    for label in long.split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let r = udp_ask(dns, &q)
+        .await
+        .expect("an answer to a too-long name");
+    assert_eq!(reply_summary(&r).0, 1, "FORMERR for a name over 255 bytes");
+    let r = udp_ask(dns, &dns_query(&format!("web.{ns}.svc.cluster.local")))
+        .await
+        .expect("still answering");
+    assert_eq!(reply_summary(&r), (0, 1, false));
+
+    // A headless Service with 10,000 endpoints (10 slices of 1,000): UDP gets a truncated
+    // answer, TCP a full frame, and the rules are applied.
+    create_service(
+        &env,
+        json!({"metadata": {"name": "big"},
+               "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    let big_cip = create_service(
+        &env,
+        json!({"metadata": {"name": "big-cip"},
+               "spec": {"ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    for (svc, prefix) in [("big", 10u32), ("big-cip", 20u32)] {
+        for s in 0..10u32 {
+            let endpoints: Vec<Value> = (0..1000u32)
+                .map(|i| {
+                    let n = s * 1000 + i;
+                    json!({"addresses": [format!("10.123.{}.{}", prefix + n / 250, 1 + n % 250)],
+                           "nodeName": "far-away-node"})
+                })
+                .collect();
+            slices
+                .create(
+                    &PostParams::default(),
+                    &slice(
+                        &format!("{svc}-{s}"),
+                        svc,
+                        json!({"name": "http", "port": 8080}),
+                        Value::Array(endpoints),
+                    ),
+                )
+                .await
+                .expect("a big slice");
+        }
+    }
+    let big = format!("big.{ns}.svc.cluster.local");
+    let full = wait_for("10,000 endpoints known at the edge", WAIT, || async {
+        let r = tcp_ask(dns, &dns_query(&big)).await;
+        let (rcode, answers, _) = reply_summary(&r);
+        (rcode == 0 && answers >= 1000).then_some(r)
+    })
+    .await;
+    assert!(full.len() <= 65535);
+    let r = udp_ask(dns, &dns_query(&big)).await.expect("a UDP answer");
+    let (rcode, _, truncated) = reply_summary(&r);
+    assert_eq!(rcode, 0);
+    assert!(
+        truncated,
+        "a UDP answer too large for 512 bytes is truncated"
+    );
+    // The ClusterIP of 10,000 routable endpoints is programmed (a rule chain each).
+    let big_ip = cluster_ip(&big_cip);
+    wait_for("rules for 10,000 endpoints", WAIT, || async {
+        let out = tokio::process::Command::new("iptables-save")
+            .args(["-t", "nat"])
+            .output()
+            .await
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let seps = text
+            .lines()
+            .filter(|l| l.starts_with(&format!(":{}-SEP-", mesh.chain_prefix)))
+            .count();
+        (text.contains(&format!("-d {big_ip}/32")) && seps >= 10_000).then_some(())
+    })
+    .await;
+    let r = udp_ask(dns, &dns_query(&format!("web.{ns}.svc.cluster.local")))
+        .await
+        .expect("still answering after the big Services");
+    assert_eq!(reply_summary(&r).0, 0);
+    env.finish().await;
+}
