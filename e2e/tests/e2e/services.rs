@@ -220,18 +220,7 @@ async fn a_pod_reaches_a_service_by_name_and_cluster_ip_online_and_offline() {
     env.wait_edge_link(true).await;
 
     // The edge's metrics count what it did.
-    let mesh_metrics = env
-        .edge
-        .as_ref()
-        .and_then(|e| e.mesh())
-        .map(|m| {
-            let mut r = prometheus_client::registry::Registry::default();
-            m.register_metrics(&mut r);
-            let mut out = String::new();
-            prometheus_client::encoding::text::encode(&mut out, &r).expect("metrics encode");
-            out
-        })
-        .expect("edgemesh runs");
+    let mesh_metrics = mesh_metrics_text(&env);
     assert!(
         mesh_metrics.contains("edgemesh_rule_syncs_total{result=\"applied\"}"),
         "{mesh_metrics}"
@@ -538,4 +527,170 @@ async fn headless_udp_and_huge_services_and_bad_dns_input_at_the_edge() {
         .expect("still answering after the big Services");
     assert_eq!(reply_summary(&r).0, 0);
     env.finish().await;
+}
+
+/// Creates a pod bound to `node` from a JSON spec.
+async fn create_pod_on(env: &EdgeEnv, node: &str, spec: Value) -> k8s_openapi::api::core::v1::Pod {
+    let mut pod = spec;
+    pod["apiVersion"] = json!("v1");
+    pod["kind"] = json!("Pod");
+    pod["spec"]["nodeName"] = json!(node);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).expect("a Pod");
+    env.pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("pod created")
+}
+
+const TWO_NODE_SCRIPT: &str = "i=0; while true; do i=$((i+1)); \
+    timeout 5 wget -q -O - http://far/ 2>&1; echo \"@@ $i far $?\"; \
+    timeout 5 wget -q -O - http://both/ 2>&1; echo \"@@ $i both $?\"; \
+    sleep 0.2; done";
+
+/// Edge A runs the client and edgemesh; edge B (its own containerd and pod network, which A
+/// does not route to) runs backends. Connections to B's endpoints go A → cloudcore → B over
+/// the stream tunnels; a Service with a backend on each node answers from both; the relay
+/// connects only to endpoints the cluster placed on the named node; with B gone, calls fail
+/// at once instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_service_with_backends_on_another_edge_is_relayed_through_cloudcore() {
+    use cloudcore::cloudstream::CloudStream;
+    use cloudcore::cloudstream::client_auth::ClientAuth;
+    use e2e::stream_client::loopback_settings;
+    if !root() {
+        return;
+    }
+    let mesh = MeshOptions::unique();
+    let _cleanup = MeshCleanup(mesh.clone());
+    let mut env = EdgeEnv::start_with(EdgeOptions {
+        mesh: Some(mesh.clone()),
+        ..EdgeOptions::new("svc-near")
+    })
+    .await;
+    env.stop_edge().await;
+    let stream = CloudStream::start(
+        cloudcore::cloudstream::StreamSettings {
+            relay_targets: Some(std::sync::Arc::new(env.cloud().services.clone())),
+            ..loopback_settings(&env.pki, ClientAuth::Verify(env.cluster.cluster_ca()))
+        },
+        env.cluster.client(),
+    )
+    .await
+    .expect("cloudstream starts");
+    let dir = env.dir.path().to_path_buf();
+    e2e::edge::enable_stream(&mut env.config, &dir, stream.tunnel_addr());
+    env.start_edge().await;
+    env.wait_node_ready().await;
+    let far_runtime = tokio::task::spawn_blocking(e2e::containerd::Containerd::start)
+        .await
+        .expect("starting a second containerd")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let peer = env
+        .start_peer(
+            EdgeOptions::new("svc-far"),
+            &far_runtime.endpoint(),
+            Some(stream.tunnel_addr()),
+        )
+        .await;
+    for node in [&env.node, &peer.node] {
+        wait_for(&format!("{node}'s stream tunnel"), WAIT, || async {
+            stream.is_connected(node).then_some(())
+        })
+        .await;
+    }
+
+    let far1 = create_pod_on(&env, &peer.node, web_pod("far-1", "far")).await;
+    let mut far2 = web_pod("far-2", "both");
+    far2["metadata"]["labels"]["tier"] = json!("far");
+    create_pod_on(&env, &peer.node, far2).await;
+    env.create_pod(web_pod("near-1", "both")).await;
+    for (name, selector) in [("far", "far"), ("both", "both")] {
+        create_service(
+            &env,
+            json!({"metadata": {"name": name},
+                   "spec": {"selector": {"app": selector},
+                            "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+        )
+        .await;
+    }
+    for name in ["far-1", "far-2", "near-1"] {
+        env.wait_running(name).await;
+    }
+    let client = env
+        .create_pod(probe_pod("client", TWO_NODE_SCRIPT, &[]))
+        .await;
+    let uid = client.metadata.uid.clone().expect("a uid");
+    env.wait_running("client").await;
+    wait_round(&env, "client", &uid, "far", 0, "far-1").await;
+    wait_round(&env, "client", &uid, "both", 0, "far-2").await;
+    wait_round(&env, "client", &uid, "both", 0, "near-1").await;
+
+    // The relay connects only to endpoints the cluster placed on the node named.
+    let edged = env.edged_config();
+    let dialer = edgecore::edgestream::EdgeStream::relay_dialer(&env.config, &edged)
+        .expect("a relay dialer");
+    let far1_ip: std::net::IpAddr = env
+        .pods()
+        .get("far-1")
+        .await
+        .expect("far-1")
+        .status
+        .and_then(|s| s.pod_ip)
+        .and_then(|ip| ip.parse().ok())
+        .expect("far-1's IP");
+    use kubeedge_edgemesh::proxy::relay::{RelayDialer, RelayTarget};
+    for (node, port, why) in [
+        (peer.node.as_str(), 22, "a port no Service names"),
+        (env.node.as_str(), 8080, "the endpoint is on another node"),
+    ] {
+        let target = RelayTarget {
+            node: node.into(),
+            addr: std::net::SocketAddr::new(far1_ip, port),
+        };
+        let err = match dialer.dial(target).await {
+            Ok(_) => panic!("relay to {far1_ip}:{port} on {node} allowed ({why})"),
+            Err(e) => e,
+        };
+        assert!(err.contains("403"), "{why}: {err}");
+    }
+    let relayed = mesh_metrics_text(&env);
+    assert!(
+        relayed.contains("edgemesh_relay_connections_total{outcome=\"relayed\"}"),
+        "{relayed}"
+    );
+
+    // B goes away: calls to its only Service fail at once (the cloud says its tunnel is
+    // gone), they do not hang.
+    let far1_uid = far1.metadata.uid.clone().expect("a uid");
+    peer.finish(&env, &far_runtime.endpoint()).await;
+    let after = last_round(&env, "client", &uid);
+    let failed = wait_for(
+        "a failing call to a Service on the vanished edge",
+        WAIT,
+        || async {
+            pod_probe::since(&log_of(&env, "client", &uid), "far", after)
+                .into_iter()
+                .find(|r| r.rc != 0)
+        },
+    )
+    .await;
+    assert!(!failed.output.contains("far-1"), "{failed:?}");
+    let _ = far1_uid;
+    stream.shutdown();
+    env.finish().await;
+    far_runtime.shutdown();
+}
+
+/// edgemesh's metrics of the test edge, as text.
+fn mesh_metrics_text(env: &EdgeEnv) -> String {
+    let mesh = env
+        .edge
+        .as_ref()
+        .and_then(|e| e.mesh())
+        .expect("edgemesh runs");
+    let mut r = prometheus_client::registry::Registry::default();
+    mesh.register_metrics(&mut r);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &r).expect("metrics encode");
+    out
 }
