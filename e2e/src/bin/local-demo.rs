@@ -200,6 +200,7 @@ async fn main() -> anyhow::Result<()> {
          \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
          \x20 eventBus:\n    mqttMode: 0\n    mqttServerInternal: tcp://127.0.0.1:{mqtt_port}\n\
          \x20 metaManager:\n    metaServer:\n      enable: true\n      server: 127.0.0.1:{metaserver_port}\n\
+         \x20 edgeMesh:\n    enable: true\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
         db = demo_dir.join("edgecore.db").display(),
@@ -299,6 +300,14 @@ async fn main() -> anyhow::Result<()> {
 
     step(
         7,
+        "Service `web` at the edge: pod `client` fetches http://web/ by name (edgemesh)",
+    );
+    let client_log = service_demo(&client, node, &kubeconfig)
+        .await
+        .context("the Service demo")?;
+
+    step(
+        8,
         "a device: a Modbus thermostat, served by modbus-mapper over DMI",
     );
     let devices = device_demo(&client, node, &demo_dir, &kubeconfig)
@@ -327,6 +336,13 @@ async fn main() -> anyhow::Result<()> {
                 Some(running) => {
                     running.shutdown().await;
                     say!("cloudcore stopped: edge-demo is offline. Its pods keep running; `kubectl get pods` shows what the cluster last heard, the MetaServer answers from the edge's database. `kill -USR1 {}` starts cloudcore again.", std::process::id());
+                    let log = client_log.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        if let Some(line) = last_served(&log) {
+                            say!("    offline, pod `client` still reaches Service web by name: {line}   (tail -f {})", log.display());
+                        }
+                    });
                 }
                 None => match CloudFixture::start(api.client()?, &pki).await {
                     Ok(started) => {
@@ -344,6 +360,10 @@ async fn main() -> anyhow::Result<()> {
     let stopping = Instant::now();
     drop(devices);
     edge.shutdown().await;
+    // edgemesh's rules and address outlive edgecore on purpose; the demo removes them.
+    if let Err(e) = edgecore::mesh::cleanup(&config) {
+        say!("    edgemesh's rules not removed: {e}");
+    }
     stream.shutdown();
     if let Some(cloud) = cloud {
         cloud.shutdown().await;
@@ -426,6 +446,72 @@ async fn deployment_demo(
     }
     say!("    try: kubectl port-forward deployment/web 8080:8080 & wget -qO- 127.0.0.1:8080");
     Ok(())
+}
+
+/// Creates Service `web` over Deployment `web` and a pod `client` that fetches
+/// `http://web/` every second (DNS and ClusterIP at the edge); shows what it got. Returns
+/// the client's log file on the edge (readable while the cloud is away).
+async fn service_demo(
+    client: &kube::Client,
+    node: &str,
+    kubeconfig: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    use k8s_openapi::api::core::v1::Service;
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    }))?;
+    Api::<Service>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &svc)
+        .await
+        .context("creating Service web")?;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "client", "namespace": "default"},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "client", "image": BUSYBOX_IMAGE,
+                "command": ["sh", "-c", "while true; do echo \"$(date +%T) $(timeout 3 wget -q -O - http://web/ 2>&1)\"; sleep 1; done"]}]}
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .context("creating pod client")?;
+    let uid = created.metadata.uid.unwrap_or_default();
+    let log = std::path::PathBuf::from(format!("/var/log/pods/default_client_{uid}/client/0.log"));
+    wait_until(
+        "pod client reaching http://web/",
+        Duration::from_secs(120),
+        || async { last_served(&log).map(|_| ()) },
+    )
+    .await?;
+    say!("    $ kubectl get service web");
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["get", "service", "web"])
+        .output()
+        .await
+        .context("running kubectl get service")?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        say!("    {line}");
+    }
+    if let Some(line) = last_served(&log) {
+        say!("    pod client: {line}");
+    }
+    say!("    try: kubectl logs -f client      kubectl exec client -- nslookup web");
+    Ok(log)
+}
+
+/// The last answer pod `client` logged from Service web (`served by …`).
+fn last_served(log: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines()
+        .rev()
+        .filter_map(|l| l.splitn(4, ' ').nth(3))
+        .find(|l| l.contains("served by"))
+        .map(str::to_string)
 }
 
 /// Starts `modbus-sim` (a Modbus TCP thermostat) and `modbus-mapper`, creates a DeviceModel
