@@ -62,6 +62,8 @@ pub(crate) async fn accept_loop<F, Fut>(
                 }
             },
         };
+        // Small frames (exec keystrokes, relayed requests) must not wait for Nagle.
+        let _ = tcp.set_nodelay(true);
         let (acceptor, serve) = (acceptor.clone(), serve.clone());
         tokio::spawn(async move {
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

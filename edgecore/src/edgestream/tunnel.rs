@@ -118,6 +118,8 @@ pub async fn connect(
         .to_string();
     let fut = async {
         let tcp = tokio::net::TcpStream::connect(&s.server).await?;
+        // Small frames (exec keystrokes, relayed requests) must not wait for Nagle.
+        tcp.set_nodelay(true)?;
         let name = ServerName::try_from(host)?;
         let mut io = tokio_rustls::TlsConnector::from(tls)
             .connect(name, tcp)
