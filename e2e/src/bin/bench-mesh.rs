@@ -336,7 +336,7 @@ async fn relay_through_cloud() -> anyhow::Result<()> {
         let cert = pki.node_cert(node)?;
         let chain = vec![cert.cert_der.clone()];
         edgecore::edgestream::tunnel::tunnel_tls(
-            &[pki.ca.cert.cert_der.clone()],
+            std::slice::from_ref(&pki.ca.cert.cert_der),
             chain,
             cert.key_der(),
         )
