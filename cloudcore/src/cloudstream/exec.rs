@@ -21,7 +21,6 @@ use hyper_util::rt::TokioIo;
 use kubeedge_shared::stream::http::{ResponseHead, decode_chunked, parse_response_head};
 use kubeedge_shared::stream::{MessageType, TunnelMessage};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 /// How long the edge may take to answer (find the container, ask the runtime, connect).
@@ -30,8 +29,6 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_ERROR_BODY: usize = 64 * 1024;
 /// The kubelet's default `streamingConnectionIdleTimeout`: a stream silent this long ends.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 60 * 60);
-/// Bytes read from the client per DATA frame.
-const CHUNK: usize = 32 * 1024;
 
 pub async fn serve(
     req: Request<Incoming>,
@@ -184,41 +181,32 @@ fn respond(head: &ResponseHead, body: Body) -> Response<Body> {
     r
 }
 
-/// Relays the upgraded client connection and the tunnel connection until either ends.
+/// Relays the upgraded client connection and the tunnel connection until either ends (both
+/// directions at once, see [`kubeedge_shared::stream::pump`]).
 async fn relay<S>(io: S, rest: Vec<u8>, mut rx: mpsc::Receiver<Vec<u8>>, guard: ConnGuard)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let (mut cr, mut cw) = tokio::io::split(io);
     let id = guard.id;
-    if !rest.is_empty() && cw.write_all(&rest).await.is_err() {
-        return;
-    }
-    let mut buf = vec![0u8; CHUNK];
-    let why = loop {
-        tokio::select! {
-            _ = tokio::time::sleep(IDLE_TIMEOUT) => break "idle",
-            chunk = rx.recv() => match chunk {
-                Some(chunk) => {
-                    if cw.write_all(&chunk).await.is_err() {
-                        break "client write failed";
-                    }
-                }
-                None => break "edge ended",
-            },
-            n = cr.read(&mut buf) => match n {
-                Ok(0) | Err(_) => break "client ended",
-                Ok(n) => {
-                    let m = TunnelMessage::new(id, MessageType::Data, buf[..n].to_vec());
-                    if !guard.session.send(m).await {
-                        break "tunnel closed";
-                    }
-                }
-            },
-        }
-    };
-    let _ = cw.shutdown().await;
-    tracing::debug!(id, why, "upgrade connection ended");
+    let session = guard.session.clone();
+    let moved = std::sync::atomic::AtomicU64::new(0);
+    let why = kubeedge_shared::stream::pump::duplex(
+        io,
+        rest,
+        &mut rx,
+        |chunk| {
+            let session = session.clone();
+            async move {
+                session
+                    .send(TunnelMessage::new(id, MessageType::Data, chunk))
+                    .await
+            }
+        },
+        IDLE_TIMEOUT,
+        &moved,
+    )
+    .await;
+    tracing::debug!(id, why = why.as_str(), "upgrade connection ended");
     drop(guard);
 }
 

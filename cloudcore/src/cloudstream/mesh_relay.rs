@@ -24,7 +24,6 @@ use prometheus_client::metrics::family::Family;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Which addresses the relay may connect an edge to.
 pub trait RelayTargets: Send + Sync {
@@ -42,7 +41,6 @@ impl RelayTargets for crate::controller::services::ServiceCache {
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A relayed connection idle this long ends.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-const CHUNK: usize = 32 * 1024;
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Outcome {
@@ -274,33 +272,28 @@ async fn pump<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let (mut cr, mut cw) = tokio::io::split(io);
     let id = guard.id;
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(IDLE_TIMEOUT) => break,
-            chunk = rx.recv() => match chunk {
-                Some(chunk) => {
-                    metrics.bytes.inc_by(chunk.len() as u64);
-                    if cw.write_all(&chunk).await.is_err() {
-                        break;
-                    }
-                }
-                None => break,
-            },
-            n = cr.read(&mut buf) => match n {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    metrics.bytes.inc_by(n as u64);
-                    let m = TunnelMessage::new(id, MessageType::Data, buf[..n].to_vec());
-                    if !guard.session.send(m).await {
-                        break;
-                    }
-                }
-            },
-        }
-    }
-    let _ = cw.shutdown().await;
+    let session = guard.session.clone();
+    let moved = std::sync::atomic::AtomicU64::new(0);
+    let why = kubeedge_shared::stream::pump::duplex(
+        io,
+        Vec::new(),
+        &mut rx,
+        |chunk| {
+            let session = session.clone();
+            async move {
+                session
+                    .send(TunnelMessage::new(id, MessageType::Data, chunk))
+                    .await
+            }
+        },
+        IDLE_TIMEOUT,
+        &moved,
+    )
+    .await;
+    metrics
+        .bytes
+        .inc_by(moved.load(std::sync::atomic::Ordering::Relaxed));
+    tracing::debug!(id, why = why.as_str(), "relayed connection ended");
     drop(guard);
 }

@@ -14,9 +14,15 @@
 //! 3. The relay through the cloud: edge A → cloudcore's tunnel port → edge B's stream tunnel →
 //!    backend, with real TLS and tunnels in this process: connection set-up, round trips and
 //!    bulk throughput, against the same backend reached directly.
+//! 4. A real `edgecore` (next to this binary; edged off) with edgemesh on against cloudcore and
+//!    the in-memory API server in this process, and one without: the time from an
+//!    EndpointSlice change in the cluster to the edge's rule for it (20 changes), then the RSS of
+//!    both with `BENCH_SERVICES` Services of 10 endpoints each (root: iptables, an address).
+//! 5. Cloud messages per Service change with `BENCH_NODES` (default 1,000) simulated edges
+//!    holding edgemesh's standing watches, and how long until every edge has it.
 
 use e2e::bench::{env_usize, percentile};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -272,30 +278,46 @@ async fn data_path() -> anyhow::Result<()> {
         for to in [backend, dnat, proxied] {
             new_conn_latency(to, 50).await?;
         }
-        println!("  new connection + 64-byte request/response:");
-        let (_, d99) = report("direct (pod IP)", new_conn_latency(backend, n).await?);
-        let (_, k99) = report("ClusterIP, kernel DNAT", new_conn_latency(dnat, n).await?);
-        let (_, u99) = report(
-            "ClusterIP, userspace proxy",
-            new_conn_latency(proxied, n).await?,
-        );
-        println!(
-            "  added at p99: DNAT {:+.1} %, userspace {:+.1} %",
-            (k99.as_secs_f64() / d99.as_secs_f64() - 1.0) * 100.0,
-            (u99.as_secs_f64() / d99.as_secs_f64() - 1.0) * 100.0
-        );
-        println!("  64-byte round trips on one connection:");
-        let (_, d99) = report("direct (pod IP)", rtt_latency(backend, rtts).await?);
-        let (_, k99) = report("ClusterIP, kernel DNAT", rtt_latency(dnat, rtts).await?);
-        let (_, u99) = report(
-            "ClusterIP, userspace proxy",
-            rtt_latency(proxied, rtts).await?,
-        );
-        println!(
-            "  added at p99: DNAT {:+.1} %, userspace {:+.1} %",
-            (k99.as_secs_f64() / d99.as_secs_f64() - 1.0) * 100.0,
-            (u99.as_secs_f64() / d99.as_secs_f64() - 1.0) * 100.0
-        );
+        // Interleaved, so that load from elsewhere on the machine hits all paths alike.
+        let paths = [backend, dnat, proxied];
+        let mut new_conn: [Vec<Duration>; 3] = Default::default();
+        for _ in 0..n {
+            for (i, to) in paths.iter().enumerate() {
+                new_conn[i].extend(new_conn_latency(*to, 1).await?);
+            }
+        }
+        let mut conns = Vec::new();
+        for to in paths {
+            let s = TcpStream::connect(to).await?;
+            s.set_nodelay(true)?;
+            conns.push(s);
+        }
+        let mut rtt: [Vec<Duration>; 3] = Default::default();
+        for _ in 0..rtts {
+            for (i, c) in conns.iter_mut().enumerate() {
+                let t = Instant::now();
+                round_trip(c).await?;
+                rtt[i].push(t.elapsed());
+            }
+        }
+        for (title, sets) in [
+            ("new connection + 64-byte request/response:", new_conn),
+            ("64-byte round trips on one connection:", rtt),
+        ] {
+            println!("  {title}");
+            let [d, k, u] = sets;
+            let (d50, d99) = report("direct (pod IP)", d);
+            let (k50, k99) = report("ClusterIP, kernel DNAT", k);
+            let (u50, u99) = report("ClusterIP, userspace proxy", u);
+            let pct = |a: Duration, b: Duration| (a.as_secs_f64() / b.as_secs_f64() - 1.0) * 100.0;
+            println!(
+                "  added: DNAT p50 {:+.1} %, p99 {:+.1} %; userspace p50 {:+.1} %, p99 {:+.1} %",
+                pct(k50, d50),
+                pct(k99, d99),
+                pct(u50, d50),
+                pct(u99, d99)
+            );
+        }
         anyhow::Ok(())
     }
     .await;
@@ -466,9 +488,310 @@ async fn main() -> anyhow::Result<()> {
     dns(services).await?;
     data_path().await?;
     relay_through_cloud().await?;
-    let _ = (
-        Ipv4Addr::LOCALHOST,
-        SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+    edgecore_memory(services).await?;
+    fan_out(env_usize("BENCH_NODES", 1000)).await?;
+    Ok(())
+}
+
+fn start_edge(
+    bin: &std::path::Path,
+    root: &std::path::Path,
+    node: &str,
+    server: SocketAddr,
+    pki: &e2e::channel::Pki,
+    mesh: Option<&str>,
+) -> anyhow::Result<(std::path::PathBuf, e2e::process::LoggedProcess)> {
+    let dir = root.join(node);
+    std::fs::create_dir_all(&dir)?;
+    let cert = pki.node_cert(node)?;
+    std::fs::write(dir.join("ca.crt"), &pki.ca.cert.cert_pem)?;
+    std::fs::write(dir.join("edge.crt"), &cert.cert_pem)?;
+    std::fs::write(dir.join("edge.key"), &cert.key_pem)?;
+    let mesh = match mesh {
+        Some(addr) => format!(
+            "\x20 edgeMesh:\n    enable: true\n    listenAddress: {addr}\n    proxy:\n      chainPrefix: KB\n      relayPort: 0\n      directCIDRs: [10.200.0.0/16, 10.201.0.0/16]\n"
+        ),
+        None => String::new(),
+    };
+    let yaml = format!(
+        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+         database:\n  dataSource: {d}/edgecore.db\n\
+         modules:\n  edgeHub:\n    messageQPS: 0\n    tlsCaFile: {d}/ca.crt\n    tlsCertFile: {d}/edge.crt\n    tlsPrivateKeyFile: {d}/edge.key\n\
+         \x20   websocket:\n      server: {server}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {d}\n\
+         \x20 eventBus:\n    enable: false\n\
+         \x20 edged:\n    enable: false\n    hostnameOverride: {node}\n{mesh}",
+        d = dir.display(),
     );
+    std::fs::write(dir.join("edgecore.yaml"), yaml)?;
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("--config")
+        .arg(dir.join("edgecore.yaml"))
+        .env("RUST_LOG", "warn");
+    let p = e2e::process::LoggedProcess::spawn("edgecore", cmd, &dir)?;
+    Ok((dir, p))
+}
+
+fn nat_rules() -> String {
+    std::process::Command::new("iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn slice_object(name: &str, service: &str, ips: &[String]) -> serde_json::Value {
+    let endpoints: Vec<_> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "nodeName": "far"}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": name, "namespace": "default",
+                        "labels": {"kubernetes.io/service-name": service}},
+           "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}],
+           "endpoints": endpoints})
+}
+
+async fn edgecore_memory(services: usize) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Service as K8sService;
+    use k8s_openapi::api::discovery::v1::EndpointSlice as K8sSlice;
+    use kube::api::{Api, PostParams};
+    println!(
+        "4. edgecore with edgemesh: endpoint change → rule, and memory with {services} Services"
+    );
+    if !is_root() {
+        println!("  SKIPPED: needs root (iptables, an address on lo)");
+        return Ok(());
+    }
+    let bin = std::env::current_exe()?.with_file_name("edgecore");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} missing: build with `cargo build --profile bench-fast -p edgecore -p e2e`",
+        bin.display()
+    );
+    let api = e2e::apiserver::ApiServer::start(e2e::apiserver::Config::default()).await?;
+    let client = api.client()?;
+    let pki = e2e::channel::Pki::new()?;
+    let cloud = e2e::cloud::CloudFixture::start(client.clone(), &pki).await?;
+    let root = std::env::temp_dir().join(format!("bench-mesh-{}", std::process::id()));
+    let mesh_addr = "169.254.96.99";
+    let (_off_dir, off) = start_edge(&bin, &root, "mesh-off", cloud.hub.local_addr(), &pki, None)?;
+    let (_on_dir, on) = start_edge(
+        &bin,
+        &root,
+        "mesh-on",
+        cloud.hub.local_addr(),
+        &pki,
+        Some(mesh_addr),
+    )?;
+    let result = async {
+        let t = Instant::now();
+        while !cloud.hub.is_connected("mesh-off") || !cloud.hub.is_connected("mesh-on") {
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "edges did not connect");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (off0, on0) = (e2e::procfs::rss_kb(off.pid()), e2e::procfs::rss_kb(on.pid()));
+        println!("  RSS idle: edgemesh off {off0} KB, on {on0} KB");
+        let svcs: Api<K8sService> = Api::namespaced(client.clone(), "default");
+        let slices: Api<K8sSlice> = Api::namespaced(client.clone(), "default");
+        // Endpoint change → rule.
+        svcs.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "moving"},
+                "spec": {"ports": [{"name": "http", "port": 80}]}}))?,
+        )
+        .await?;
+        slices
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(slice_object("moving-1", "moving", &["10.201.0.1".into()]))?,
+            )
+            .await?;
+        let t = Instant::now();
+        while !nat_rules().contains("10.201.0.1:8080") {
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "the first rule never came");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut lat = Vec::new();
+        for k in 2..22u32 {
+            let ip = format!("10.201.0.{k}");
+            let mut s: serde_json::Value = serde_json::to_value(slices.get("moving-1").await?)?;
+            s["endpoints"][0]["addresses"] = json!([ip]);
+            let t = Instant::now();
+            slices
+                .replace("moving-1", &PostParams::default(), &serde_json::from_value(s)?)
+                .await?;
+            let want = format!("{ip}:8080");
+            while !nat_rules().contains(&want) {
+                anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "rule for {ip} never came");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            lat.push(t.elapsed());
+        }
+        report("EndpointSlice update → the edge's DNAT rule", lat);
+        // Memory with `services` Services of 10 endpoints each.
+        for i in 0..services {
+            svcs.create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": format!("svc-{i}")},
+                    "spec": {"ports": [{"name": "http", "port": 80}]}}))?,
+            )
+            .await?;
+            let ips: Vec<String> = (0..10)
+                .map(|e| format!("10.200.{}.{}", i / 25, 1 + (i % 25) * 10 + e))
+                .collect();
+            slices
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(slice_object(&format!("svc-{i}-x"), &format!("svc-{i}"), &ips))?,
+                )
+                .await?;
+        }
+        let t = Instant::now();
+        loop {
+            let seps = nat_rules().lines().filter(|l| l.starts_with(":KB-SEP-")).count();
+            if seps >= services * 10 {
+                break;
+            }
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(300), "rules for every endpoint never came ({seps})");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        println!("  {services} Services, {} endpoints at the edge after {:.1?}", services * 10, t.elapsed());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (off1, on1) = (e2e::procfs::rss_kb(off.pid()), e2e::procfs::rss_kb(on.pid()));
+        println!(
+            "  RSS with {services} Services / {} endpoints: edgemesh off {off1} KB, on {on1} KB: +{} KB over off (+{} KB over its idle)",
+            services * 10,
+            on1 as i64 - off1 as i64,
+            on1 as i64 - on0 as i64
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    drop((off, on));
+    let mut c = edgecore::config::EdgeCoreConfig::default();
+    c.modules.edge_mesh.listen_address = mesh_addr.into();
+    c.modules.edge_mesh.proxy.chain_prefix = "KB".into();
+    let _ = edgecore::mesh::cleanup(&c);
+    cloud.shutdown().await;
+    api.shutdown().await;
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}
+
+async fn fan_out(nodes: usize) -> anyhow::Result<()> {
+    use e2e::sim_edge::SimEdge;
+    use k8s_openapi::api::core::v1::Service as K8sService;
+    use kube::api::{Api, PostParams};
+    use kubeedge_shared::application::Application;
+    println!(
+        "5. cloud messages per Service change, {nodes} edges with edgemesh's standing watches"
+    );
+    let api = e2e::apiserver::ApiServer::start(e2e::apiserver::Config::default()).await?;
+    let client = api.client()?;
+    let pki = e2e::channel::Pki::new()?;
+    let cloud = e2e::cloud::CloudFixture::start(client.clone(), &pki).await?;
+    let svcs: Api<K8sService> = Api::namespaced(client.clone(), "default");
+    svcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "web"},
+            "spec": {"ports": [{"name": "http", "port": 80}]}}))?,
+    )
+    .await?;
+    let mut edges = Vec::with_capacity(nodes);
+    let t = Instant::now();
+    for i in 0..nodes {
+        let node = format!("mesh-{i}");
+        let n: k8s_openapi::api::core::v1::Node =
+            serde_json::from_value(json!({"metadata": {"name": node,
+            "labels": {"node-role.kubernetes.io/edge": ""}}}))?;
+        Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+            .create(&PostParams::default(), &n)
+            .await?;
+        let mut e = SimEdge::connect(&cloud, &pki, &node, &["inventory-resync"]).await;
+        for (prefix, ns_key) in [
+            ("/core/v1/services", "null"),
+            ("/discovery.k8s.io/v1/endpointslices", "null"),
+        ] {
+            let app = Application::new(
+                &node,
+                &format!("{prefix}/{ns_key}/null"),
+                "watch",
+                b"{}".to_vec(),
+                Vec::new(),
+                "",
+            );
+            e.request(&app.to_request()).await;
+        }
+        edges.push(e);
+    }
+    println!(
+        "  {nodes} edges connected and registered in {:.1?}",
+        t.elapsed()
+    );
+    // Every edge reads (and ACKs) on its own task, noting when a message about `web` came.
+    let seen: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut readers = Vec::new();
+    for mut e in edges.drain(..) {
+        let (seen, stop) = (seen.clone(), stop.clone());
+        readers.push(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    m = e.next(Duration::from_millis(500)) => {
+                        if let Some(m) = m
+                            && m.route.resource.ends_with("/service/web")
+                            && let Ok(mut v) = seen.lock()
+                        {
+                            v.push(Instant::now());
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    if let Ok(mut v) = seen.lock() {
+        v.clear();
+    }
+    let service_sent = || {
+        cloud
+            .metrics
+            .messages_sent
+            .get_or_create(&cloudcore::metrics::ResourceLabel {
+                resource: "service",
+            })
+            .get()
+    };
+    let sent_before = service_sent();
+    let mut s = serde_json::to_value(svcs.get("web").await?)?;
+    s["metadata"]["labels"] = json!({"changed": "yes"});
+    let t = Instant::now();
+    svcs.replace("web", &PostParams::default(), &serde_json::from_value(s)?)
+        .await?;
+    while seen.lock().map(|v| v.len()).unwrap_or(0) < nodes && t.elapsed() < Duration::from_secs(30)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let last = seen
+        .lock()
+        .ok()
+        .and_then(|v| v.iter().max().copied())
+        .map(|i| i.duration_since(t))
+        .unwrap_or_default();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = seen.lock().map(|v| v.len()).unwrap_or(0);
+    let sent = service_sent() - sent_before;
+    println!(
+        "  one Service change: {sent} messages sent by cloudhub, {got} received by {nodes} edges; every edge had it {last:.1?} after the change"
+    );
+    stop.cancel();
+    for r in readers {
+        let _ = r.await;
+    }
+    cloud.shutdown().await;
+    api.shutdown().await;
     Ok(())
 }

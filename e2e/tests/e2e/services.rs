@@ -160,7 +160,7 @@ async fn a_pod_reaches_a_service_by_name_and_cluster_ip_online_and_offline() {
     }
     let mesh = MeshOptions::unique();
     let _cleanup = MeshCleanup(mesh.clone());
-    let env = mesh_env("svc", &mesh).await;
+    let mut env = mesh_env("svc", &mesh).await;
     let ns = env.ns.clone();
 
     let web1 = env.create_pod(web_pod("web-1", "web")).await;
@@ -219,13 +219,46 @@ async fn a_pod_reaches_a_service_by_name_and_cluster_ip_online_and_offline() {
     env.link.thaw();
     env.wait_edge_link(true).await;
 
-    // The edge's metrics count what it did.
-    let mesh_metrics = mesh_metrics_text(&env);
+    // An edgecore restart leaves exactly one jump into the Service chains, and the
+    // Service keeps answering.
+    env.stop_edge().await;
+    env.start_edge().await;
+    let now = last_round(&env, "client", &uid);
+    wait_round(&env, "client", &uid, "name", now, "web-").await;
+    let out = tokio::process::Command::new("iptables")
+        .args(["-t", "nat", "-S", "PREROUTING"])
+        .output()
+        .await
+        .expect("iptables runs");
+    let jumps = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.ends_with(&format!("-j {}-SERVICES", mesh.chain_prefix)))
+        .count();
+    assert_eq!(jumps, 1, "one PREROUTING jump after a restart");
+
+    // The restarted edge's metrics count its rule update (the rules of the previous run
+    // served traffic meanwhile).
+    wait_for("the restarted edgemesh applies its rules", WAIT, || async {
+        mesh_metrics_text(&env)
+            .contains("edgemesh_rule_syncs_total{result=\"applied\"}")
+            .then_some(())
+    })
+    .await;
+    // What `edgecore reset` runs: the chains and the address go.
+    env.stop_edge().await;
+    edgecore::mesh::cleanup(&env.config).expect("cleanup");
+    let saved = std::process::Command::new("iptables-save")
+        .output()
+        .expect("iptables-save runs");
     assert!(
-        mesh_metrics.contains("edgemesh_rule_syncs_total{result=\"applied\"}"),
-        "{mesh_metrics}"
+        !String::from_utf8_lossy(&saved.stdout).contains(&format!("{}-", mesh.chain_prefix)),
+        "chains left after cleanup"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let addrs = std::process::Command::new("ip")
+        .args(["addr", "show", "dev", "lo"])
+        .output()
+        .expect("ip runs");
+    assert!(!String::from_utf8_lossy(&addrs.stdout).contains(&format!("{}/32", mesh.address)));
     env.finish().await;
 }
 

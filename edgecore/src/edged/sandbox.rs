@@ -224,9 +224,18 @@ pub fn dns_config(pod: &Pod, config: &EdgedConfig) -> Option<api::DnsConfig> {
             dns.options.push(text);
         }
     }
+    // The kubelet's limits (validation.MaxDNSNameservers, MaxDNSSearchPaths): resolvers
+    // read at most three nameservers, so the rest would be silently unused.
+    if dns.servers.len() > MAX_DNS_NAMESERVERS {
+        tracing::warn!(pod = %pod.key(), nameservers = ?dns.servers, "more than {MAX_DNS_NAMESERVERS} nameservers; the first {MAX_DNS_NAMESERVERS} are used");
+        dns.servers.truncate(MAX_DNS_NAMESERVERS);
+    }
     dns.searches.truncate(32);
     Some(dns)
 }
+
+/// Nameservers a pod's resolv.conf holds at most (the kubelet's limit).
+pub const MAX_DNS_NAMESERVERS: usize = 3;
 
 /// The node's resolver configuration (`resolvConf`, `/etc/resolv.conf` by default).
 fn host_resolv_conf(config: &EdgedConfig) -> api::DnsConfig {
@@ -319,6 +328,22 @@ mod tests {
             ["ns.svc.cluster.local", "svc.cluster.local", "cluster.local"]
         );
         assert_eq!(dns.options, ["ndots:5"]);
+    }
+
+    #[test]
+    fn cluster_dns_with_extra_nameservers_keeps_the_first_three() {
+        let p = pod(json!({"containers": [{"name": "c", "image": "x"}],
+            "dnsConfig": {"nameservers": ["1.1.1.1", "8.8.8.8", "9.9.9.9"],
+                          "searches": ["corp.example"], "options": [{"name": "ndots", "value": "2"}]}}));
+        let mut c = config();
+        c.cluster_dns = vec!["169.254.96.16".into()];
+        let dns = dns_config(&p, &c).unwrap();
+        assert_eq!(dns.servers, ["169.254.96.16", "1.1.1.1", "8.8.8.8"]);
+        assert_eq!(
+            dns.searches.last().map(String::as_str),
+            Some("corp.example")
+        );
+        assert_eq!(dns.options, ["ndots:2"]);
     }
 
     #[test]

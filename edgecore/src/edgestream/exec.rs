@@ -12,12 +12,10 @@ use crate::cri::runtime::{LABEL_CONTAINER_NAME, Runtime, pod_selector};
 use kubeedge_shared::stream::http::request_head;
 use kubeedge_shared::stream::{Connector, parse_query};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Bytes per DATA frame.
-const CHUNK: usize = 32 * 1024;
 /// How long connecting to the runtime's streaming server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The kubelet's default `streamingConnectionIdleTimeout`: a stream silent this long ends.
@@ -291,35 +289,29 @@ impl Upgrade<'_> {
     }
 
     /// Relays the runtime's connection and the tunnel connection until either ends, the
-    /// stream idles for [`IDLE_TIMEOUT`] or the connection is cancelled.
+    /// stream idles for [`IDLE_TIMEOUT`] or the connection is cancelled (both directions at
+    /// once, see [`kubeedge_shared::stream::pump`]).
     async fn relay(&self, tcp: tokio::net::TcpStream, mut data: mpsc::Receiver<Vec<u8>>) {
         let (id, cancel) = (self.id, self.cancel);
-        let (mut rd, mut wr) = tcp.into_split();
-        let mut buf = vec![0u8; CHUNK];
-        let mut to_runtime_open = true;
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(IDLE_TIMEOUT) => {
+        let moved = std::sync::atomic::AtomicU64::new(0);
+        let pump = kubeedge_shared::stream::pump::duplex(
+            tcp,
+            Vec::new(),
+            &mut data,
+            |chunk| {
+                let tunnel = self.tunnel.clone();
+                let cancel = cancel.clone();
+                async move { tunnel.data(id, chunk, &cancel).await }
+            },
+            IDLE_TIMEOUT,
+            &moved,
+        );
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            why = pump => {
+                if why == kubeedge_shared::stream::pump::Ended::Idle {
                     tracing::info!(id, "{} stream idle for {IDLE_TIMEOUT:?}; closing it", self.what);
-                    break;
                 }
-                n = rd.read(&mut buf) => match n {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if !self.tunnel.data(id, buf[..n].to_vec(), cancel).await {
-                            break;
-                        }
-                    }
-                },
-                chunk = data.recv(), if to_runtime_open => match chunk {
-                    Some(chunk) => {
-                        if wr.write_all(&chunk).await.is_err() {
-                            break;
-                        }
-                    }
-                    None => to_runtime_open = false,
-                },
             }
         }
     }

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 /// How long dialling an endpoint may take.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bytes read from an endpoint per DATA message.
-const CHUNK: usize = 32 * 1024;
+/// A relayed connection idle this long ends (the cloud's limit is the same).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// RELAY_CONNECT `id`: dials the endpoint and relays until either side ends.
 pub async fn serve(
@@ -67,22 +67,22 @@ pub async fn serve(
     if !sender.data(id, status(String::new()), &cancel).await {
         return;
     }
-    let (mut r, mut w) = conn.into_split();
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => break,
-            chunk = input.recv() => match chunk {
-                Some(c) => if w.write_all(&c).await.is_err() { break },
-                None => break,
-            },
-            n = r.read(&mut buf) => match n {
-                Ok(0) | Err(_) => break,
-                Ok(n) => if !sender.data(id, buf[..n].to_vec(), &cancel).await { break },
-            },
-        }
+    let moved = std::sync::atomic::AtomicU64::new(0);
+    let pump = kubeedge_shared::stream::pump::duplex(
+        conn,
+        Vec::new(),
+        &mut input,
+        |chunk| {
+            let (sender, cancel) = (sender.clone(), cancel.clone());
+            async move { sender.data(id, chunk, &cancel).await }
+        },
+        IDLE_TIMEOUT,
+        &moved,
+    );
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = pump => {}
     }
-    let _ = w.shutdown().await;
     sender.finish(id, &cancel).await;
 }
 

@@ -3,6 +3,7 @@
 //! payload is binary (so never decoded as UTF-8), and the JSON connect payloads.
 
 pub mod http;
+pub mod pump;
 pub mod ws;
 
 use serde::{Deserialize, Serialize};
