@@ -79,6 +79,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    edgecore::memory::limit_malloc_arenas();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

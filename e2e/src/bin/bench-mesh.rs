@@ -258,7 +258,7 @@ async fn data_path() -> anyhow::Result<()> {
     };
     let ipt = Iptables::new(&prefix);
     ipt.ensure_hooks()?;
-    ipt.apply(&plan(&snap, &settings))?;
+    ipt.apply(&plan(&snap, &settings), None)?;
     let cancel = tokio_util::sync::CancellationToken::new();
     let (_tx, rx) = watch::channel(Arc::new(snap));
     let (_relay, task) = Relay::spawn(
@@ -528,6 +528,9 @@ fn start_edge(
     cmd.arg("--config")
         .arg(dir.join("edgecore.yaml"))
         .env("RUST_LOG", "warn");
+    if let Ok(v) = std::env::var("BENCH_MALLOC_ARENA_MAX") {
+        cmd.env("MALLOC_ARENA_MAX", v);
+    }
     let p = e2e::process::LoggedProcess::spawn("edgecore", cmd, &dir)?;
     Ok((dir, p))
 }
@@ -669,6 +672,9 @@ async fn edgecore_memory(services: usize) -> anyhow::Result<()> {
         anyhow::Ok(())
     }
     .await;
+    if result.is_err() {
+        println!("{}", on.failure_report(40));
+    }
     drop((off, on));
     let mut c = edgecore::config::EdgeCoreConfig::default();
     c.modules.edge_mesh.listen_address = mesh_addr.into();

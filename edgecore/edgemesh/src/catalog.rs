@@ -60,6 +60,7 @@ impl ResolvedPort {
 pub struct ResolvedService {
     pub service: Arc<Service>,
     pub ports: Vec<ResolvedPort>,
+    /// Headless Services only: the addresses their DNS names resolve to.
     pub endpoints: Vec<DnsEndpoint>,
 }
 
@@ -126,6 +127,8 @@ pub struct Catalog {
     by_cluster_ip: HashMap<IpAddr, Key>,
     dirty: HashSet<Key>,
     generation: u64,
+    /// Node names, held once however many endpoints name them.
+    node_names: HashSet<Arc<str>>,
 }
 
 impl Catalog {
@@ -141,6 +144,7 @@ impl Catalog {
             by_cluster_ip: HashMap::new(),
             dirty: HashSet::new(),
             generation: 0,
+            node_names: HashSet::new(),
         }
     }
 
@@ -180,9 +184,19 @@ impl Catalog {
             .map(|svc| Key::new(&s.key.namespace, svc))
     }
 
-    pub fn apply_slice(&mut self, s: EndpointSlice) {
+    pub fn apply_slice(&mut self, mut s: EndpointSlice) {
         if self.slices.get(&s.key).is_some_and(|old| **old == s) {
             return;
+        }
+        for e in s.endpoints.iter_mut() {
+            if let Some(n) = &e.node_name {
+                match self.node_names.get(n) {
+                    Some(held) => e.node_name = Some(held.clone()),
+                    None => {
+                        self.node_names.insert(n.clone());
+                    }
+                }
+            }
         }
         self.delete_slice(&s.key.clone());
         if let Some(svc) = Self::service_of_slice(&s) {
@@ -363,14 +377,14 @@ impl Catalog {
             if slice.address_type == AddressType::Fqdn {
                 continue;
             }
-            for e in &slice.endpoints {
+            for e in slice.endpoints.iter() {
                 let local = e.node_name.as_deref() == Some(&*self.node);
                 if local && local_from_pods {
                     continue;
                 }
                 let ready = e.ready || svc.publish_not_ready;
-                for ip in &e.addresses {
-                    add_dns(*ip, e.hostname.clone(), ready);
+                if svc.headless {
+                    add_dns(e.address, e.hostname.clone(), ready);
                 }
                 for rp in ports.iter_mut() {
                     let Some(sp) = slice
@@ -381,19 +395,17 @@ impl Catalog {
                         continue;
                     };
                     let Some(port) = sp.port else { continue };
-                    for ip in &e.addresses {
-                        push_backend(
-                            &mut rp.backends,
-                            Backend {
-                                ip: *ip,
-                                port,
-                                node: e.node_name.clone(),
-                                local,
-                                ready,
-                                serving: e.serving || ready,
-                            },
-                        );
-                    }
+                    push_backend(
+                        &mut rp.backends,
+                        Backend {
+                            ip: e.address,
+                            port,
+                            node: e.node_name.clone(),
+                            local,
+                            ready,
+                            serving: e.serving || ready,
+                        },
+                    );
                 }
             }
         }
@@ -413,8 +425,10 @@ impl Catalog {
                     (Some(h), Some(sub)) if **sub == *svc.key.name => Some(h.clone()),
                     _ => None,
                 };
-                for ip in &pod.ips {
-                    add_dns(*ip, hostname.clone(), ready);
+                if svc.headless {
+                    for ip in &pod.ips {
+                        add_dns(*ip, hostname.clone(), ready);
+                    }
                 }
                 for rp in ports.iter_mut() {
                     let port = match &rp.port.target_port {
@@ -438,6 +452,10 @@ impl Catalog {
                 }
             }
         }
+        for p in ports.iter_mut() {
+            p.backends.shrink_to_fit();
+        }
+        endpoints.shrink_to_fit();
         ResolvedService {
             service: svc,
             ports,
@@ -569,12 +587,24 @@ mod tests {
         let snap = c.snapshot().unwrap();
         let svc = snap.service("shop", "web").unwrap();
         assert_eq!(svc.ports[0].usable().count(), 0);
-        assert_eq!(svc.dns_addresses().count(), 0);
         c.apply_pod(pod("u2", "web-2", "10.88.0.6", true));
         let snap = c.snapshot().unwrap();
         let svc = snap.service("shop", "web").unwrap();
         assert_eq!(svc.ports[0].usable().count(), 1);
-        assert_eq!(svc.dns_addresses().count(), 1);
+        assert!(
+            svc.endpoints.is_empty(),
+            "DNS endpoints are kept for headless Services only"
+        );
+        // Headless: the DNS name lists ready pods only.
+        c.apply_service(service(
+            json!({"metadata": {"name": "web-h", "namespace": "shop"},
+            "spec": {"clusterIP": "None", "selector": {"app": "web"},
+                     "ports": [{"name": "http", "port": 80}]}}),
+        ));
+        let snap = c.snapshot().unwrap();
+        let h = snap.service("shop", "web-h").unwrap();
+        let ips: Vec<String> = h.dns_addresses().map(|e| e.ip.to_string()).collect();
+        assert_eq!(ips, ["10.88.0.6"]);
     }
 
     #[test]

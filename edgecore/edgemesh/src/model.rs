@@ -120,16 +120,16 @@ pub struct SlicePort {
     pub protocol: Protocol,
 }
 
+/// One endpoint, compact: a catalog holds tens of thousands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceEndpoint {
-    pub addresses: Vec<IpAddr>,
+    /// The first address (Kubernetes: consumers use the first; kube-proxy does).
+    pub address: IpAddr,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
     pub hostname: Option<Arc<str>>,
     pub node_name: Option<Arc<str>>,
-    /// The pod behind the endpoint (`targetRef` of kind Pod).
-    pub pod: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,8 +138,8 @@ pub struct EndpointSlice {
     /// The Service it belongs to (label `kubernetes.io/service-name`).
     pub service: Option<Arc<str>>,
     pub address_type: AddressType,
-    pub ports: Vec<SlicePort>,
-    pub endpoints: Vec<SliceEndpoint>,
+    pub ports: Box<[SlicePort]>,
+    pub endpoints: Box<[SliceEndpoint]>,
 }
 
 /// A container port of a local pod (named target ports resolve against these).
@@ -289,22 +289,23 @@ impl Service {
         if headless || matches!(service_type, ServiceType::ExternalName(_)) {
             cluster_ips.clear();
         }
-        let ports = spec
+        cluster_ips.shrink_to_fit();
+        let ports: Vec<ServicePort> = spec
             .ports
-            .into_iter()
+            .iter()
             .filter_map(|p| {
                 let port = port_number(p.port)?;
-                let target_port = match p.target_port {
+                let target_port = match &p.target_port {
                     None => TargetPort::Number(port),
-                    Some(IntOrString::Int(n)) => TargetPort::Number(port_number(n)?),
+                    Some(IntOrString::Int(n)) => TargetPort::Number(port_number(*n)?),
                     Some(IntOrString::Str(s)) => match s.parse::<i64>() {
                         Ok(n) => TargetPort::Number(port_number(n)?),
                         Err(_) if s.is_empty() => TargetPort::Number(port),
-                        Err(_) => TargetPort::Name(s.into()),
+                        Err(_) => TargetPort::Name(s.as_str().into()),
                     },
                 };
                 Some(ServicePort {
-                    name: p.name.into(),
+                    name: p.name.as_str().into(),
                     protocol: Protocol::parse(p.protocol.as_deref())?,
                     port,
                     target_port,
@@ -312,6 +313,8 @@ impl Service {
                 })
             })
             .collect();
+        let mut ports = ports;
+        ports.shrink_to_fit();
         let affinity_seconds = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
             spec.session_affinity_config
                 .client_ip
@@ -345,19 +348,11 @@ struct WireConditions {
 
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
-struct WireTargetRef {
-    kind: String,
-    name: String,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
 struct WireEndpoint {
     addresses: Vec<String>,
     conditions: WireConditions,
     hostname: Option<String>,
     node_name: Option<String>,
-    target_ref: Option<WireTargetRef>,
 }
 
 #[derive(Deserialize, Default)]
@@ -389,12 +384,14 @@ impl EndpointSlice {
             "FQDN" => AddressType::Fqdn,
             _ => AddressType::V4,
         };
-        let ports = w
+        // Built by reference, not in place: an in-place collect would keep the (larger)
+        // allocation of the wire vector.
+        let ports: Box<[SlicePort]> = w
             .ports
-            .into_iter()
+            .iter()
             .filter_map(|p| {
                 Some(SlicePort {
-                    name: p.name.unwrap_or_default().into(),
+                    name: p.name.as_deref().unwrap_or_default().into(),
                     port: match p.port {
                         None => None,
                         Some(n) => Some(port_number(n)?),
@@ -403,25 +400,29 @@ impl EndpointSlice {
                 })
             })
             .collect();
-        let endpoints = w
+        let endpoints: Box<[SliceEndpoint]> = w
             .endpoints
-            .into_iter()
-            .map(|e| {
+            .iter()
+            .filter_map(|e| {
                 let terminating = e.conditions.terminating.unwrap_or(false);
                 // Kubernetes: a nil `ready` means ready, `serving` defaults to `ready`.
                 let ready = e.conditions.ready.unwrap_or(true);
-                SliceEndpoint {
-                    addresses: e.addresses.iter().filter_map(|a| a.parse().ok()).collect(),
+                Some(SliceEndpoint {
+                    address: e.addresses.first()?.parse().ok()?,
                     ready,
                     serving: e.conditions.serving.unwrap_or(ready),
                     terminating,
-                    hostname: e.hostname.filter(|h| !h.is_empty()).map(Into::into),
-                    node_name: e.node_name.filter(|n| !n.is_empty()).map(Into::into),
-                    pod: e
-                        .target_ref
-                        .filter(|t| t.kind == "Pod" && !t.name.is_empty())
-                        .map(|t| t.name.into()),
-                }
+                    hostname: e
+                        .hostname
+                        .as_deref()
+                        .filter(|h| !h.is_empty())
+                        .map(Into::into),
+                    node_name: e
+                        .node_name
+                        .as_deref()
+                        .filter(|n| !n.is_empty())
+                        .map(Into::into),
+                })
             })
             .collect();
         Ok(EndpointSlice {
@@ -684,7 +685,8 @@ mod tests {
                   {"addresses": ["10.88.0.5"], "nodeName": "edge-1",
                    "targetRef": {"kind": "Pod", "name": "web-1"}},
                   {"addresses": ["10.88.0.6", "bogus"], "conditions": {"ready": false, "terminating": true},
-                   "hostname": "w2"}]})
+                   "hostname": "w2"},
+                  {"addresses": ["bogus"]}]})
             .to_string(),
         )
         .unwrap();
@@ -693,9 +695,13 @@ mod tests {
         let (a, b) = (&s.endpoints[0], &s.endpoints[1]);
         assert!(a.ready && a.serving && !a.terminating);
         assert_eq!(a.node_name.as_deref(), Some("edge-1"));
-        assert_eq!(a.pod.as_deref(), Some("web-1"));
         assert!(!b.ready && !b.serving && b.terminating);
-        assert_eq!(b.addresses.len(), 1);
+        assert_eq!(b.address.to_string(), "10.88.0.6");
+        assert_eq!(
+            s.endpoints.len(),
+            2,
+            "an endpoint without a usable first address is left out"
+        );
         assert_eq!(b.hostname.as_deref(), Some("w2"));
     }
 

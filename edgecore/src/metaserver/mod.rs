@@ -178,7 +178,17 @@ impl MetaServerConfig {
             node: c.node_name().to_string(),
             remote_timeout: Duration::from_secs(10),
             bookmark_interval: Duration::from_secs(60),
-            limits: Limits::default(),
+            // Without HTTP clients the history only bridges in-process readers (edgemesh)
+            // from their list to their next read: a small one does, and a reader that falls
+            // behind lists again.
+            limits: if ms.enable {
+                Limits::default()
+            } else {
+                Limits {
+                    max_events: 1000,
+                    max_bytes: 256 << 10,
+                }
+            },
             secure,
             serve: ms.enable,
             standing,

@@ -34,7 +34,13 @@ type Registry = Arc<Mutex<HashMap<ResourceKey, ByNode>>>;
 struct Registered {
     listener: Listener,
     filter: Filter,
+    /// While the registration's own list is being sent: the changes that arrived meanwhile,
+    /// sent after it (so that none falls in the gap between the list and the watch).
+    pending: Option<Vec<(Operation, Value)>>,
 }
+
+/// Changes held for one registration while its list is sent, at most.
+const MAX_PENDING: usize = 10_000;
 
 pub struct Listeners {
     client: kube::Client,
@@ -80,25 +86,49 @@ impl Listeners {
         if !l.field_selector.is_empty() {
             lp = lp.fields(&l.field_selector);
         }
-        let listed = api
-            .list(&lp)
-            .await
-            .map_err(|e| crate::controller::rest::status_error(&e))?;
         let (node, id) = (l.node.clone(), l.id.clone());
+        // Registered before the list: changes during it are held and sent after it.
+        if let Ok(mut m) = self.by_resource.lock() {
+            m.entry(key.clone()).or_default().insert(
+                (node.clone(), id.clone()),
+                Registered {
+                    listener: l.clone(),
+                    filter,
+                    pending: Some(Vec::new()),
+                },
+            );
+        }
+        self.ensure_watch(key.clone(), l.served.clone());
+        let listed = match api.list(&lp).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                if let Ok(mut m) = self.by_resource.lock()
+                    && let Some(regs) = m.get_mut(&key)
+                {
+                    regs.remove(&(node.clone(), id.clone()));
+                }
+                self.stop_idle();
+                return Err(crate::controller::rest::status_error(&e));
+            }
+        };
         for obj in listed.items {
             let value = object_value(&obj, &l.served);
             send(&*self.hub, &node, Operation::Insert, &l.served, value);
         }
-        if let Ok(mut m) = self.by_resource.lock() {
-            m.entry(key.clone()).or_default().insert(
-                (node.clone(), id),
-                Registered {
-                    listener: l.clone(),
-                    filter,
-                },
-            );
+        let held = self
+            .by_resource
+            .lock()
+            .ok()
+            .and_then(|mut m| {
+                m.get_mut(&key)?
+                    .get_mut(&(node.clone(), id.clone()))?
+                    .pending
+                    .take()
+            })
+            .unwrap_or_default();
+        for (op, value) in held {
+            send(&*self.hub, &node, op, &l.served, value);
         }
-        self.ensure_watch(key, l.served);
         tracing::info!(%node, resource = %ar.plural, "edge watch registered");
         Ok(())
     }
@@ -188,20 +218,25 @@ impl Listeners {
                     .unwrap_or_default()
                     .to_string();
                 let targets: Vec<String> = match regs.lock() {
-                    Ok(m) => m
-                        .get(&key)
-                        .map(|r| {
-                            r.values()
-                                .filter(|reg| {
-                                    reg.listener.namespace.as_ref().is_none_or(|n| *n == ns)
-                                        && reg.filter.matches(&value)
-                                })
-                                .map(|reg| reg.listener.node.clone())
-                                .collect::<HashSet<_>>()
-                                .into_iter()
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                    Ok(mut m) => {
+                        let mut nodes = HashSet::new();
+                        for reg in m.get_mut(&key).into_iter().flat_map(|r| r.values_mut()) {
+                            let wanted = reg.listener.namespace.as_ref().is_none_or(|n| *n == ns)
+                                && reg.filter.matches(&value);
+                            if !wanted {
+                                continue;
+                            }
+                            match &mut reg.pending {
+                                Some(held) if held.len() < MAX_PENDING => {
+                                    held.push((op.clone(), value.clone()))
+                                }
+                                _ => {
+                                    nodes.insert(reg.listener.node.clone());
+                                }
+                            }
+                        }
+                        nodes.into_iter().collect()
+                    }
                     Err(_) => Vec::new(),
                 };
                 for node in targets {
@@ -310,6 +345,7 @@ mod tests {
                 Registered {
                     listener,
                     filter: Filter::default(),
+                    pending: None,
                 },
             );
     }

@@ -164,14 +164,18 @@ impl Iptables {
     }
 
     /// Applies `plan`, deleting our chains it no longer has, in one transaction per table.
-    pub fn apply(&self, plan: &Plan) -> Result<(), IptablesError> {
-        let stale_nat: Vec<String> = self
-            .existing_chains("nat")?
-            .difference(&plan.nat_chains)
-            .cloned()
-            .collect();
-        let stale_filter: Vec<String> = self
-            .existing_chains("filter")?
+    /// `previous` is the plan applied last by this process (its chains are all of ours that
+    /// exist); without it the kernel is asked (`iptables-save`).
+    pub fn apply(&self, plan: &Plan, previous: Option<&Plan>) -> Result<(), IptablesError> {
+        let (nat_now, filter_now) = match previous {
+            Some(p) => (p.nat_chains.clone(), p.filter_chains.clone()),
+            None => (
+                self.existing_chains("nat")?,
+                self.existing_chains("filter")?,
+            ),
+        };
+        let stale_nat: Vec<String> = nat_now.difference(&plan.nat_chains).cloned().collect();
+        let stale_filter: Vec<String> = filter_now
             .difference(&plan.filter_chains)
             .cloned()
             .collect();

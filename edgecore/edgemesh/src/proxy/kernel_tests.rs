@@ -129,7 +129,8 @@ async fn cluster_ip_traffic_follows_the_rules_and_the_relay_in_the_kernel() {
     );
     ipt.ensure_hooks().unwrap();
     ipt.ensure_hooks().unwrap(); // idempotent
-    ipt.apply(&plan(&snap, &settings)).unwrap();
+    let first = plan(&snap, &settings);
+    ipt.apply(&first, None).unwrap();
     assert_eq!(fetch(&target).await.unwrap(), "backend-a");
 
     // 2. The backend moves: the same ClusterIP reaches the new one.
@@ -138,7 +139,8 @@ async fn cluster_ip_traffic_follows_the_rules_and_the_relay_in_the_kernel() {
         json!({"port": {"name": "http", "port": b.port()},
                "endpoints": [{"addresses": ["127.0.0.1"]}]}),
     );
-    ipt.apply(&plan(&snap, &settings)).unwrap();
+    // The chains of the previous plan known: no need to ask the kernel.
+    ipt.apply(&plan(&snap, &settings), Some(&first)).unwrap();
     assert_eq!(fetch(&target).await.unwrap(), "backend-b");
 
     // 3. The backend runs on another node: the rules send the connection to the relay,
@@ -159,7 +161,7 @@ async fn cluster_ip_traffic_follows_the_rules_and_the_relay_in_the_kernel() {
         metrics.clone(),
         cancel.clone(),
     );
-    ipt.apply(&plan(&snap, &settings)).unwrap();
+    ipt.apply(&plan(&snap, &settings), None).unwrap();
     assert_eq!(fetch(&target).await.unwrap(), "backend-a");
     let relayed = metrics
         .connections
@@ -175,7 +177,7 @@ async fn cluster_ip_traffic_follows_the_rules_and_the_relay_in_the_kernel() {
         json!({"port": {"name": "http", "port": a.port()}, "endpoints": []}),
     );
     tx.send_replace(Arc::new(snap.clone()));
-    ipt.apply(&plan(&snap, &settings)).unwrap();
+    ipt.apply(&plan(&snap, &settings), None).unwrap();
     let err = fetch(&target).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
 

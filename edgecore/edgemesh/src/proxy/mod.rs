@@ -120,6 +120,8 @@ pub async fn run_rule_sync(
     let ipt = Arc::new(ipt);
     // A digest of the applied text, not the text: at 10,000 endpoints it is megabytes.
     let mut applied: Option<u64> = None;
+    // The chains of the last plan applied (the text is not kept).
+    let mut previous: Option<Arc<rules::Plan>> = None;
     let mut hooked = false;
     let mut retry = RETRY_FIRST;
     let mut last = Instant::now() - min_interval;
@@ -140,12 +142,12 @@ pub async fn run_rule_sync(
             }
             let started = Instant::now();
             last = started;
-            let (i, p, need_hooks) = (ipt.clone(), plan.clone(), !hooked);
+            let (i, p, need_hooks, prev) = (ipt.clone(), plan.clone(), !hooked, previous.take());
             let result = tokio::task::spawn_blocking(move || {
                 if need_hooks {
                     i.ensure_hooks()?;
                 }
-                i.apply(&p)
+                i.apply(&p, prev.as_deref())
             })
             .await;
             match result {
@@ -162,8 +164,15 @@ pub async fn run_rule_sync(
                     metrics.rules.set(plan.rules as i64);
                     tracing::debug!(rules = plan.rules, took = ?started.elapsed(), generation = snap.generation, "ClusterIP rules applied");
                     applied = Some(digest);
-                    if plan.text.len() > TRIM_AFTER_BYTES {
-                        drop(plan);
+                    let large = plan.text.len() > TRIM_AFTER_BYTES;
+                    previous = Some(Arc::new(rules::Plan {
+                        text: String::new(),
+                        nat_chains: plan.nat_chains.clone(),
+                        filter_chains: plan.filter_chains.clone(),
+                        rules: plan.rules,
+                    }));
+                    drop(plan);
+                    if large {
                         release_freed_memory();
                     }
                 }
