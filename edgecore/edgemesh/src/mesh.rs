@@ -276,10 +276,12 @@ async fn run_catalog(
                 MeshInput::PodGone(uid) => catalog.remove_pod(&uid),
             }
         }
-        if let Some(snap) = catalog.snapshot() {
-            if services_listed && slices_listed && !*loaded.borrow() {
-                loaded.send_replace(true);
-            }
+        let snapshot = catalog.snapshot();
+        // Once both kinds were listed, whether or not this batch changed anything.
+        if services_listed && slices_listed && !*loaded.borrow() {
+            loaded.send_replace(true);
+        }
+        if let Some(snap) = snapshot {
             metrics.services.set(catalog.service_count() as i64);
             metrics.slices.set(catalog.slice_count() as i64);
             metrics.backends.set(snap.backend_count() as i64);

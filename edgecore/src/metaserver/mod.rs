@@ -430,7 +430,22 @@ async fn resync_on_connect<L: CloudLink>(sh: Arc<Shared<L>>) {
         };
         match ev {
             Ok(LinkEvent::Connected) => {
-                sh.regs.sync(&sh.link).await;
+                // Registrations the cloud could not make (it was starting, the apiserver
+                // refused) are sent again with back-off while the link stays up.
+                let mut delay = Duration::from_secs(2);
+                while sh
+                    .regs
+                    .sync(&sh.link)
+                    .await
+                    .is_some_and(|failed| failed > 0)
+                    && sh.link.is_connected()
+                {
+                    tokio::select! {
+                        _ = sh.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(60));
+                }
                 serve::relist_watched(&sh).await;
             }
             Ok(_) => {}

@@ -58,6 +58,9 @@ pub async fn call<L: CloudLink>(
     }
 }
 
+/// How long the cloud has to answer a watch sync (it lists every registered scope first).
+const SYNC_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The watches this edge keeps registered at the cloud, by Application ID, with how many
 /// local watches use each.
 #[derive(Default)]
@@ -103,13 +106,31 @@ impl Registrations {
 
     /// Tells the cloud every watch this edge keeps (it adds the missing ones and drops the
     /// others), as KubeEdge's watch sync does. Sent on every connect, also with no watch.
-    pub async fn sync<L: CloudLink>(&self, link: &L) {
+    /// Returns how many registrations the cloud said failed (`None`: no answer; a KubeEdge
+    /// cloud may not send one).
+    pub async fn sync<L: CloudLink>(&self, link: &L) -> Option<usize> {
         let apps = self.all();
         let count = apps.len();
-        match link.send(watch_sync_request(&apps)).await {
-            Ok(()) => tracing::debug!(watches = count, "watch registrations sent to the cloud"),
+        match link
+            .request(watch_sync_request(&apps), SYNC_ANSWER_TIMEOUT)
+            .await
+        {
+            Ok(reply) => {
+                let failed = reply.content.as_object().map_or(0, |m| m.len());
+                if failed > 0 {
+                    tracing::info!(
+                        watches = count,
+                        failed,
+                        "the cloud could not register some watches; registering them again shortly"
+                    );
+                } else {
+                    tracing::debug!(watches = count, "watch registrations sent to the cloud");
+                }
+                Some(failed)
+            }
             Err(e) => {
-                tracing::debug!(error = %e, "watch registrations not sent; sent again on the next connect")
+                tracing::debug!(error = %e, "watch registrations sent; no answer (sent again on the next connect)");
+                None
             }
         }
     }
