@@ -147,6 +147,15 @@ pub(crate) struct Inner {
     next_session: AtomicU64,
     shutdown: CancellationToken,
     acks: std::sync::Mutex<Option<mpsc::Sender<Acked>>>,
+    router: std::sync::Mutex<Option<mpsc::Sender<RouterMessage>>>,
+}
+
+/// A message of group `user` from an edge (the router's traffic: eventbus and servicebus
+/// uploads, servicebus answers), with the node of the session it came on.
+#[derive(Debug, Clone)]
+pub struct RouterMessage {
+    pub node: String,
+    pub message: Message,
 }
 
 /// A delivery the edge confirmed (for controllers that record delivery state, e.g. the
@@ -185,6 +194,7 @@ impl CloudHub {
             next_session: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
             acks: std::sync::Mutex::new(None),
+            router: std::sync::Mutex::new(None),
         });
         tokio::spawn(server::accept_loop(inner.clone(), listener, tls));
         tracing::info!(%local_addr, "cloudhub listening");
@@ -282,6 +292,17 @@ impl CloudHub {
         rx
     }
 
+    /// Hands every upstream message of group `user` to the returned channel (the router; one
+    /// consumer, a later call replaces the earlier). Without a consumer, or when it falls
+    /// `capacity` behind, they are dropped and counted in
+    /// `cloudhub_messages_dropped{reason="no_router"|"router_full"}`: the router never slows
+    /// a node's other traffic.
+    pub fn subscribe_router(&self, capacity: usize) -> mpsc::Receiver<RouterMessage> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        *self.inner.router.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
+    }
+
     /// Stops accepting and ends every session.
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();
@@ -291,6 +312,28 @@ impl CloudHub {
 impl Inner {
     fn next_session_id(&self) -> u64 {
         self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn dispatch_router(&self, node: &str, message: Message) {
+        let reason = {
+            let guard = self.router.lock().unwrap_or_else(|e| e.into_inner());
+            match guard.as_ref() {
+                None => "no_router",
+                Some(tx) => match tx.try_send(RouterMessage {
+                    node: node.to_string(),
+                    message,
+                }) {
+                    Ok(()) => return,
+                    Err(mpsc::error::TrySendError::Full(_)) => "router_full",
+                    Err(mpsc::error::TrySendError::Closed(_)) => "no_router",
+                },
+            }
+        };
+        tracing::debug!(node, reason, "router message from edge dropped");
+        self.metrics
+            .messages_dropped
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     fn notify_acked(&self, node: &str, message: AckedMessage) {
