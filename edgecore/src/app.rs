@@ -38,6 +38,8 @@ pub enum StartError {
     EventBus(#[from] crate::eventbus::EventBusError),
     #[error("cannot start the MetaServer: {0}")]
     MetaServer(#[from] crate::metaserver::MetaServerError),
+    #[error("cannot start the servicebus: {0}")]
+    ServiceBus(#[from] crate::servicebus::ServiceBusError),
 }
 
 /// The running edge: edgehub, the database and the metamanager.
@@ -52,6 +54,7 @@ pub struct EdgeCore {
     stream: Option<crate::edgestream::EdgeStream>,
     devices: Option<Devices>,
     metaserver: Option<crate::metaserver::MetaServer>,
+    servicebus: Option<crate::servicebus::ServiceBus>,
 }
 
 /// devicetwin and the eventbus, when enabled.
@@ -109,7 +112,8 @@ impl EdgeCore {
             crate::certmanager::spawn_rotation(config, hub.clone(), rotation.clone());
         }
         let module_metrics = Arc::new(crate::module_metrics::ModuleMetrics::default());
-        let (devices, routes) = match start_devices(config, &store, &hub, &module_metrics).await {
+        let (devices, mut routes) = match start_devices(config, &store, &hub, &module_metrics).await
+        {
             Ok(d) => d,
             Err(e) => {
                 hub.shutdown();
@@ -117,6 +121,15 @@ impl EdgeCore {
                 return Err(e);
             }
         };
+        let servicebus = match start_servicebus(config, &store, &hub, &module_metrics).await {
+            Ok(s) => s,
+            Err(e) => {
+                hub.shutdown();
+                store.close().await;
+                return Err(e);
+            }
+        };
+        routes.servicebus = servicebus.as_ref().map(|s| s.sender());
         // Before the metamanager writes anything, so that the watch history misses nothing.
         let metaserver = match crate::metaserver::MetaServerConfig::from_edgecore(config)
             .map_err(StartError::Unsupported)
@@ -186,6 +199,7 @@ impl EdgeCore {
             stream,
             devices,
             metaserver,
+            servicebus,
         })
     }
 
@@ -223,6 +237,9 @@ impl EdgeCore {
             edged.shutdown().await;
         }
         self.meta.shutdown().await;
+        if let Some(sb) = self.servicebus {
+            sb.shutdown().await;
+        }
         if let Some(d) = self.devices {
             d.twin.shutdown().await;
             if let Some(bus) = d.bus {
@@ -263,7 +280,7 @@ async fn start_devices(
         });
         let routes = Routes {
             twin: Some(inputs.meta),
-            bus: None,
+            ..Routes::default()
         };
         return Ok((Some(Devices { twin, bus: None }), routes));
     }
@@ -300,7 +317,7 @@ async fn start_devices(
             let content =
                 serde_json::Value::String(String::from_utf8_lossy(&m.payload).into_owned());
             let msg = Message::new(
-                "bus",
+                kubeedge_shared::operation::source::EVENTBUS,
                 Group::User,
                 Operation::Upload,
                 m.topic.clone(),
@@ -322,6 +339,7 @@ async fn start_devices(
     let routes = Routes {
         twin: Some(inputs.meta),
         bus: Some(ops_tx),
+        ..Routes::default()
     };
     Ok((
         Some(Devices {
@@ -330,6 +348,24 @@ async fn start_devices(
         }),
         routes,
     ))
+}
+
+/// The servicebus (`modules.serviceBus.enable`, off by default as in KubeEdge): the cloud
+/// router's calls of this node's HTTP servers and its applications' calls of cloud endpoints.
+async fn start_servicebus(
+    config: &EdgeCoreConfig,
+    store: &MetaStore,
+    hub: &EdgeHub,
+    metrics: &crate::module_metrics::ModuleMetrics,
+) -> Result<Option<crate::servicebus::ServiceBus>, StartError> {
+    if !config.modules.service_bus.enable {
+        return Ok(None);
+    }
+    let settings = crate::servicebus::ServiceBusConfig::from_edgecore(config)
+        .map_err(StartError::Unsupported)?;
+    let sb = crate::servicebus::ServiceBus::start(settings, store.clone(), hub.clone()).await?;
+    metrics.register(|r| sb.metrics().register(r));
+    Ok(Some(sb))
 }
 
 /// A router operation from the cloud, on the bus.

@@ -14,4 +14,5 @@ pub mod memory;
 pub mod metamanager;
 pub mod metaserver;
 pub mod module_metrics;
+pub mod servicebus;
 pub mod tls_files;

@@ -17,6 +17,12 @@ pub type HeaderMap = BTreeMap<String, Vec<String>>;
 /// The server the edge's servicebus reports in its own error answers (KubeEdge's).
 pub const EDGE_SERVER_HEADER: &str = "kubeedge-edgecore";
 
+/// The largest body a message can carry base64-encoded in a frame of `max_frame` bytes,
+/// leaving room for the envelope (headers, route).
+pub fn max_body_for_frame(max_frame: usize) -> usize {
+    max_frame.saturating_sub(64 * 1024) / 4 * 3
+}
+
 /// KubeEdge's `HTTPRequest`: the content of a call from the router to an edge application.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HttpRequest {

@@ -31,6 +31,7 @@ use crate::cloudhub::{CloudHub, NodeEvent};
 use crate::controller::downstream::HubSink;
 use calls::Calls;
 use kubeedge_shared::config::ConfigError;
+use kubeedge_shared::servicebus::max_body_for_frame;
 pub use metrics::RouterMetrics;
 use replicas::Replicas;
 use ruleset::{Input, RuleSet, TableHandle};
@@ -61,11 +62,6 @@ pub struct RouterSettings {
     pub target_concurrency: usize,
     /// Edge messages buffered between cloudhub and the router.
     pub edge_buffer: usize,
-}
-
-/// What fits a frame of `max_frame` bytes once base64-encoded, with room for the envelope.
-pub fn max_body_for_frame(max_frame: usize) -> usize {
-    max_frame.saturating_sub(64 * 1024) / 4 * 3
 }
 
 impl RouterSettings {
