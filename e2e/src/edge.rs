@@ -52,6 +52,9 @@ pub fn node_name(prefix: &str) -> String {
     )
 }
 
+/// A change to an edge's loaded `edgecore.yaml`.
+pub type Customize = Box<dyn FnOnce(&mut EdgeCoreConfig) + Send>;
+
 /// What an [`EdgeEnv`] differs in.
 pub struct EdgeOptions {
     /// Node name prefix (a unique suffix is added).
@@ -64,6 +67,8 @@ pub struct EdgeOptions {
     pub metaserver: bool,
     /// With `featureGates.requireAuthorization`: the MetaServer's `dummyServer` address.
     pub metaserver_dummy: Option<std::net::SocketAddr>,
+    /// Changes to the loaded `edgecore.yaml` (other modules, their addresses).
+    pub customize: Option<Customize>,
 }
 
 impl EdgeOptions {
@@ -74,6 +79,7 @@ impl EdgeOptions {
             node_status_update_frequency_secs: 1,
             metaserver: false,
             metaserver_dummy: None,
+            customize: None,
         }
     }
 }
@@ -189,7 +195,7 @@ impl EdgeEnv {
     }
 
     /// Starts everything; does not wait for the node to be Ready.
-    pub async fn start_with(options: EdgeOptions) -> EdgeEnv {
+    pub async fn start_with(mut options: EdgeOptions) -> EdgeEnv {
         init_logs();
         let endpoint = match options.endpoint.clone() {
             Some(e) => e,
@@ -214,7 +220,7 @@ impl EdgeEnv {
             .expect("link proxy");
         let node = node_name(&options.prefix);
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = write_edge_config(
+        let mut config = write_edge_config(
             dir.path(),
             &pki,
             &node,
@@ -222,6 +228,9 @@ impl EdgeEnv {
             &endpoint,
             &options,
         );
+        if let Some(customize) = options.customize.take() {
+            customize(&mut config);
+        }
         let ns = cluster.temp_namespace("edged").await.expect("namespace");
         let mut env = EdgeEnv {
             cluster,
