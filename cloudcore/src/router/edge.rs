@@ -7,8 +7,9 @@
 //! | servicebus `upload` (source `servicebus`, resource = the target URL) | POST to the rule's rest target; the answer's body goes back to the edge as the `response` |
 //!
 //! An edge reaches only what rules name for its own node; everything else is dropped and
-//! counted. Target calls run at most `target_concurrency` at once; beyond that a message is
-//! dropped (and counted as a failure of its rule) rather than queued without bound.
+//! counted. Answers are handed over at once; uploads wait in a queue of [`UPLOAD_QUEUE`] for
+//! one of `target_concurrency` target calls, and when that queue is full an upload is dropped
+//! (and counted as a failure of its rule) rather than queued without bound.
 
 use super::Shared;
 use super::calls::Delivery;
@@ -26,6 +27,17 @@ use tokio_util::sync::CancellationToken;
 
 /// Bytes read from a rest target's answer (KubeEdge's `MaxRespBodyLength`, 1 MiB).
 pub const MAX_TARGET_RESPONSE: usize = 1 << 20;
+/// Uploads waiting for a target call, at most.
+pub const UPLOAD_QUEUE: usize = 8192;
+
+/// An upload on its way to a rest target.
+struct Upload {
+    route: Arc<Route>,
+    node: String,
+    body: Bytes,
+    /// The servicebus upload to answer, if it is one.
+    answer_to: Option<Message>,
+}
 
 /// What an edge's router message is.
 #[derive(Debug, PartialEq, Eq)]
@@ -62,16 +74,45 @@ pub(crate) async fn run(
     mut rx: mpsc::Receiver<RouterMessage>,
     shutdown: CancellationToken,
 ) {
+    let (uploads, queue) = mpsc::channel(UPLOAD_QUEUE);
+    tokio::spawn(call_targets(shared.clone(), queue, shutdown.clone()));
     loop {
         let m = tokio::select! {
             _ = shutdown.cancelled() => return,
             m = rx.recv() => match m { Some(m) => m, None => return },
         };
-        handle(&shared, m);
+        handle(&shared, &uploads, m);
     }
 }
 
-fn handle(shared: &Arc<Shared>, RouterMessage { node, message }: RouterMessage) {
+/// Starts each queued upload's target call once one of `target_concurrency` is free.
+async fn call_targets(
+    shared: Arc<Shared>,
+    mut queue: mpsc::Receiver<Upload>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let upload = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            u = queue.recv() => match u { Some(u) => u, None => return },
+        };
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            p = shared.targets.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            call_target(&shared, upload).await;
+            drop(permit);
+        });
+    }
+}
+
+fn handle(
+    shared: &Arc<Shared>,
+    uploads: &mpsc::Sender<Upload>,
+    RouterMessage { node, message }: RouterMessage,
+) {
     let metrics = &shared.metrics;
     match classify(&message) {
         FromEdge::Answer { call } => {
@@ -93,7 +134,7 @@ fn handle(shared: &Arc<Shared>, RouterMessage { node, message }: RouterMessage) 
                 return;
             };
             let payload = Bytes::from(content_bytes(&message.content));
-            spawn_target_call(shared, route, node, payload, None);
+            queue_upload(shared, uploads, route, node, payload, None);
         }
         FromEdge::ServiceBusUpload { target_url } => {
             let Some(route) = shared.table.current().match_servicebus(&node, target_url) else {
@@ -104,7 +145,14 @@ fn handle(shared: &Arc<Shared>, RouterMessage { node, message }: RouterMessage) 
             // The edge sends the application's request as Go `[]byte` (base64 text).
             let body = decode_bytes_content(&message.content)
                 .unwrap_or_else(|| content_bytes(&message.content));
-            spawn_target_call(shared, route, node, Bytes::from(body), Some(message));
+            queue_upload(
+                shared,
+                uploads,
+                route,
+                node,
+                Bytes::from(body),
+                Some(message),
+            );
         }
         FromEdge::Other => {
             tracing::debug!(%node, source = %message.route.source, operation = %message.route.operation,
@@ -114,10 +162,9 @@ fn handle(shared: &Arc<Shared>, RouterMessage { node, message }: RouterMessage) 
     }
 }
 
-/// POSTs `body` to the route's rest target; with `answer_to` (a servicebus upload), sends the
-/// edge the target's answer.
-fn spawn_target_call(
-    shared: &Arc<Shared>,
+fn queue_upload(
+    shared: &Shared,
+    uploads: &mpsc::Sender<Upload>,
     route: Arc<Route>,
     node: String,
     body: Bytes,
@@ -128,69 +175,84 @@ fn spawn_target_call(
     } else {
         "eventbus_upload"
     };
-    let Target::Rest { url } = route.target.clone() else {
-        shared.metrics.edge(kind, Outcome::NoRule);
-        return;
+    let upload = Upload {
+        route,
+        node,
+        body,
+        answer_to,
     };
-    let Ok(permit) = shared.targets.clone().try_acquire_owned() else {
-        shared.metrics.edge(kind, Outcome::Busy);
-        shared.tally.failure(
-            &route,
-            "too many rest target calls in flight: message dropped",
-        );
-        return;
-    };
-    shared.metrics.edge(kind, Outcome::Ok);
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        let _permit = permit;
-        let label = route.kind().label();
-        let content_type = answer_to.as_ref().map(|_| "application/json");
-        let result = shared
-            .http
-            .post(
-                &url,
-                &node,
-                content_type,
-                body,
-                shared.settings.rest_timeout,
-                MAX_TARGET_RESPONSE,
-            )
-            .await;
-        let answer = match result {
-            Ok(reply) if reply.status.is_success() => {
-                shared.metrics.target(label, Outcome::Ok);
-                shared.tally.success(&route);
-                Ok(reply.body)
-            }
-            Ok(reply) => {
-                shared.metrics.target(label, Outcome::TargetError);
-                let e = format!("rest target {url} answered {}", reply.status);
-                shared.tally.failure(&route, &e);
-                // The edge application still gets what the endpoint said, as in KubeEdge.
-                Ok(reply.body)
-            }
-            Err(e) => {
-                shared.metrics.target(label, Outcome::TargetError);
-                let e = format!("rest target {url}: {e}");
-                tracing::debug!(%node, rule = %route.name, error = %e, "rest target call failed");
-                shared.tally.failure(&route, &e);
-                Err(e)
-            }
-        };
-        if let Some(upload) = answer_to {
-            let reply = match answer {
-                Ok(body) => Message::response_to(
-                    &upload,
-                    serde_json::Value::String(String::from_utf8_lossy(&body).into_owned()),
-                ),
-                Err(e) => Message::error_to(&upload, e),
+    match uploads.try_send(upload) {
+        Ok(()) => shared.metrics.edge(kind, Outcome::Ok),
+        Err(e) => {
+            let upload = match e {
+                mpsc::error::TrySendError::Full(u) | mpsc::error::TrySendError::Closed(u) => u,
             };
-            if let Err(e) = shared.hub.send(&node, reply) {
-                tracing::debug!(%node, error = %e, "servicebus answer not sent to the edge");
-            }
+            shared.metrics.edge(kind, Outcome::Busy);
+            shared.tally.failure(
+                &upload.route,
+                "too many messages waiting for the rest target: message dropped",
+            );
         }
-    });
+    }
+}
+
+/// POSTs the upload to its route's rest target; a servicebus upload gets the target's answer.
+async fn call_target(shared: &Shared, upload: Upload) {
+    let Upload {
+        route,
+        node,
+        body,
+        answer_to,
+    } = upload;
+    let Target::Rest { url } = &route.target else {
+        return;
+    };
+    let label = route.kind().label();
+    let content_type = answer_to.as_ref().map(|_| "application/json");
+    let result = shared
+        .http
+        .post(
+            url,
+            &node,
+            content_type,
+            body,
+            shared.settings.rest_timeout,
+            MAX_TARGET_RESPONSE,
+        )
+        .await;
+    let answer = match result {
+        Ok(reply) if reply.status.is_success() => {
+            shared.metrics.target(label, Outcome::Ok);
+            shared.tally.success(&route);
+            Ok(reply.body)
+        }
+        Ok(reply) => {
+            shared.metrics.target(label, Outcome::TargetError);
+            let e = format!("rest target {url} answered {}", reply.status);
+            shared.tally.failure(&route, &e);
+            // The edge application still gets what the endpoint said, as in KubeEdge.
+            Ok(reply.body)
+        }
+        Err(e) => {
+            shared.metrics.target(label, Outcome::TargetError);
+            let e = format!("rest target {url}: {e}");
+            tracing::debug!(%node, rule = %route.name, error = %e, "rest target call failed");
+            shared.tally.failure(&route, &e);
+            Err(e)
+        }
+    };
+    if let Some(upload) = answer_to {
+        let reply = match answer {
+            Ok(body) => Message::response_to(
+                &upload,
+                serde_json::Value::String(String::from_utf8_lossy(&body).into_owned()),
+            ),
+            Err(e) => Message::error_to(&upload, e),
+        };
+        if let Err(e) = shared.hub.send(&node, reply) {
+            tracing::debug!(%node, error = %e, "servicebus answer not sent to the edge");
+        }
+    }
 }
 
 #[cfg(test)]
