@@ -181,7 +181,7 @@ async fn read_loop(
                     tracing::warn!(node, source = %msg.route.source, "upstream message claims a cloud module as source; dropped");
                     continue;
                 }
-                if !dispatch_upstream(inner, node, msg, cancel).await {
+                if !dispatch_upstream(inner, node, msg, bytes.len(), cancel).await {
                     return ReadEnd::Cancelled;
                 }
             }
@@ -193,12 +193,13 @@ async fn dispatch_upstream(
     inner: &Inner,
     node: &str,
     msg: Message,
+    frame_bytes: usize,
     cancel: &CancellationToken,
 ) -> bool {
     // The router's traffic (group `user`, as KubeEdge's dispatcher sends `upload`s to its
     // router module) carries topics, URLs or nothing as its resource: not a resource path.
     if msg.route.group == Group::User {
-        inner.dispatch_router(node, msg);
+        inner.dispatch_router(node, msg, frame_bytes);
         return true;
     }
     // The resource is parsed here, once; the controllers get it typed. A MetaServer request's

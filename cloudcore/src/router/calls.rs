@@ -3,6 +3,7 @@
 //! node that disconnects fails its calls at once; a caller that gives up (time-out, client
 //! gone) removes its entry. At most `max` calls wait at once.
 
+use crate::cloudhub::BudgetTicket;
 use dashmap::DashMap;
 use kubeedge_shared::Message;
 use prometheus_client::metrics::gauge::Gauge;
@@ -12,7 +13,8 @@ use tokio::sync::oneshot;
 /// How a call ended, other than by its caller giving up.
 #[derive(Debug)]
 pub enum CallEnd {
-    Answer(Box<Message>),
+    /// The answer, and the bytes it holds of the router's budget until it is relayed.
+    Answer(Box<Message>, BudgetTicket),
     /// The node's session ended before it answered.
     Disconnected,
 }
@@ -94,7 +96,7 @@ impl Calls {
     }
 
     /// An answer from `node` to call `parent`.
-    pub fn answer(&self, node: &str, parent: &str, msg: Message) -> Delivery {
+    pub fn answer(&self, node: &str, parent: &str, msg: Message, held: BudgetTicket) -> Delivery {
         let Some((_, w)) = self.waiting.remove_if(parent, |_, w| w.node == node) else {
             return if self.waiting.contains_key(parent) {
                 Delivery::WrongNode
@@ -103,7 +105,7 @@ impl Calls {
             };
         };
         self.gauge.dec();
-        let _ = w.tx.send(CallEnd::Answer(Box::new(msg)));
+        let _ = w.tx.send(CallEnd::Answer(Box::new(msg), held));
         Delivery::Delivered
     }
 
@@ -138,7 +140,12 @@ impl Calls {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloudhub::ByteBudget;
     use kubeedge_shared::{Group, Operation};
+
+    fn held() -> BudgetTicket {
+        ByteBudget::new(1).try_take(0).unwrap()
+    }
 
     fn reply() -> Message {
         Message::new(
@@ -154,10 +161,19 @@ mod tests {
     async fn an_answer_reaches_its_caller_only_from_the_called_node() {
         let calls = Calls::new(10, Gauge::default());
         let (_guard, rx) = calls.register("id-1", "edge-a").unwrap();
-        assert_eq!(calls.answer("edge-b", "id-1", reply()), Delivery::WrongNode);
-        assert_eq!(calls.answer("edge-a", "id-2", reply()), Delivery::Unknown);
-        assert_eq!(calls.answer("edge-a", "id-1", reply()), Delivery::Delivered);
-        assert!(matches!(rx.await.unwrap(), CallEnd::Answer(_)));
+        assert_eq!(
+            calls.answer("edge-b", "id-1", reply(), held()),
+            Delivery::WrongNode
+        );
+        assert_eq!(
+            calls.answer("edge-a", "id-2", reply(), held()),
+            Delivery::Unknown
+        );
+        assert_eq!(
+            calls.answer("edge-a", "id-1", reply(), held()),
+            Delivery::Delivered
+        );
+        assert!(matches!(rx.await.unwrap(), CallEnd::Answer(..)));
         assert!(calls.is_empty());
     }
 

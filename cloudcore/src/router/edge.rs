@@ -15,7 +15,7 @@ use super::Shared;
 use super::calls::Delivery;
 use super::metrics::Outcome;
 use super::rules::{Route, Target};
-use crate::cloudhub::RouterMessage;
+use crate::cloudhub::{BudgetTicket, RouterMessage};
 use bytes::Bytes;
 use kubeedge_shared::content::content_bytes;
 use kubeedge_shared::operation::source;
@@ -37,6 +37,8 @@ struct Upload {
     body: Bytes,
     /// The servicebus upload to answer, if it is one.
     answer_to: Option<Message>,
+    /// Its bytes of the router's budget, given back once the call is done.
+    held: BudgetTicket,
 }
 
 /// What an edge's router message is.
@@ -111,17 +113,21 @@ async fn call_targets(
 fn handle(
     shared: &Arc<Shared>,
     uploads: &mpsc::Sender<Upload>,
-    RouterMessage { node, message }: RouterMessage,
+    RouterMessage {
+        node,
+        message,
+        held,
+    }: RouterMessage,
 ) {
     let metrics = &shared.metrics;
     match classify(&message) {
         FromEdge::Answer { call } => {
             let call = call.to_string();
-            let outcome = match shared.calls.answer(&node, &call, message) {
+            let outcome = match shared.calls.answer(&node, &call, message, held) {
                 Delivery::Delivered => Outcome::Ok,
                 Delivery::Unknown => Outcome::UnknownCall,
                 Delivery::WrongNode => {
-                    tracing::warn!(%node, %call, "an edge answered a call sent to another node; dropped");
+                    tracing::debug!(%node, %call, "an edge answered a call sent to another node; dropped");
                     Outcome::WrongNode
                 }
             };
@@ -134,11 +140,21 @@ fn handle(
                 return;
             };
             let payload = Bytes::from(content_bytes(&message.content));
-            queue_upload(shared, uploads, route, node, payload, None);
+            queue_upload(
+                shared,
+                uploads,
+                Upload {
+                    route,
+                    node,
+                    body: payload,
+                    answer_to: None,
+                    held,
+                },
+            );
         }
         FromEdge::ServiceBusUpload { target_url } => {
             let Some(route) = shared.table.current().match_servicebus(&node, target_url) else {
-                tracing::warn!(%node, target_url, "servicebus upload for a URL no rule allows this node; dropped");
+                tracing::debug!(%node, target_url, "servicebus upload for a URL no rule allows this node; dropped");
                 metrics.edge("servicebus_upload", Outcome::NoRule);
                 return;
             };
@@ -148,10 +164,13 @@ fn handle(
             queue_upload(
                 shared,
                 uploads,
-                route,
-                node,
-                Bytes::from(body),
-                Some(message),
+                Upload {
+                    route,
+                    node,
+                    body: Bytes::from(body),
+                    answer_to: Some(message),
+                    held,
+                },
             );
         }
         FromEdge::Other => {
@@ -162,24 +181,11 @@ fn handle(
     }
 }
 
-fn queue_upload(
-    shared: &Shared,
-    uploads: &mpsc::Sender<Upload>,
-    route: Arc<Route>,
-    node: String,
-    body: Bytes,
-    answer_to: Option<Message>,
-) {
-    let kind = if answer_to.is_some() {
+fn queue_upload(shared: &Shared, uploads: &mpsc::Sender<Upload>, upload: Upload) {
+    let kind = if upload.answer_to.is_some() {
         "servicebus_upload"
     } else {
         "eventbus_upload"
-    };
-    let upload = Upload {
-        route,
-        node,
-        body,
-        answer_to,
     };
     match uploads.try_send(upload) {
         Ok(()) => shared.metrics.edge(kind, Outcome::Ok),
@@ -203,6 +209,7 @@ async fn call_target(shared: &Shared, upload: Upload) {
         node,
         body,
         answer_to,
+        held: _held,
     } = upload;
     let Target::Rest { url } = &route.target else {
         return;

@@ -27,7 +27,7 @@ pub mod status;
 pub mod table;
 pub mod target;
 
-use crate::cloudhub::{CloudHub, NodeEvent};
+use crate::cloudhub::{ByteBudget, CloudHub, NodeEvent};
 use crate::controller::downstream::HubSink;
 use calls::Calls;
 use kubeedge_shared::config::ConfigError;
@@ -62,6 +62,12 @@ pub struct RouterSettings {
     pub target_concurrency: usize,
     /// Edge messages buffered between cloudhub and the router.
     pub edge_buffer: usize,
+    /// Bytes of edge messages the router holds at most (buffered, queued for a rest target,
+    /// answers on their way to the caller); beyond, cloudhub drops them.
+    pub edge_bytes: usize,
+    /// Bytes of REST request bodies read at once, at most (each reserves its
+    /// `Content-Length`, or `max_body_bytes`); beyond, requests get `503`.
+    pub request_bytes: usize,
 }
 
 impl RouterSettings {
@@ -109,6 +115,8 @@ impl Default for RouterSettings {
             max_calls: 10_000,
             target_concurrency: 256,
             edge_buffer: 4096,
+            edge_bytes: 64 << 20,
+            request_bytes: 256 << 20,
         }
     }
 }
@@ -124,6 +132,8 @@ pub(crate) struct Shared {
     http: target::HttpClient,
     replicas: Option<Arc<Replicas>>,
     targets: Arc<Semaphore>,
+    /// REST request bodies being read or relayed.
+    bodies: ByteBudget,
 }
 
 /// The running router.
@@ -166,6 +176,7 @@ impl Router {
             metrics: metrics.clone(),
             http: target::HttpClient::new(),
             replicas: replicas.clone(),
+            bodies: ByteBudget::new(settings.request_bytes),
             settings,
         });
         let (tx, rx) = mpsc::channel(1024);
@@ -188,7 +199,10 @@ impl Router {
             tx,
             shutdown.clone(),
         ));
-        let from_edges = hub.subscribe_router(shared.settings.edge_buffer);
+        let from_edges = hub.subscribe_router(
+            shared.settings.edge_buffer,
+            ByteBudget::new(shared.settings.edge_bytes),
+        );
         tokio::spawn(edge::run(shared.clone(), from_edges, shutdown.clone()));
         tokio::spawn(rest::serve(listener, shared.clone(), shutdown.clone()));
         tracing::info!(%local_addr, advertise = ?shared.settings.advertise, "router listening");

@@ -17,10 +17,11 @@ use super::metrics::Outcome;
 use super::path;
 use super::replicas::{FORWARDED_HEADER, announced};
 use super::rules::{Route, Source, Target};
-use crate::cloudhub::SendError;
+use crate::cloudhub::{BudgetTicket, SendError};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kubeedge_shared::names::valid_node_name;
@@ -135,6 +136,21 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, peer: SocketAddr) 
             ),
         );
     }
+    // The body's bytes (its length, or the limit when it is chunked) are reserved before it is
+    // read and until it is on its way: many slow uploads cannot exhaust memory.
+    let max_body = shared.settings.max_body_bytes;
+    let announced_len = usize::try_from(body.size_hint().exact().unwrap_or(u64::MAX)).ok();
+    if announced_len.is_some_and(|n| n > max_body) {
+        metrics.request(kind, Outcome::TooLarge);
+        return text(StatusCode::BAD_REQUEST, "http: request body too large");
+    }
+    let Some(reserved) = shared.bodies.try_take(announced_len.unwrap_or(max_body)) else {
+        metrics.request(kind, Outcome::Busy);
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many request bodies in flight",
+        );
+    };
     let rest = &to.segments[consumed..];
     let param = if rest.is_empty() {
         String::new()
@@ -143,7 +159,7 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, peer: SocketAddr) 
     };
     let body = match tokio::time::timeout(
         READ_TIMEOUT,
-        Limited::new(body, shared.settings.max_body_bytes).collect(),
+        Limited::new(body, announced_len.unwrap_or(max_body)).collect(),
     )
     .await
     {
@@ -182,10 +198,21 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, peer: SocketAddr) 
                 target.push('?');
                 target.push_str(q);
             }
-            call_edge(shared, &route, &node, &parts, body, *port, target).await
+            call_edge(
+                shared,
+                &route,
+                &node,
+                &parts,
+                (body, reserved),
+                *port,
+                target,
+            )
+            .await
         }
         Target::EventBus { topic } => {
-            publish(shared, &route, &node, &path::join(topic, &param), body)
+            let r = publish(shared, &route, &node, &path::join(topic, &param), body);
+            drop(reserved);
+            r
         }
         Target::Rest { .. } => text(StatusCode::INTERNAL_SERVER_ERROR, "rule has no edge target"),
     };
@@ -222,7 +249,7 @@ async fn call_edge(
     route: &Route,
     node: &str,
     parts: &http::request::Parts,
-    body: Bytes,
+    (body, reserved): (Bytes, BudgetTicket),
     port: u16,
     target: String,
 ) -> Resp {
@@ -255,13 +282,16 @@ async fn call_edge(
             return text(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
         }
     };
-    if let Err(e) = shared.hub.send(node, msg) {
+    let sent = shared.hub.send(node, msg);
+    drop(reserved);
+    if let Err(e) = sent {
         drop(guard);
         return send_failed(shared, route, node, e);
     }
     let end = tokio::time::timeout(shared.settings.rest_timeout, answer).await;
     drop(guard);
-    let msg = match end {
+    // The answer keeps its bytes of the router's budget until it is relayed.
+    let (msg, _held) = match end {
         Err(_) => {
             metrics.request(kind, Outcome::Timeout);
             shared
@@ -275,7 +305,7 @@ async fn call_edge(
             shared.tally.failure(route, &e);
             return text(StatusCode::INTERNAL_SERVER_ERROR, e);
         }
-        Ok(Ok(CallEnd::Answer(m))) => m,
+        Ok(Ok(CallEnd::Answer(m, held))) => (m, held),
     };
     let Some(answer) = parse_answer(&msg.content) else {
         metrics.request(kind, Outcome::BadReply);

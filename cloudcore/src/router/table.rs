@@ -167,9 +167,11 @@ impl RouteTable {
 
     /// What `node`'s edge must hold.
     pub fn registrations_of(&self, node: &str) -> Vec<Registration> {
+        // The set is ordered by node first, and `Subscribe("")` is a node's least entry.
+        let from = (node.to_string(), Registration::Subscribe(String::new()));
         self.registrations
-            .iter()
-            .filter(|(n, _)| n == node)
+            .range(from..)
+            .take_while(|(n, _)| n == node)
             .map(|(_, r)| r.clone())
             .collect()
     }

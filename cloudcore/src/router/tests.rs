@@ -264,6 +264,7 @@ async fn serving(hub: Arc<FakeHub>, settings: RouterSettings) -> (Arc<Shared>, S
         metrics,
         http: target::HttpClient::new(),
         replicas: None,
+        bodies: crate::cloudhub::ByteBudget::new(settings.request_bytes),
         settings,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -330,7 +331,8 @@ async fn a_rest_call_reaches_the_edge_and_its_answer_comes_back() {
                 serde_json::to_value(answer).unwrap(),
             )
             .with_parent(call.id());
-            edge.calls.answer(&node, call.id(), reply);
+            let held = crate::cloudhub::ByteBudget::new(1).try_take(0).unwrap();
+            edge.calls.answer(&node, call.id(), reply, held);
         }
     });
     let (status, headers, body) = request(addr, "POST", "/edge-1/default/web/x/y?q=1", b"hi").await;
@@ -428,4 +430,16 @@ async fn a_node_that_disconnects_fails_its_calls_at_once() {
         (status, text.as_str()),
         (500, "node edge-1 disconnected before answering")
     );
+}
+
+#[test]
+fn the_byte_budget_refuses_beyond_its_limit_and_takes_back_on_drop() {
+    let budget = crate::cloudhub::ByteBudget::new(10);
+    let a = budget.try_take(6).expect("within the limit");
+    assert!(budget.try_take(5).is_none(), "over the limit");
+    let b = budget.try_take(4).expect("exactly the limit");
+    drop(a);
+    assert_eq!(budget.used(), 4);
+    drop(b);
+    assert_eq!(budget.used(), 0);
 }
