@@ -5,7 +5,9 @@
 //! gets them), and reports rules that are not in force in their status.
 //!
 //! Unlike KubeEdge (whose edgecontroller ignores Rule and RuleEndpoint updates), a changed rule
-//! or endpoint takes effect at once. Its loop only moves memory and messages.
+//! or endpoint takes effect at once. A rule is reported not in force only when that lasts
+//! [`PROBLEM_GRACE`]: a rule applied together with its endpoints may arrive first (KubeEdge
+//! retries such a rule for 30 s). Its loop only moves memory and messages.
 
 use super::metrics::{OperationLabel, RouterMetrics};
 use super::rules::{ObjKey, Rule, RuleEndpointSpec, rule_endpoint_resource, rule_resource};
@@ -20,8 +22,12 @@ use kubeedge_shared::operation::source;
 use kubeedge_shared::{Group, Message, Operation};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// How long a rule must stay out of force before that is reported.
+pub const PROBLEM_GRACE: Duration = Duration::from_secs(5);
 
 /// The table in force, shared with the REST listener and the edge traffic handler.
 #[derive(Clone, Default)]
@@ -63,6 +69,8 @@ pub struct RuleSet {
     endpoints_listed: bool,
     /// Problems already written to a rule's status: `(uid, text)`.
     reported: HashMap<ObjKey, (String, String)>,
+    /// Problems not reported yet: `(uid, text)` and since when.
+    noticed: HashMap<ObjKey, ((String, String), Instant)>,
     table: TableHandle,
     hub: Arc<dyn HubSink>,
     tally: StatusTally,
@@ -84,6 +92,7 @@ impl RuleSet {
             rules_listed: false,
             endpoints_listed: false,
             reported: HashMap::new(),
+            noticed: HashMap::new(),
             table,
             hub,
             tally,
@@ -92,12 +101,17 @@ impl RuleSet {
     }
 
     pub async fn run(mut self, mut rx: mpsc::Receiver<Input>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(PROBLEM_GRACE / 5);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let input = tokio::select! {
+            tokio::select! {
                 _ = shutdown.cancelled() => return,
-                i = rx.recv() => match i { Some(i) => i, None => return },
-            };
-            self.handle(input);
+                _ = tick.tick() => self.report_problems(Instant::now()),
+                i = rx.recv() => match i {
+                    Some(i) => self.handle(i),
+                    None => return,
+                },
+            }
         }
     }
 
@@ -177,14 +191,37 @@ impl RuleSet {
             self.send(node, reg, true);
         }
         self.reported.retain(|k, _| built.problems.contains_key(k));
-        for (key, (uid, why)) in built.problems {
-            let entry = (uid.clone(), why.clone());
+        self.noticed.retain(|k, _| built.problems.contains_key(k));
+        let now = Instant::now();
+        for (key, entry) in built.problems {
             if self.reported.get(&key) == Some(&entry) {
                 continue;
             }
+            match self.noticed.get(&key) {
+                Some((seen, _)) if *seen == entry => {}
+                _ => {
+                    self.noticed.insert(key, (entry, now));
+                }
+            }
+        }
+    }
+
+    /// Reports the problems that have lasted [`PROBLEM_GRACE`] (in the rule's status and the
+    /// log), once each.
+    pub fn report_problems(&mut self, now: Instant) {
+        let due: Vec<ObjKey> = self
+            .noticed
+            .iter()
+            .filter(|(_, (_, since))| now.saturating_duration_since(*since) >= PROBLEM_GRACE)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            let Some(((uid, why), _)) = self.noticed.remove(&key) else {
+                continue;
+            };
             tracing::warn!(namespace = %key.0, rule = %key.1, reason = %why, "rule not in force");
             self.tally.problem(key.clone(), &uid, &why);
-            self.reported.insert(key, entry);
+            self.reported.insert(key, (uid, why));
         }
     }
 

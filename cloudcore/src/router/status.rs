@@ -105,6 +105,12 @@ impl StatusTally {
         }
     }
 
+    /// The errors waiting to be written for `key`, newest first.
+    #[cfg(test)]
+    pub(crate) fn errors_of(&self, key: &ObjKey) -> Vec<String> {
+        self.peek(key).map(|t| t.errors).unwrap_or_default()
+    }
+
     #[cfg(test)]
     fn peek(&self, key: &ObjKey) -> Option<Tally> {
         self.inner

@@ -212,6 +212,51 @@ fn nothing_is_built_before_both_kinds_are_listed_and_a_missing_endpoint_is_repor
 }
 
 #[test]
+fn a_rule_out_of_force_is_reported_only_when_that_lasts() {
+    use ruleset::PROBLEM_GRACE;
+    use std::time::Instant;
+    let hub = Arc::new(FakeHub::default());
+    let tally = StatusTally::default();
+    let mut set = RuleSet::new(
+        TableHandle::default(),
+        hub,
+        tally.clone(),
+        RouterMetrics::default(),
+    );
+    listed(&mut set);
+    let waits_for = |name: &str, endpoint: &str| {
+        rule(
+            name,
+            "rest",
+            &[("path", &format!("/{name}"))],
+            endpoint,
+            &[("topic", "t")],
+        )
+    };
+    // Its endpoint arrives just after it (kubectl apply of both): nothing to report.
+    set.handle(Input::RuleApplied(waits_for("soon", "late")));
+    set.report_problems(Instant::now());
+    set.handle(Input::EndpointApplied(
+        key("late"),
+        endpoint("eventbus", None),
+    ));
+    set.report_problems(Instant::now() + PROBLEM_GRACE * 2);
+    assert!(tally.errors_of(&key("soon")).is_empty());
+    // Its endpoint never comes: reported once the grace has passed, and only once.
+    set.handle(Input::RuleApplied(waits_for("never", "missing")));
+    set.report_problems(Instant::now());
+    assert!(tally.errors_of(&key("never")).is_empty());
+    set.report_problems(Instant::now() + PROBLEM_GRACE * 2);
+    set.report_problems(Instant::now() + PROBLEM_GRACE * 3);
+    let errors = tally.errors_of(&key("never"));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("target ruleEndpoint default/missing does not exist"),
+        "{errors:?}"
+    );
+}
+
+#[test]
 fn a_relist_drops_what_it_did_not_see() {
     let hub = Arc::new(FakeHub::default());
     let (mut set, table, _) = ruleset(hub);

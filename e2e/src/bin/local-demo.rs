@@ -496,10 +496,19 @@ async fn router_demo(
             "containers": [{"name": "gateway", "image": BUSYBOX_IMAGE,
                 "command": ["sh", "-c", script], "env": [{"name": "CGI", "value": cgi}]}]}
     }))?;
-    Api::<Pod>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &gateway)
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &gateway)
         .await
         .context("creating pod web-gateway")?;
+    wait_until(
+        "pod web-gateway Running",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get_opt("web-gateway").await.ok()??;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        },
+    )
+    .await?;
     let port = GATEWAY_PORT.to_string();
     r::create_endpoint(client, "default", "router-rest", "rest", &[]).await;
     r::create_endpoint(
