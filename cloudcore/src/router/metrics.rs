@@ -26,6 +26,7 @@ pub enum Outcome {
     UnknownCall,
     WrongNode,
     Malformed,
+    MethodNotAllowed,
 }
 
 impl Outcome {
@@ -46,6 +47,7 @@ impl Outcome {
             Outcome::UnknownCall => "unknown_call",
             Outcome::WrongNode => "wrong_node",
             Outcome::Malformed => "malformed",
+            Outcome::MethodNotAllowed => "method_not_allowed",
         }
     }
 }

@@ -255,6 +255,16 @@ async fn call_edge(
 ) -> Resp {
     let metrics = &shared.metrics;
     let kind = route.kind().label();
+    // The method becomes the message's operation: a lower-case `start` or `stop` would be
+    // taken by the servicebus as a registration. HTTP's methods are upper case.
+    let method = parts.method.as_str();
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        metrics.request(kind, Outcome::MethodNotAllowed);
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("method {method:?} is not relayed to edge applications"),
+        );
+    }
     let call = match ServiceCall::parse(&format!("{port}:{target}")) {
         Ok(c) => c,
         Err(e) => {

@@ -400,7 +400,14 @@ async fn errors_are_answered_as_kubeedge_answers_them() {
         ..RouterSettings::default()
     };
     let (shared, addr) = serving(hub.clone(), settings).await;
-    let cases: [(&str, &str, &[u8], u16, &str); 6] = [
+    let cases: [(&str, &str, &[u8], u16, &str); 7] = [
+        (
+            "start",
+            "/edge-1/default/web",
+            b"",
+            405,
+            "method \"start\" is not relayed to edge applications",
+        ),
         ("GET", "/edge-1/default/none", b"", 404, "Request error"),
         ("GET", "/edge-1/other/web", b"", 404, "Request error"),
         (
