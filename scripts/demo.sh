@@ -14,7 +14,9 @@ Runs the local demo: installs the packages it needs (scripts/setup.sh), builds t
 binaries, then starts an in-memory control plane, cloudcore, edgecore (node edge-demo) and a
 private containerd, runs a sample pod and shows kubectl working against it, a Deployment
 scaled to 3 on the edge node, then a Modbus device (modbus-sim) served by modbus-mapper with
-its reported value, and the edge's MetaServer on 127.0.0.1:10550. `kill -USR1 <pid>` stops
+its reported value, the edge's MetaServer on 127.0.0.1:10550, and the router on
+127.0.0.1:9443 with rule `web` (curl http://127.0.0.1:9443/edge-demo/default/web reaches the
+web pods through the edge's servicebus). `kill -USR1 <pid>` stops
 cloudcore (the edge goes offline, its pods keep running) and starts it again. Ctrl-C stops it
 and removes everything it started. Needs root. The README walks through what to try.
 USAGE

@@ -94,6 +94,10 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
     join_metrics.register(&mut registry);
     let stream_metrics = crate::metrics::StreamMetrics::default();
     stream_metrics.register(&mut registry);
+    let router_metrics = crate::router::RouterMetrics::default();
+    if cfg.modules.router.enable {
+        router_metrics.register(&mut registry);
+    }
     let registry = Arc::new(registry);
     let ready = Readiness::default();
     let monitor = &cfg.common_config.monitor_server.bind_address;
@@ -130,6 +134,21 @@ pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::R
                 tunnel_port,
                 stream_metrics,
                 Arc::new(services.clone()),
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    let _router = if cfg.modules.router.enable {
+        let settings = crate::router::RouterSettings::from_cloudcore(&cfg)?;
+        Some(
+            crate::router::Router::start(
+                settings,
+                client.clone(),
+                hub.clone(),
+                router_metrics,
+                shutdown.clone(),
             )
             .await?,
         )

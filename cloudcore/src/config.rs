@@ -551,6 +551,18 @@ impl CloudCoreConfig {
             self.modules.sync_controller.resync_interval,
             MAX_INTERVAL_SECS,
         );
+        let router = &self.modules.router;
+        if router.enable && router.address.parse::<IpAddr>().is_err() {
+            p.bad(
+                "modules.router.address",
+                format!("{:?} is not an IP address", router.address),
+            );
+        }
+        p.at_most(
+            "modules.router.restTimeout",
+            router.rest_timeout,
+            MAX_INTERVAL_SECS,
+        );
         if !self.common_config.monitor_server.bind_address.is_empty()
             && self
                 .common_config

@@ -10,3 +10,4 @@ pub mod http;
 pub mod join;
 pub mod leader;
 pub mod metrics;
+pub mod router;

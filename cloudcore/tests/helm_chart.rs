@@ -488,6 +488,17 @@ const NEEDED: &[(&str, &str, &[&str])] = &[
         "devicemodels",
         &["get", "list", "watch"],
     ),
+    // router/ruleset.rs (watches), router/status.rs (get, patch)
+    (
+        "rules.kubeedge.io",
+        "rules",
+        &["get", "list", "watch", "patch"],
+    ),
+    (
+        "rules.kubeedge.io",
+        "ruleendpoints",
+        &["get", "list", "watch"],
+    ),
 ];
 
 #[test]
@@ -555,6 +566,54 @@ fn chart_ships_the_reliablesyncs_crds_unchanged() {
             "CRD {name}"
         );
     }
+}
+
+#[test]
+fn chart_ships_the_router_crds_unchanged() {
+    let chart_crds = read(&chart_dir().join("crds/router-crds.yaml"));
+    let source = read(&manifests_dir().join("crds/router-crds.yaml"));
+    assert_eq!(
+        chart_crds, source,
+        "copy manifests/crds/router-crds.yaml to the chart's crds/"
+    );
+    let docs = render_chart(installed_values());
+    for name in ["rules.rules.kubeedge.io", "ruleendpoints.rules.kubeedge.io"] {
+        assert!(
+            find(&docs, "CustomResourceDefinition", name).is_some(),
+            "CRD {name}"
+        );
+    }
+}
+
+/// Off by default as in KubeEdge; enabled, cloudcore listens on 9443 and the Deployment and
+/// Service declare that port.
+#[test]
+fn the_router_is_off_by_default_and_its_port_is_declared_when_on() {
+    let config = |docs: &[Value]| {
+        let cm = find(docs, "ConfigMap", "cloudcore").expect("ConfigMap cloudcore");
+        let text = cm["data"]["cloudcore.yaml"]
+            .as_str()
+            .expect("cloudcore.yaml");
+        CloudCoreConfig::from_yaml(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    };
+    let docs = render_chart(installed_values());
+    assert!(!config(&docs).modules.router.enable);
+    let svc = find(&docs, "Service", "cloudcore").expect("Service");
+    assert!(!ports(&svc["spec"]["ports"], "port").contains(&9443));
+
+    let mut v = installed_values();
+    set(&mut v, "cloudCore.modules.router.enable", json!(true));
+    set(&mut v, "cloudCore.service.routerNodePort", json!("30443"));
+    let docs = render_chart(v);
+    let router = config(&docs).modules.router;
+    assert!(router.enable);
+    assert_eq!((router.port, router.rest_timeout), (9443, 60));
+    let svc = find(&docs, "Service", "cloudcore").expect("Service");
+    assert!(ports(&svc["spec"]["ports"], "targetPort").contains(&9443));
+    assert!(ports(&svc["spec"]["ports"], "nodePort").contains(&30443));
+    let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment");
+    let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+    assert!(ports(&container["ports"], "containerPort").contains(&9443));
 }
 
 #[test]

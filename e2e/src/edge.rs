@@ -53,6 +53,9 @@ pub fn node_name(prefix: &str) -> String {
     )
 }
 
+/// A change to an edge's loaded `edgecore.yaml`.
+pub type Customize = Box<dyn FnOnce(&mut EdgeCoreConfig) + Send>;
+
 /// What an [`EdgeEnv`] differs in.
 pub struct EdgeOptions {
     /// Node name prefix (a unique suffix is added).
@@ -67,6 +70,8 @@ pub struct EdgeOptions {
     pub metaserver_dummy: Option<std::net::SocketAddr>,
     /// Services at the edge (`modules.edgeMesh`).
     pub mesh: Option<MeshOptions>,
+    /// Changes to the loaded `edgecore.yaml` (other modules, their addresses).
+    pub customize: Option<Customize>,
 }
 
 /// `modules.edgeMesh` of a test edge: an address and chains of its own, so that edges of
@@ -121,6 +126,7 @@ impl EdgeOptions {
             metaserver: false,
             metaserver_dummy: None,
             mesh: None,
+            customize: None,
         }
     }
 }
@@ -244,7 +250,7 @@ impl EdgeEnv {
     }
 
     /// Starts everything; does not wait for the node to be Ready.
-    pub async fn start_with(options: EdgeOptions) -> EdgeEnv {
+    pub async fn start_with(mut options: EdgeOptions) -> EdgeEnv {
         init_logs();
         let endpoint = match options.endpoint.clone() {
             Some(e) => e,
@@ -269,7 +275,7 @@ impl EdgeEnv {
             .expect("link proxy");
         let node = node_name(&options.prefix);
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = write_edge_config(
+        let mut config = write_edge_config(
             dir.path(),
             &pki,
             &node,
@@ -277,6 +283,9 @@ impl EdgeEnv {
             &endpoint,
             &options,
         );
+        if let Some(customize) = options.customize.take() {
+            customize(&mut config);
+        }
         let ns = cluster.temp_namespace("edged").await.expect("namespace");
         let mut env = EdgeEnv {
             cluster,

@@ -21,5 +21,6 @@ pub mod process;
 pub mod procfs;
 pub mod registry;
 pub mod reliablesyncs;
+pub mod router;
 pub mod sim_edge;
 pub mod stream_client;

@@ -40,6 +40,8 @@ pub enum StartError {
     MetaServer(#[from] crate::metaserver::MetaServerError),
     #[error("cannot start edgemesh (modules.edgeMesh): {0}")]
     Mesh(#[from] kubeedge_edgemesh::mesh::MeshError),
+    #[error("cannot start the servicebus: {0}")]
+    ServiceBus(#[from] crate::servicebus::ServiceBusError),
 }
 
 /// The running edge: edgehub, the database and the metamanager.
@@ -55,6 +57,7 @@ pub struct EdgeCore {
     devices: Option<Devices>,
     metaserver: Option<crate::metaserver::MetaServer>,
     mesh: Option<crate::mesh::Mesh>,
+    servicebus: Option<crate::servicebus::ServiceBus>,
 }
 
 /// devicetwin and the eventbus, when enabled.
@@ -112,7 +115,8 @@ impl EdgeCore {
             crate::certmanager::spawn_rotation(config, hub.clone(), rotation.clone());
         }
         let module_metrics = Arc::new(crate::module_metrics::ModuleMetrics::default());
-        let (devices, routes) = match start_devices(config, &store, &hub, &module_metrics).await {
+        let (devices, mut routes) = match start_devices(config, &store, &hub, &module_metrics).await
+        {
             Ok(d) => d,
             Err(e) => {
                 hub.shutdown();
@@ -120,6 +124,15 @@ impl EdgeCore {
                 return Err(e);
             }
         };
+        let servicebus = match start_servicebus(config, &store, &hub, &module_metrics).await {
+            Ok(s) => s,
+            Err(e) => {
+                hub.shutdown();
+                store.close().await;
+                return Err(e);
+            }
+        };
+        routes.servicebus = servicebus.as_ref().map(|s| s.sender());
         // Before the metamanager writes anything, so that the watch history misses nothing.
         let metaserver = match crate::metaserver::MetaServerConfig::from_edgecore(config)
             .map_err(StartError::Unsupported)
@@ -228,6 +241,7 @@ impl EdgeCore {
             devices,
             metaserver,
             mesh,
+            servicebus,
         })
     }
 
@@ -273,6 +287,9 @@ impl EdgeCore {
             edged.shutdown().await;
         }
         self.meta.shutdown().await;
+        if let Some(sb) = self.servicebus {
+            sb.shutdown().await;
+        }
         if let Some(d) = self.devices {
             d.twin.shutdown().await;
             if let Some(bus) = d.bus {
@@ -313,7 +330,7 @@ async fn start_devices(
         });
         let routes = Routes {
             twin: Some(inputs.meta),
-            bus: None,
+            ..Routes::default()
         };
         return Ok((Some(Devices { twin, bus: None }), routes));
     }
@@ -350,7 +367,7 @@ async fn start_devices(
             let content =
                 serde_json::Value::String(String::from_utf8_lossy(&m.payload).into_owned());
             let msg = Message::new(
-                "bus",
+                kubeedge_shared::operation::source::EVENTBUS,
                 Group::User,
                 Operation::Upload,
                 m.topic.clone(),
@@ -372,6 +389,7 @@ async fn start_devices(
     let routes = Routes {
         twin: Some(inputs.meta),
         bus: Some(ops_tx),
+        ..Routes::default()
     };
     Ok((
         Some(Devices {
@@ -380,6 +398,24 @@ async fn start_devices(
         }),
         routes,
     ))
+}
+
+/// The servicebus (`modules.serviceBus.enable`, off by default as in KubeEdge): the cloud
+/// router's calls of this node's HTTP servers and its applications' calls of cloud endpoints.
+async fn start_servicebus(
+    config: &EdgeCoreConfig,
+    store: &MetaStore,
+    hub: &EdgeHub,
+    metrics: &crate::module_metrics::ModuleMetrics,
+) -> Result<Option<crate::servicebus::ServiceBus>, StartError> {
+    if !config.modules.service_bus.enable {
+        return Ok(None);
+    }
+    let settings = crate::servicebus::ServiceBusConfig::from_edgecore(config)
+        .map_err(StartError::Unsupported)?;
+    let sb = crate::servicebus::ServiceBus::start(settings, store.clone(), hub.clone()).await?;
+    metrics.register(|r| sb.metrics().register(r));
+    Ok(Some(sb))
 }
 
 /// A router operation from the cloud, on the bus.

@@ -15,4 +15,5 @@ pub mod mesh;
 pub mod metamanager;
 pub mod metaserver;
 pub mod module_metrics;
+pub mod servicebus;
 pub mod tls_files;

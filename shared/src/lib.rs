@@ -20,9 +20,11 @@ pub mod pki;
 pub mod resource;
 pub mod resource_type;
 pub mod selectors;
+pub mod servicebus;
 pub mod stream;
 pub mod tls;
 pub mod token;
+pub mod topic;
 
 pub use codec::{CodecError, FrameCodec};
 pub use content::{ObjectResp, Status, StatusError};

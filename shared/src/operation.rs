@@ -155,6 +155,10 @@ pub mod source {
     pub const METASERVER: &str = "metaserver";
     pub const EDGED: &str = "edged";
     pub const TWIN: &str = "twin";
+    /// The edge's servicebus: its answers to the router's calls and its `upload`s.
+    pub const SERVICEBUS: &str = "servicebus";
+    /// The edge's eventbus stamps its group, `bus`, on the MQTT messages it uploads.
+    pub const EVENTBUS: &str = "bus";
 
     /// Sources that only the cloud stamps; an upstream message claiming one of them is
     /// dropped by cloudhub (KubeEdge's anti-loop `IsFromEdge`).

@@ -16,7 +16,7 @@ use kubeedge_shared::{CodecError, FrameCodec, Message};
 use queue::{AckedMessage, Enqueued, NodeQueue, QueueFull, QueueLimits};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -147,6 +147,64 @@ pub(crate) struct Inner {
     next_session: AtomicU64,
     shutdown: CancellationToken,
     acks: std::sync::Mutex<Option<mpsc::Sender<Acked>>>,
+    router: std::sync::Mutex<Option<(mpsc::Sender<RouterMessage>, ByteBudget)>>,
+}
+
+/// A message of group `user` from an edge (the router's traffic: eventbus and servicebus
+/// uploads, servicebus answers), with the node of the session it came on, and the bytes it
+/// holds of the router's budget (given back when the router drops `held`).
+#[derive(Debug)]
+pub struct RouterMessage {
+    pub node: String,
+    pub message: Message,
+    pub held: BudgetTicket,
+}
+
+/// A limit on the bytes held by messages between cloudhub and a consumer (and wherever the
+/// consumer keeps their tickets): beyond it new messages are refused.
+#[derive(Debug, Clone)]
+pub struct ByteBudget {
+    used: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+/// Bytes taken from a [`ByteBudget`]; given back on drop.
+#[derive(Debug)]
+pub struct BudgetTicket {
+    used: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl ByteBudget {
+    pub fn new(limit: usize) -> Self {
+        ByteBudget {
+            used: Arc::new(AtomicUsize::new(0)),
+            limit,
+        }
+    }
+
+    /// `bytes` of the budget, unless that would pass its limit.
+    pub fn try_take(&self, bytes: usize) -> Option<BudgetTicket> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|t| *t <= self.limit)
+            })
+            .ok()
+            .map(|_| BudgetTicket {
+                used: self.used.clone(),
+                bytes,
+            })
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for BudgetTicket {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 /// A delivery the edge confirmed (for controllers that record delivery state, e.g. the
@@ -185,6 +243,7 @@ impl CloudHub {
             next_session: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
             acks: std::sync::Mutex::new(None),
+            router: std::sync::Mutex::new(None),
         });
         tokio::spawn(server::accept_loop(inner.clone(), listener, tls));
         tracing::info!(%local_addr, "cloudhub listening");
@@ -282,6 +341,22 @@ impl CloudHub {
         rx
     }
 
+    /// Hands every upstream message of group `user` to the returned channel (the router; one
+    /// consumer, a later call replaces the earlier), each holding its frame's size of
+    /// `budget`. Without a consumer, when it falls `capacity` messages behind or the messages
+    /// it holds reach the budget, they are dropped and counted in
+    /// `cloudhub_messages_dropped{reason="no_router"|"router_full"}`: the router never slows
+    /// a node's other traffic, and its memory stays bounded.
+    pub fn subscribe_router(
+        &self,
+        capacity: usize,
+        budget: ByteBudget,
+    ) -> mpsc::Receiver<RouterMessage> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        *self.inner.router.lock().unwrap_or_else(|e| e.into_inner()) = Some((tx, budget));
+        rx
+    }
+
     /// Stops accepting and ends every session.
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();
@@ -291,6 +366,32 @@ impl CloudHub {
 impl Inner {
     fn next_session_id(&self) -> u64 {
         self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn dispatch_router(&self, node: &str, message: Message, frame_bytes: usize) {
+        let reason = {
+            let guard = self.router.lock().unwrap_or_else(|e| e.into_inner());
+            match guard.as_ref() {
+                None => "no_router",
+                Some((tx, budget)) => match budget.try_take(frame_bytes) {
+                    None => "router_full",
+                    Some(held) => match tx.try_send(RouterMessage {
+                        node: node.to_string(),
+                        message,
+                        held,
+                    }) {
+                        Ok(()) => return,
+                        Err(mpsc::error::TrySendError::Full(_)) => "router_full",
+                        Err(mpsc::error::TrySendError::Closed(_)) => "no_router",
+                    },
+                },
+            }
+        };
+        tracing::debug!(node, reason, "router message from edge dropped");
+        self.metrics
+            .messages_dropped
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     fn notify_acked(&self, node: &str, message: AckedMessage) {

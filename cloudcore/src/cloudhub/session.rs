@@ -8,7 +8,7 @@ use dashmap::mapref::entry::Entry;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use kubeedge_shared::operation::source::CLOUD_ONLY;
-use kubeedge_shared::{Message, Operation, ResourcePath};
+use kubeedge_shared::{Group, Message, Operation, ResourcePath};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::time::{Instant, sleep_until};
@@ -181,7 +181,7 @@ async fn read_loop(
                     tracing::warn!(node, source = %msg.route.source, "upstream message claims a cloud module as source; dropped");
                     continue;
                 }
-                if !dispatch_upstream(inner, node, msg, cancel).await {
+                if !dispatch_upstream(inner, node, msg, bytes.len(), cancel).await {
                     return ReadEnd::Cancelled;
                 }
             }
@@ -193,8 +193,15 @@ async fn dispatch_upstream(
     inner: &Inner,
     node: &str,
     msg: Message,
+    frame_bytes: usize,
     cancel: &CancellationToken,
 ) -> bool {
+    // The router's traffic (group `user`, as KubeEdge's dispatcher sends `upload`s to its
+    // router module) carries topics, URLs or nothing as its resource: not a resource path.
+    if msg.route.group == Group::User {
+        inner.dispatch_router(node, msg, frame_bytes);
+        return true;
+    }
     // The resource is parsed here, once; the controllers get it typed. A MetaServer request's
     // resource is `null` (or `watchapp/sync`): it carries its key inside.
     let parsed = if kubeedge_shared::application::Application::is_request(&msg) {

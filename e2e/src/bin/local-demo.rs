@@ -6,9 +6,10 @@
 //! and edgecore for node `edge-demo` at the test node address (`e2e::node_address`: not
 //! loopback, so the API server's node proxy reaches it); runs a sample pod there, shows it
 //! Running and its `kubectl logs`; runs Deployment `web` scaled to 3 on the edge node, a Modbus
-//! device with its mapper, and the edge's MetaServer; `kill -USR1` stops cloudcore and starts
-//! it again (offline autonomy on demand); tears it all down on Ctrl-C, SIGTERM or SIGHUP (also
-//! when its output was closed).
+//! device with its mapper, and the edge's MetaServer; a router rule that takes
+//! `curl http://127.0.0.1:9443/edge-demo/default/web` to the `web` pods (rest → servicebus);
+//! `kill -USR1` stops cloudcore and starts it again (offline autonomy on demand); tears it all
+//! down on Ctrl-C, SIGTERM or SIGHUP (also when its output was closed).
 //!
 //! Run with `bash scripts/demo.sh` (installs the packages, then
 //! `cargo run --release -p e2e --bin local-demo`). Needs root.
@@ -133,6 +134,10 @@ async fn main() -> anyhow::Result<()> {
     e2e::devices::install(&api.client()?)
         .await
         .context("installing the device CRDs")?;
+    // Rule and RuleEndpoint (rules.kubeedge.io), as the Helm chart installs them.
+    e2e::router::install(&api.client()?)
+        .await
+        .context("installing the router CRDs")?;
     let pki = Pki::new().context("creating the demo CA")?;
     std::fs::write(demo_dir.join("rootCA.crt"), &pki.ca.cert.cert_pem)?;
     let cloud = CloudFixture::start(api.client()?, &pki)
@@ -201,6 +206,7 @@ async fn main() -> anyhow::Result<()> {
          \x20 eventBus:\n    mqttMode: 0\n    mqttServerInternal: tcp://127.0.0.1:{mqtt_port}\n\
          \x20 metaManager:\n    metaServer:\n      enable: true\n      server: 127.0.0.1:{metaserver_port}\n\
          \x20 edgeMesh:\n    enable: true\n\
+         \x20 serviceBus:\n    enable: true\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
         db = demo_dir.join("edgecore.db").display(),
@@ -321,6 +327,16 @@ async fn main() -> anyhow::Result<()> {
         "    MetaServer     kubectl --server http://127.0.0.1:{METASERVER_PORT} get pods -A   (the edge's own API, also offline)"
     );
 
+    step(
+        9,
+        "the router: a rule from the cloud's REST API to the `web` pods (rest → servicebus)",
+    );
+    let mut router = Some(
+        router_demo(cloud.as_ref().context("cloudcore")?, &client, node)
+            .await
+            .context("the router demo")?,
+    );
+
     let mut cloud_toggle =
         signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?;
     say!(
@@ -334,6 +350,7 @@ async fn main() -> anyhow::Result<()> {
             _ = hangup.recv() => break,
             _ = cloud_toggle.recv() => match cloud.take() {
                 Some(running) => {
+                    drop(router.take());
                     running.shutdown().await;
                     say!("cloudcore stopped: edge-demo is offline. Its pods keep running; `kubectl get pods` shows what the cluster last heard, the MetaServer answers from the edge's database. `kill -USR1 {}` starts cloudcore again.", std::process::id());
                     let log = client_log.clone();
@@ -347,6 +364,7 @@ async fn main() -> anyhow::Result<()> {
                 None => match CloudFixture::start(api.client()?, &pki).await {
                     Ok(started) => {
                         link.set_upstream(started.hub.local_addr());
+                        router = Some(e2e::router::start(&started, api.client()?, router_settings()).await);
                         cloud = Some(started);
                         say!("cloudcore started again: edge-demo reconnects and reports its pods.");
                     }
@@ -359,6 +377,7 @@ async fn main() -> anyhow::Result<()> {
     say!("\nStopping: removing pods, containerd, registry, bridge and temporary files...");
     let stopping = Instant::now();
     drop(devices);
+    drop(router);
     edge.shutdown().await;
     // edgemesh's rules and address outlive edgecore on purpose; the demo removes them.
     if let Err(e) = edgecore::mesh::cleanup(&config) {
@@ -512,6 +531,107 @@ fn last_served(log: &std::path::Path) -> Option<String> {
         .filter_map(|l| l.splitn(4, ' ').nth(3))
         .find(|l| l.contains("served by"))
         .map(str::to_string)
+}
+
+/// The router's REST port in the demo (KubeEdge's default, on loopback).
+const ROUTER_PORT: u16 = 9443;
+/// Where `web-gateway` listens on the edge node (host network).
+const GATEWAY_PORT: u16 = 8081;
+
+fn router_settings() -> cloudcore::router::RouterSettings {
+    cloudcore::router::RouterSettings {
+        listen: ([127, 0, 0, 1], ROUTER_PORT).into(),
+        ..cloudcore::router::RouterSettings::default()
+    }
+}
+
+/// The router on cloudcore's hub and one rule: `/web` in namespace `default` (rest) to
+/// `127.0.0.1:8081/cgi-bin/web` on the node (servicebus). KubeEdge's servicebus calls only
+/// servers on the node's loopback, so `web-gateway`, a host-network pod, relays to Service
+/// `web` by name (edgemesh's DNS and ClusterIP, `dnsPolicy: ClusterFirstWithHostNet`).
+async fn router_demo(
+    cloud: &CloudFixture,
+    client: &kube::Client,
+    node: &str,
+) -> anyhow::Result<cloudcore::router::Router> {
+    use e2e::router as r;
+    let router = cloudcore::router::Router::start(
+        router_settings(),
+        client.clone(),
+        cloud.hub.clone(),
+        cloudcore::router::RouterMetrics::default(),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await?;
+    let cgi = "#!/bin/sh\n\
+         echo 'Content-Type: text/plain'\necho\n\
+         timeout 3 wget -qO- http://web.default.svc.cluster.local/ || echo 'Service web did not answer'\n"
+        .to_string();
+    let script = format!(
+        "mkdir -p /www/cgi-bin && printf '%s' \"$CGI\" > /www/cgi-bin/web && chmod +x /www/cgi-bin/web \
+         && exec httpd -f -p 127.0.0.1:{GATEWAY_PORT} -h /www"
+    );
+    let gateway: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-gateway", "namespace": "default", "labels": {"app": "web-gateway"}},
+        "spec": {"nodeName": node, "hostNetwork": true, "terminationGracePeriodSeconds": 1,
+            "dnsPolicy": "ClusterFirstWithHostNet",
+            "containers": [{"name": "gateway", "image": BUSYBOX_IMAGE,
+                "command": ["sh", "-c", script], "env": [{"name": "CGI", "value": cgi}]}]}
+    }))?;
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &gateway)
+        .await
+        .context("creating pod web-gateway")?;
+    wait_until(
+        "pod web-gateway Running",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get_opt("web-gateway").await.ok()??;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        },
+    )
+    .await?;
+    let port = GATEWAY_PORT.to_string();
+    r::create_endpoint(client, "default", "router-rest", "rest", &[]).await;
+    r::create_endpoint(
+        client,
+        "default",
+        "web-servicebus",
+        "servicebus",
+        &[("service_port", &port)],
+    )
+    .await;
+    r::create_rule(
+        client,
+        "default",
+        "web",
+        ("router-rest", &[("path", "/web")]),
+        ("web-servicebus", &[("path", "/cgi-bin/web")]),
+    )
+    .await;
+    let url = format!("http://127.0.0.1:{ROUTER_PORT}/{node}/default/web");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let answer = loop {
+        if let Ok(a) = r::request("GET", &url, &[], "").await
+            && a.status == 200
+            && a.body.starts_with("served by")
+        {
+            break a.body;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out after 60s waiting for the router to reach a web pod"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    say!("    rule           kubectl get rules,ruleendpoints   (rules.kubeedge.io)");
+    say!("    $ curl {url}");
+    say!("    {}", answer.trim_end());
+    say!(
+        "    router         http://127.0.0.1:{ROUTER_PORT}/<node>/<namespace>/<rule path>  (the edge's app answers; its status and headers too)"
+    );
+    Ok(router)
 }
 
 /// Starts `modbus-sim` (a Modbus TCP thermostat) and `modbus-mapper`, creates a DeviceModel

@@ -5,7 +5,8 @@
 //! the way gorilla's `WriteJSON` does (Go key order, `\u003c` escapes, trailing newline, TEXT
 //! frames). Replies are shaped like `cloud/pkg/edgecontroller/controller/upstream.go` builds
 //! them; ACKs are checked the way `dispatcher/message_dispatcher.go` consumes them
-//! (`operation: response`, matched on `parent_msg_id` only).
+//! (`operation: response`, matched on `parent_msg_id` only). A whole edgecore's servicebus and
+//! eventbus get KubeEdge's router frames (`cloud/pkg/router`) the same way.
 
 use e2e::channel::{Pki, start_edge, test_edge_config};
 use edgecore::metamanager::{MetaError, MetaManager, MetaManagerConfig, MetaStore};
@@ -353,4 +354,239 @@ async fn edgecore_speaks_kubeedge_cloudhub_wire_protocol() {
     manager.shutdown().await;
     hub.shutdown();
     store.close().await;
+}
+
+/// A local HTTP server on the edge node for the router's calls: answers `201` with the request
+/// line and body.
+async fn edge_app() -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                // Read the head and a Content-Length body.
+                loop {
+                    let Ok(n) = s.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            break;
+                        }
+                    }
+                }
+                let text = String::from_utf8_lossy(&got).to_string();
+                let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+                let answer = format!("{} {body}", head.lines().next().unwrap_or_default());
+                let resp = format!(
+                    "HTTP/1.1 201 Created\r\nX-App: yes\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+/// Our edgecore's servicebus and eventbus against KubeEdge's router (`cloud/pkg/router`), its
+/// frames as KubeEdge's cloudhub writes them after `TrimMessage`: `start` for a servicebus
+/// source, a call of a local server (answered as KubeEdge's servicebus answers: `upload`,
+/// `parent_msg_id`, `HTTPResponse`), an application's request through the servicebus (answered
+/// with the router's `response`), `subscribe` (the edge's uploads on that topic) and `publish`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn edgecore_serves_kubeedges_router_on_its_servicebus_and_eventbus() {
+    let Some(broker) = e2e::mosquitto::Mosquitto::start_or_skip(
+        "edgecore_serves_kubeedges_router_on_its_servicebus_and_eventbus",
+    ) else {
+        return;
+    };
+    let pki = Pki::new().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cert = pki.node_cert(NODE).unwrap();
+    std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).unwrap();
+    std::fs::write(d.join("edge.crt"), &cert.cert_pem).unwrap();
+    std::fs::write(d.join("edge.key"), &cert.key_pem).unwrap();
+    let servicebus_port = e2e::router::free_port();
+    let yaml = format!(
+        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+         database:\n  dataSource: {db}\n\
+         modules:\n  edgeHub:\n    heartbeat: 1\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
+         \x20   websocket:\n      server: {server}\n\
+         \x20 edged:\n    enable: false\n    hostnameOverride: {NODE}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {dir}\n\
+         \x20 eventBus:\n    mqttMode: 2\n    mqttServerExternal: {mqtt}\n\
+         \x20 serviceBus:\n    enable: true\n    port: {servicebus_port}\n",
+        db = d.join("edgecore.db").display(),
+        ca = d.join("ca.crt").display(),
+        crt = d.join("edge.crt").display(),
+        key = d.join("edge.key").display(),
+        dir = d.display(),
+        server = listener.local_addr().unwrap(),
+        mqtt = broker.url(),
+    );
+    std::fs::write(d.join("edgecore.yaml"), yaml).unwrap();
+    let config = edgecore::config::EdgeCoreConfig::load(&d.join("edgecore.yaml")).unwrap();
+    let edge = edgecore::app::EdgeCore::start_with(&config, None)
+        .await
+        .unwrap();
+    let mut cloud = accept(&listener, &pki).await;
+    let frame = |id: &str, route: Value, content: Value| {
+        json!({"header": {"msg_id": id, "timestamp": 1718000000000i64}, "route": route, "content": content})
+            .to_string()
+    };
+
+    // rest → servicebus: the call and KubeEdge's answer shape.
+    let app = edge_app().await;
+    cloud
+        .write(&frame(
+            "call-1",
+            json!({"source": "router_servicebus", "group": "user", "operation": "POST",
+                   "resource": format!("{app}:/items/7?x=1")}),
+            json!({"header": {"X-Trace": ["t"]}, "body": "aGk=", "method": "POST", "url": ""}),
+        ))
+        .await;
+    let answer = cloud
+        .next_where("the servicebus's answer", |f| {
+            f["header"]["parent_msg_id"] == "call-1"
+        })
+        .await;
+    assert_eq!(
+        answer["route"],
+        json!({"source": "servicebus", "group": "user", "operation": "upload"}),
+        "resource \"\" is omitted as Go's omitempty does"
+    );
+    let r: kubeedge_shared::servicebus::HttpResponse =
+        serde_json::from_value(answer["content"].clone()).unwrap();
+    assert_eq!(r.status_code, 201);
+    assert_eq!(r.header["X-App"], vec!["yes"]);
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        "POST /items/7?x=1 HTTP/1.1 hi"
+    );
+
+    // servicebus → rest: `start`, then an application's request through the servicebus.
+    let url = "http://cloud.example/api";
+    cloud
+        .write(&frame(
+            "start-1",
+            json!({"source": "router_servicebus", "group": "user", "operation": "start", "resource": url}),
+            Value::Null,
+        ))
+        .await;
+    let request = json!({"method": "POST", "targetURL": url, "payload": {"t": 21}}).to_string();
+    let app_call = tokio::spawn({
+        let request = request.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                if let Ok(a) = e2e::router::request(
+                    "POST",
+                    &format!("http://127.0.0.1:{servicebus_port}/"),
+                    &[],
+                    request.clone(),
+                )
+                .await
+                {
+                    return a.body;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "servicebus never listened"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let upload = cloud
+        .next_where("the application's upload", |f| {
+            f["route"]["resource"] == url
+        })
+        .await;
+    assert_eq!(
+        upload["route"],
+        json!({"source": "servicebus", "group": "user", "operation": "upload", "resource": url})
+    );
+    assert_eq!(
+        kubeedge_shared::servicebus::decode_bytes_content(&upload["content"]).unwrap(),
+        request.as_bytes()
+    );
+    let reply = json!({
+        "header": {"msg_id": "reply-1", "parent_msg_id": upload["header"]["msg_id"], "timestamp": 1718000000001i64},
+        "route": {"source": "servicebus", "group": "user", "operation": "response", "resource": url},
+        "content": "pong"});
+    cloud.write(&reply.to_string()).await;
+    let body: Value = serde_json::from_str(&app_call.await.unwrap()).unwrap();
+    assert_eq!(
+        body,
+        json!({"code": 200, "msg": "receive response from cloud successfully", "body": "pong"})
+    );
+
+    // eventbus: `subscribe` (then the edge uploads that topic) and `publish`.
+    let mut device = e2e::mqtt::MqttClient::connect(broker.addr(), "ke-router-device").await;
+    device.subscribe("out/#").await;
+    cloud
+        .write(&frame(
+            "sub-1",
+            json!({"source": "router_eventbus", "group": "user", "operation": "subscribe", "resource": "default/rule-topic"}),
+            Value::Null,
+        ))
+        .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let up = loop {
+        device.publish("default/rule-topic", "21.5").await;
+        let got = tokio::time::timeout(Duration::from_millis(300), async {
+            loop {
+                match cloud.frames.recv().await {
+                    Some(f) if f["route"]["resource"] == "default/rule-topic" => return f,
+                    Some(_) => continue,
+                    None => panic!("edge connection ended"),
+                }
+            }
+        })
+        .await;
+        if let Ok(f) = got {
+            break f;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no upload on the subscribed topic"
+        );
+    };
+    assert_eq!(
+        up["route"],
+        json!({"source": "bus", "group": "user", "operation": "upload", "resource": "default/rule-topic"})
+    );
+    assert_eq!(up["content"], "21.5");
+    cloud
+        .write(&frame(
+            "pub-1",
+            json!({"source": "router_eventbus", "group": "user", "operation": "publish", "resource": "out/a"}),
+            json!("smoke"),
+        ))
+        .await;
+    let p = device
+        .next_on("out/a", WAIT)
+        .await
+        .expect("the router's publish at the edge");
+    assert_eq!(&p.payload[..], b"smoke");
+    edge.shutdown().await;
 }

@@ -23,6 +23,8 @@ mod metrics;
 mod objectsync;
 mod portforward;
 mod resilience;
+mod router;
+mod router_raw;
 mod services;
 mod stream;
 mod stream_auth;

@@ -168,16 +168,20 @@ impl EdgeHub {
     }
 
     /// Sends a message to the cloud. Edge-originated requests are rate-limited
-    /// (`messageQPS`/`messageBurst`); responses (ACKs) and keepalives are not, since their pace
-    /// is set by the cloud and throttling them only causes resends.
+    /// (`messageQPS`/`messageBurst`); responses (ACKs, answers carrying a `parent_msg_id`) and
+    /// keepalives are not, since their pace is set by the cloud and throttling them only causes
+    /// resends or time-outs there.
     pub async fn send(&self, msg: Message) -> Result<(), HubError> {
         if !self.is_connected() {
             return Err(HubError::NotConnected);
         }
-        if !matches!(
+        // Answers to the cloud's requests (ACKs, the servicebus's call answers) are paced by
+        // the cloud, not limited here.
+        let answer = matches!(
             msg.route.operation,
             Operation::Response | Operation::Keepalive | Operation::Error
-        ) {
+        ) || !msg.header.parent_id.is_empty();
+        if !answer {
             self.shared.limiter.acquire().await;
         }
         self.shared

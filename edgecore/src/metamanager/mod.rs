@@ -167,6 +167,8 @@ pub struct Routes {
     pub twin: Option<mpsc::Sender<ToTwin>>,
     /// eventbus: group `user` (the router's subscribe/publish operations).
     pub bus: Option<mpsc::Sender<Message>>,
+    /// servicebus: group `user` from `router_servicebus` (calls, `start`/`stop`).
+    pub servicebus: Option<mpsc::Sender<Message>>,
 }
 
 /// What the metamanager needs from the cloud link; [`EdgeHub`] is the real one.
