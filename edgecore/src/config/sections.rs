@@ -219,6 +219,12 @@ pub struct MetaServer {
     /// The second HTTPS listener, on a dummy interface, that pods reach as
     /// `KUBERNETES_SERVICE_HOST:PORT` (KubeEdge v1.17; with `requireAuthorization`).
     pub dummy_server: String,
+    /// kubeedge-rs only: kinds kept watched at the cloud (and so stored at the edge) whoever
+    /// reads them, as `<version>/<plural>` or `<group>/<version>/<plural>` — e.g. `v1/endpoints`
+    /// and `v1/namespaces` for KubeEdge's EdgeMesh agent, which then finds them even when it
+    /// first starts while the edge is offline.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub standing_watches: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -565,6 +571,7 @@ impl Default for MetaServer {
             api_audiences: Vec::new(),
             service_account_key_files: Vec::new(),
             dummy_server: "169.254.30.10:10550".into(),
+            standing_watches: Vec::new(),
         }
     }
 }

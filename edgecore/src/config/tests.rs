@@ -218,6 +218,32 @@ fn every_written_key_is_a_kubeedge_key() {
 }
 
 #[test]
+fn standing_watches_parse_and_bad_ones_name_their_key() {
+    use crate::metaserver::{MetaServerConfig, StandingWatch};
+    assert_eq!(
+        StandingWatch::parse("v1/endpoints").unwrap().key_prefix(),
+        "/core/v1/endpoints"
+    );
+    assert_eq!(
+        StandingWatch::parse("discovery.k8s.io/v1/endpointslices")
+            .unwrap()
+            .key_prefix(),
+        "/discovery.k8s.io/v1/endpointslices"
+    );
+    assert!(StandingWatch::parse("endpoints").is_err());
+    assert!(StandingWatch::parse("v1/End points").is_err());
+    let mut c = EdgeCoreConfig::default_config();
+    c.modules.meta_manager.meta_server.enable = true;
+    c.modules.meta_manager.meta_server.standing_watches = vec!["v1/endpoints".into(), "x".into()];
+    let e = MetaServerConfig::from_edgecore(&c).unwrap_err();
+    assert!(e.contains("standingWatches[1]"), "{e}");
+    c.modules.meta_manager.meta_server.standing_watches =
+        vec!["v1/endpoints".into(), "v1/namespaces".into()];
+    let ms = MetaServerConfig::from_edgecore(&c).unwrap().unwrap();
+    assert_eq!(ms.standing.len(), 2);
+}
+
+#[test]
 fn minimal_yaml_is_a_subset_that_loads_back_to_the_minimal_config() {
     let c = EdgeCoreConfig::minimal_config();
     let yaml = c.to_minimal_yaml().unwrap();

@@ -80,6 +80,35 @@ pub struct StandingWatch {
 }
 
 impl StandingWatch {
+    /// `<version>/<plural>` (core group) or `<group>/<version>/<plural>`.
+    pub fn parse(s: &str) -> Result<StandingWatch, String> {
+        let valid = |p: &str| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        };
+        let parts: Vec<&str> = s.split('/').collect();
+        let (group, version, resource) = match parts.as_slice() {
+            [v, r] => ("", *v, *r),
+            [g, v, r] => (*g, *v, *r),
+            _ => {
+                return Err(format!(
+                    "{s:?} is not <version>/<plural> or <group>/<version>/<plural> (e.g. v1/endpoints)"
+                ));
+            }
+        };
+        if (!group.is_empty() && !valid(group)) || !valid(version) || !valid(resource) {
+            return Err(format!(
+                "{s:?}: lower-case names expected (e.g. v1/endpoints)"
+            ));
+        }
+        Ok(StandingWatch {
+            group: group.into(),
+            version: version.into(),
+            resource: resource.into(),
+        })
+    }
+
     /// `/<group or core>/<version>/<plural>`: the prefix of its `meta_v2` keys.
     pub fn key_prefix(&self) -> String {
         let group = if self.group.is_empty() {
@@ -124,11 +153,21 @@ impl MetaServerConfig {
     /// edgemesh (which reads Services through it) is enabled.
     pub fn from_edgecore(c: &crate::config::EdgeCoreConfig) -> Result<Option<Self>, String> {
         let ms = &c.modules.meta_manager.meta_server;
-        let standing = if c.modules.edge_mesh.enable {
+        let mut standing = if c.modules.edge_mesh.enable {
             crate::mesh::standing_watches()
         } else {
             Vec::new()
         };
+        if ms.enable {
+            for (i, w) in ms.standing_watches.iter().enumerate() {
+                let w = StandingWatch::parse(w).map_err(|e| {
+                    format!("modules.metaManager.metaServer.standingWatches[{i}]: {e}")
+                })?;
+                if !standing.contains(&w) {
+                    standing.push(w);
+                }
+            }
+        }
         if !ms.enable && standing.is_empty() {
             return Ok(None);
         }
