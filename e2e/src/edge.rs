@@ -159,7 +159,8 @@ pub fn write_edge_config(
          \x20 metaManager:\n    metaServer:\n      enable: {metaserver}\n      server: 127.0.0.1:0\n      dummyServer: \"{dummy}\"\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\
-         \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n",
+         \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n      cgroupRoot: {cgroup_root}\n",
+        cgroup_root = cgroup_root(node),
         db = d.join("edgecore.db").display(),
         dmi = d.display(),
         ca = d.join("ca.crt").display(),
@@ -483,12 +484,64 @@ impl EdgeEnv {
         self.stop_edge().await;
         self.stop_cloud();
         remove_node_sandboxes(&self.endpoint, &self.node).await;
+        remove_cgroups(&self.node);
         self.cluster.delete_namespace(&self.ns).await;
         let _ = self
             .nodes()
             .delete(&self.node, &kube::api::DeleteParams::default())
             .await;
     }
+}
+
+/// The `cgroupRoot` of a test edge: pod cgroups of parallel tests on this machine do not
+/// share `kubepods`.
+pub fn cgroup_root(node: &str) -> String {
+    format!("/kubeedge-rs-e2e/{node}")
+}
+
+/// Removes a test edge's cgroups (`cgroupRoot` and everything below it, bottom-up; only
+/// empty cgroups can go, i.e. once the pods are gone).
+pub fn remove_cgroups(node: &str) {
+    remove_cgroup_tree(&cgroup_root(node));
+    // The tests' common parent, once no test uses it.
+    remove_cgroup_tree_top("/kubeedge-rs-e2e");
+}
+
+/// Removes cgroup `rel` (a path below the hierarchies' root) and all below it, in every
+/// mounted hierarchy, where empty.
+pub fn remove_cgroup_tree(rel: &str) {
+    for top in cgroup_dirs(rel) {
+        remove_tree(&top);
+    }
+}
+
+fn remove_cgroup_tree_top(rel: &str) {
+    for top in cgroup_dirs(rel) {
+        let _ = std::fs::remove_dir(top);
+    }
+}
+
+fn cgroup_dirs(rel: &str) -> Vec<std::path::PathBuf> {
+    let base = std::path::Path::new("/sys/fs/cgroup");
+    let mut roots: Vec<std::path::PathBuf> = std::fs::read_dir(base)
+        .map(|e| e.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    roots.push(base.to_path_buf());
+    roots
+        .into_iter()
+        .map(|controller| controller.join(rel.trim_start_matches('/')))
+        .collect()
+}
+
+fn remove_tree(dir: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Turns on edgestream in `config` (edge files in `dir`), dialling the tunnel at `tunnel`.
@@ -567,6 +620,7 @@ impl PeerEdge {
             e.shutdown().await;
         }
         remove_node_sandboxes(endpoint, &self.node).await;
+        remove_cgroups(&self.node);
         let _ = env
             .nodes()
             .delete(&self.node, &kube::api::DeleteParams::default())

@@ -208,7 +208,8 @@ async fn main() -> anyhow::Result<()> {
          \x20 edgeMesh:\n    enable: true\n\
          \x20 serviceBus:\n    enable: true\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
-         \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n",
+         \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n\
+         \x20   tailoredKubeletConfig:\n      cgroupRoot: {DEMO_CGROUP_ROOT}\n",
         db = demo_dir.join("edgecore.db").display(),
         dmi = demo_dir.display(),
         mqtt_port = mqtt_port,
@@ -393,9 +394,14 @@ async fn main() -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || drop(containerd))
         .await
         .context("teardown task")?;
+    // After the runtime: its containers' cgroups are gone, so the pods' can go.
+    e2e::edge::remove_cgroup_tree(DEMO_CGROUP_ROOT);
     say!("Stopped in {:.1?}.", stopping.elapsed());
     Ok(())
 }
+
+/// The demo edge's `cgroupRoot` (its pods' cgroups, removed at exit).
+const DEMO_CGROUP_ROOT: &str = "/kubeedge-rs-demo";
 
 /// The edge's MetaServer port in the demo (KubeEdge's default).
 const METASERVER_PORT: u16 = 10550;

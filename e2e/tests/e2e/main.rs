@@ -1,6 +1,7 @@
 //! The one integration-test binary of the e2e crate.
 
 mod autonomy;
+mod cgroups;
 mod channel;
 mod chaos;
 mod chaos_kubeedge;

@@ -277,25 +277,7 @@ fn resource(c: &Container, kind: &str, name: &str, cpu: bool) -> Result<Option<i
 
 /// The pod's QoS class as the API server computes it.
 pub fn qos_class(pod: &Pod) -> &'static str {
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in pod.spec.containers.iter().chain(&pod.spec.init_containers) {
-        if !c.resources.requests.is_empty() || !c.resources.limits.is_empty() {
-            any = true;
-        }
-        for r in ["cpu", "memory"] {
-            let limit = c.resources.limits.get(r);
-            let request = c.resources.requests.get(r).or(limit);
-            if limit.is_none() || request != limit {
-                guaranteed = false;
-            }
-        }
-    }
-    match (any, guaranteed) {
-        (false, _) => "BestEffort",
-        (true, true) => "Guaranteed",
-        (true, false) => "Burstable",
-    }
+    super::cgroups::qos::qos_class(pod).as_str()
 }
 
 fn resources(

@@ -14,6 +14,7 @@ pub struct Collected {
     pub containers: usize,
     pub sandboxes: usize,
     pub directories: usize,
+    pub cgroups: usize,
 }
 
 /// The pod UID of a runtime object this node may collect: it carries the kubelet's UID
@@ -64,6 +65,11 @@ pub async fn collect(shared: &Shared) -> Result<Collected, RuntimeError> {
         runtime.stop_sandbox(&s.id).await?;
         runtime.remove_sandbox(&s.id).await?;
         done.sandboxes += 1;
+    }
+    // Pod cgroups of pods this node no longer has (empty ones: their containers are gone).
+    let keep = shared.known_pods.lock().map(|k| k.clone());
+    if let Ok(keep) = keep {
+        done.cgroups = shared.cgroups.remove_unknown(&keep);
     }
     let pods_dir = shared.config.root_directory.join("pods");
     if let Ok(entries) = std::fs::read_dir(&pods_dir) {

@@ -19,6 +19,7 @@
 //! * On shutdown workers stop and containers keep running.
 
 pub mod backoff;
+pub mod cgroups;
 pub mod containers;
 pub mod env;
 pub mod events;
@@ -114,10 +115,17 @@ impl Edged {
             resync.subscribe(),
             cancel.child_token(),
         ));
+        let allocatable = node::allocatable(&machine, &config);
+        let cgroups = cgroups::PodCgroups::new(config.cgroups.clone());
+        cgroups.setup_node(allocatable.cpu_milli, node::pods_memory(&machine, &config));
+        if let Some(v) = cgroups.version() {
+            tracing::info!(cgroup_version = v, driver = ?config.cgroups.driver, root = %config.cgroups.root, "pods get cgroups by QoS class");
+        }
         let shared = Arc::new(Shared {
             runtime: Runtime::new(cri, config.runtime_request_timeout),
             events,
-            allocatable: node::allocatable(&machine, &config),
+            cgroups,
+            allocatable,
             config,
             objects: objects::ObjectCache::new(meta.clone(), Duration::from_secs(5)),
             meta,
@@ -530,6 +538,7 @@ async fn runtime_ready(shared: Arc<Shared>, cancel: CancellationToken) {
                 containers = c.containers,
                 sandboxes = c.sandboxes,
                 directories = c.directories,
+                cgroups = c.cgroups,
                 "removed what no pod of this node owns"
             );
         }

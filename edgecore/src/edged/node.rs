@@ -67,6 +67,13 @@ fn reserved(config: &EdgedConfig, resource: &str, cpu: bool) -> i128 {
         .sum()
 }
 
+/// What pods may use together (the `kubepods` cgroup's memory limit with
+/// `enforceNodeAllocatable: [pods]`): capacity minus `systemReserved` and `kubeReserved`;
+/// the eviction thresholds are not taken off (the kubelet's `getNodeAllocatableAbsolute`).
+pub fn pods_memory(machine: &Machine, config: &EdgedConfig) -> i128 {
+    (machine.memory_bytes as i128 - reserved(config, "memory", false)).max(0)
+}
+
 /// Capacity minus reservations and hard eviction thresholds (the kubelet's allocatable).
 pub fn allocatable(machine: &Machine, config: &EdgedConfig) -> Allocatable {
     let memory_capacity = machine.memory_bytes as i128;

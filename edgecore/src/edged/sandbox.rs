@@ -86,7 +86,14 @@ pub fn pod_labels(pod: &Pod, node: &str) -> HashMap<String, String> {
 }
 
 /// The sandbox configuration for `pod` (also passed along with every `CreateContainer`).
-pub fn sandbox_config(pod: &Pod, config: &EdgedConfig, attempt: u32) -> api::PodSandboxConfig {
+/// `cgroup_parent`: the pod's cgroup ([`super::cgroups::PodCgroups::pod_parent`]; empty: the
+/// runtime's default).
+pub fn sandbox_config(
+    pod: &Pod,
+    config: &EdgedConfig,
+    attempt: u32,
+    cgroup_parent: &str,
+) -> api::PodSandboxConfig {
     let mut labels: HashMap<String, String> = pod
         .metadata
         .labels
@@ -150,7 +157,7 @@ pub fn sandbox_config(pod: &Pod, config: &EdgedConfig, attempt: u32) -> api::Pod
         labels,
         annotations,
         linux: Some(api::LinuxPodSandboxConfig {
-            cgroup_parent: String::new(),
+            cgroup_parent: cgroup_parent.to_string(),
             security_context: Some(api::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(pod)),
                 run_as_user: psc.run_as_user.map(|value| api::Int64Value { value }),
@@ -287,7 +294,7 @@ mod tests {
             json!({"hostNetwork": true, "containers": [{"name": "c", "image": "x",
             "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
         );
-        let s = sandbox_config(&p, &config(), 2);
+        let s = sandbox_config(&p, &config(), 2, "");
         assert_eq!(s.hostname, "");
         assert!(s.port_mappings.is_empty());
         assert_eq!(s.metadata.as_ref().unwrap().attempt, 2);
@@ -310,9 +317,13 @@ mod tests {
             "ports": [{"containerPort": 80, "hostPort": 8080, "protocol": "UDP"}]}]}));
         let mut c = config();
         c.cluster_dns = vec!["10.96.0.10".into()];
-        let s = sandbox_config(&p, &c, 0);
+        let s = sandbox_config(&p, &c, 0, "/kubepods/besteffort/podu-1");
         assert_eq!(s.hostname, "web");
         assert_eq!(s.log_directory, "/logs/ns_web_u-1");
+        assert_eq!(
+            s.linux.as_ref().unwrap().cgroup_parent,
+            "/kubepods/besteffort/podu-1"
+        );
         assert_eq!(s.labels[LABEL_POD_UID], "u-1");
         assert_eq!(s.labels[LABEL_POD_NAME], "web");
         assert_eq!(s.labels[LABEL_POD_NAMESPACE], "ns");

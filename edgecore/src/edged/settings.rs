@@ -75,6 +75,9 @@ pub struct EdgedConfig {
     /// With the MetaServer's `requireAuthorization`: its dummy address, given to containers
     /// as `KUBERNETES_SERVICE_HOST`/`PORT` so in-cluster clients reach it (KubeEdge v1.17).
     pub metaserver_service: Option<std::net::SocketAddr>,
+    /// Pod cgroups and QoS (`cgroupsPerQOS`, `cgroupDriver`, `cgroupRoot`,
+    /// `enforceNodeAllocatable`, `podPidsLimit`).
+    pub cgroups: super::cgroups::CgroupSettings,
 }
 
 /// The MetaServer's dummy address when it serves pods (enabled, `requireAuthorization`).
@@ -150,6 +153,23 @@ impl EdgedConfig {
             image_minimum_gc_age: k.image_minimum_gc_age.0,
             image_maximum_gc_age: k.image_maximum_gc_age.0,
             metaserver_service: metaserver_service(config),
+            cgroups: super::cgroups::CgroupSettings {
+                per_qos: k.cgroups_per_qos,
+                driver: match k.cgroup_driver {
+                    crate::config::CgroupDriver::Cgroupfs => {
+                        super::cgroups::naming::Driver::Cgroupfs
+                    }
+                    crate::config::CgroupDriver::Systemd => super::cgroups::naming::Driver::Systemd,
+                },
+                root: if k.cgroup_root.is_empty() {
+                    "/".into()
+                } else {
+                    k.cgroup_root.clone()
+                },
+                enforce_pods_allocatable: k.enforce_node_allocatable.iter().any(|e| e == "pods"),
+                pod_pids_limit: k.pod_pids_limit,
+                ..super::cgroups::CgroupSettings::default()
+            },
             ..Self::defaults()
         }
     }
@@ -198,6 +218,7 @@ impl EdgedConfig {
             image_maximum_gc_age: Duration::ZERO,
             image_gc_period: Duration::from_secs(300),
             metaserver_service: None,
+            cgroups: super::cgroups::CgroupSettings::default(),
         }
     }
 

@@ -62,6 +62,10 @@ pub struct PodSpec {
     pub image_pull_secrets: Vec<LocalObjectReference>,
     pub runtime_class_name: Option<String>,
     pub ephemeral_containers: Vec<Value>,
+    /// Resources the pod's sandbox takes beyond its containers (RuntimeClass overhead).
+    pub overhead: BTreeMap<String, Value>,
+    /// Pod priority (the priority admission controller fills it in).
+    pub priority: Option<i32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]

@@ -42,7 +42,11 @@ impl PodWorker {
                             tracing::warn!(pod = %pod.key(), dir = %d.display(), error = %e, "creating pod directory");
                         }
                     }
-                    let sb = sandbox_config(pod, &self.shared.config, *attempt);
+                    if let Err(e) = self.shared.cgroups.ensure_pod(pod) {
+                        tracing::warn!(pod = %pod.key(), error = %e, "pod cgroup not set up; the runtime creates it without the pod's limits");
+                    }
+                    let parent = self.shared.cgroups.pod_parent(pod);
+                    let sb = sandbox_config(pod, &self.shared.config, *attempt, &parent);
                     match runtime.run_sandbox(sb).await {
                         Ok(id) => {
                             tracing::info!(pod = %pod.key(), sandbox = %id, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "sandbox started");

@@ -84,6 +84,8 @@ pub struct Shared {
     pub status_reports: Arc<super::status_report::StatusReports>,
     /// Told each pod's state (edgemesh).
     pub observer: Option<Arc<dyn super::PodObserver>>,
+    /// Pod cgroups by QoS class.
+    pub cgroups: super::cgroups::PodCgroups,
 }
 
 impl Shared {

@@ -125,7 +125,8 @@ impl PodWorker {
             Ok(c) => c,
             Err(e) => return config_error(self, e.0),
         };
-        let sandbox_cfg = sandbox_config(pod, &self.shared.config, sandbox.attempt);
+        let parent = self.shared.cgroups.pod_parent(pod);
+        let sandbox_cfg = sandbox_config(pod, &self.shared.config, sandbox.attempt, &parent);
         let runtime = self.shared.runtime.clone();
         let started = Instant::now();
         let id = match runtime

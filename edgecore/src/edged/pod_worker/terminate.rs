@@ -161,6 +161,9 @@ impl PodWorker {
         if failed {
             return Next::After(retry);
         }
+        if !self.shared.cgroups.remove_pod(&self.uid) {
+            tracing::info!(pod = %key, "pod cgroup not removed yet (still in use); removed at the next start");
+        }
         if let Err(e) = volumes::remove_pod_dir(&self.shared.config.root_directory, &self.uid) {
             tracing::warn!(pod = %key, error = %e, "removing the pod directory");
         }

@@ -80,6 +80,10 @@ async fn harness(object: Value) -> Harness {
         image_gc_now: Notify::new(),
         status_reports: Arc::new(StatusReports::default()),
         observer: None,
+        cgroups: crate::edged::cgroups::PodCgroups::new(crate::edged::cgroups::CgroupSettings {
+            per_qos: false,
+            ..Default::default()
+        }),
         config,
     });
     let (intent, rx) = watch::channel(PodIntent {
