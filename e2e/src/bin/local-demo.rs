@@ -209,7 +209,8 @@ async fn main() -> anyhow::Result<()> {
          \x20 serviceBus:\n    enable: true\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n\
-         \x20   tailoredKubeletConfig:\n      cgroupRoot: {DEMO_CGROUP_ROOT}\n",
+         \x20   tailoredKubeletConfig:\n      cgroupRoot: {DEMO_CGROUP_ROOT}\n      staticPodPath: {manifests}\n",
+        manifests = demo_dir.join("manifests").display(),
         db = demo_dir.join("edgecore.db").display(),
         dmi = demo_dir.display(),
         mqtt_port = mqtt_port,

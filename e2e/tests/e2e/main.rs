@@ -27,6 +27,7 @@ mod resilience;
 mod router;
 mod router_raw;
 mod services;
+mod static_pods;
 mod stream;
 mod stream_auth;
 mod tunnel_port;

@@ -37,6 +37,7 @@ pub mod quantity;
 pub mod sandbox;
 pub mod settings;
 pub mod spec;
+pub mod static_pods;
 pub mod stats;
 pub mod status;
 pub mod status_report;
@@ -162,6 +163,8 @@ async fn run(
         cancel: cancel.clone(),
         relisted: HashMap::new(),
         gc: None,
+        statics: static_pods::StaticPods::default(),
+        mirrors: None,
     };
     if let Some(mut link) = link {
         let shared = shared.clone();
@@ -208,6 +211,10 @@ struct Dispatcher {
     /// Last relist: pod UID → its containers' and sandboxes' (id, state).
     relisted: HashMap<String, Vec<(String, i32)>>,
     gc: Option<JoinHandle<()>>,
+    /// Static pods from `staticPodPath`.
+    statics: static_pods::StaticPods,
+    /// The running mirror pod sync.
+    mirrors: Option<JoinHandle<()>>,
 }
 
 impl Dispatcher {
@@ -253,6 +260,8 @@ impl Dispatcher {
         for p in mine {
             self.upsert(p);
         }
+        // Before the runtime is garbage-collected: static pods' containers are not orphans.
+        self.scan_static();
         self.gc = Some(tokio::spawn(runtime_ready(shared, cancel.clone())));
         true
     }
@@ -264,6 +273,8 @@ impl Dispatcher {
         let mut housekeeping = tokio::time::interval(config.sync_frequency);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         housekeeping.tick().await;
+        let mut static_check = tokio::time::interval(config.static_pod_check_period);
+        static_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut log_check = tokio::time::interval(config.log_rotation_period);
         log_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rotation: Option<JoinHandle<()>> = None;
@@ -279,6 +290,10 @@ impl Dispatcher {
                     }
                 },
                 _ = relist.tick() => self.relist().await,
+                _ = static_check.tick() => {
+                    self.scan_static();
+                    self.sync_mirrors();
+                }
                 _ = housekeeping.tick() => self.housekeeping(),
                 _ = log_check.tick() => {
                     if rotation.as_ref().is_none_or(|r| r.is_finished()) {
@@ -347,6 +362,10 @@ impl Dispatcher {
     fn upsert(&mut self, pod: Value) {
         let node = &self.shared.config.node_name;
         if pod["spec"]["nodeName"].as_str() != Some(node.as_str()) {
+            return;
+        }
+        // A mirror pod reflects a static pod, which runs from its manifest.
+        if static_pods::is_mirror(&pod) {
             return;
         }
         let Some(uid) = pod["metadata"]["uid"].as_str().filter(|u| !u.is_empty()) else {

@@ -75,6 +75,10 @@ pub struct EdgedConfig {
     /// With the MetaServer's `requireAuthorization`: its dummy address, given to containers
     /// as `KUBERNETES_SERVICE_HOST`/`PORT` so in-cluster clients reach it (KubeEdge v1.17).
     pub metaserver_service: Option<std::net::SocketAddr>,
+    /// `staticPodPath` (none when empty).
+    pub static_pod_path: Option<PathBuf>,
+    /// How often it is read (the kubelet's `fileCheckFrequency`).
+    pub static_pod_check_period: Duration,
     /// Pod cgroups and QoS (`cgroupsPerQOS`, `cgroupDriver`, `cgroupRoot`,
     /// `enforceNodeAllocatable`, `podPidsLimit`).
     pub cgroups: super::cgroups::CgroupSettings,
@@ -153,6 +157,8 @@ impl EdgedConfig {
             image_minimum_gc_age: k.image_minimum_gc_age.0,
             image_maximum_gc_age: k.image_maximum_gc_age.0,
             metaserver_service: metaserver_service(config),
+            static_pod_path: (!k.static_pod_path.is_empty())
+                .then(|| PathBuf::from(&k.static_pod_path)),
             cgroups: super::cgroups::CgroupSettings {
                 per_qos: k.cgroups_per_qos,
                 driver: match k.cgroup_driver {
@@ -218,6 +224,8 @@ impl EdgedConfig {
             image_maximum_gc_age: Duration::ZERO,
             image_gc_period: Duration::from_secs(300),
             metaserver_service: None,
+            static_pod_path: None,
+            static_pod_check_period: Duration::from_secs(20),
             cgroups: super::cgroups::CgroupSettings::default(),
         }
     }

@@ -57,6 +57,10 @@ pub fn status_patch(uid: &str, status: &Value, server: &Value, form: ListForm) -
             s.insert(field.into(), Value::Null);
         }
     }
+    if uid.is_empty() {
+        // A static pod's mirror has a UID of the API server's: no precondition.
+        return json!({"status": s});
+    }
     json!({"metadata": {"uid": uid}, "status": s})
 }
 

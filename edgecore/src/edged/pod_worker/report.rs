@@ -49,7 +49,12 @@ impl PodWorker {
             Some(r) if r.form == ListForm::AsKnown => ListForm::Flipped,
             _ => ListForm::AsKnown,
         };
-        let patch = status_patch(&self.uid, &status, &self.server_status, form);
+        let uid = if super::super::static_pods::is_static(&self.raw) {
+            ""
+        } else {
+            self.uid.as_str()
+        };
+        let patch = status_patch(uid, &status, &self.server_status, form);
         let result = self
             .shared
             .meta
