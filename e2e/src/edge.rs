@@ -159,7 +159,8 @@ pub fn write_edge_config(
          \x20 metaManager:\n    metaServer:\n      enable: {metaserver}\n      server: 127.0.0.1:0\n      dummyServer: \"{dummy}\"\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\
-         \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n      cgroupRoot: {cgroup_root}\n      staticPodPath: {manifests}\n",
+         \x20   tailoredKubeletConfig:\n      nodeStatusUpdateFrequency: {status}s\n      nodeLeaseDurationSeconds: 4\n      syncFrequency: 10s\n      cgroupRoot: {cgroup_root}\n      staticPodPath: {manifests}\n\
+         \x20     evictionHard:\n        memory.available: 50Mi\n        nodefs.available: 1%\n        imagefs.available: 1%\n        nodefs.inodesFree: 1%\n",
         manifests = d.join("manifests").display(),
         cgroup_root = cgroup_root(node),
         db = d.join("edgecore.db").display(),
@@ -191,8 +192,10 @@ pub fn write_edge_config(
     EdgeCoreConfig::load(&path).expect("edgecore.yaml loads")
 }
 
-/// edged's settings from `config`, with test timers: quick back-offs and retries; pod logs
-/// under `dir`.
+/// edged's settings from `config`, with test timers: quick back-offs and retries, eviction
+/// checks every second; pod logs under `dir`. (Test edges' eviction thresholds, in their
+/// `edgecore.yaml`, are low, so that a test machine's own disk usage does not evict test
+/// pods.)
 pub fn test_edged_config(config: &EdgeCoreConfig, dir: &std::path::Path) -> EdgedConfig {
     let mut e = EdgedConfig::from_edgecore(config);
     e.pod_logs_directory = dir.join("pod-logs");
@@ -206,6 +209,7 @@ pub fn test_edged_config(config: &EdgeCoreConfig, dir: &std::path::Path) -> Edge
     e.container_log_max_files = 3;
     e.log_rotation_period = Duration::from_millis(500);
     e.static_pod_check_period = Duration::from_millis(500);
+    e.eviction_period = Duration::from_secs(1);
     // Image GC would remove the shared containerd's images whenever the test machine's
     // disk is past 80 % (tests that want it set the threshold themselves).
     e.image_gc_high_threshold_percent = 100;

@@ -112,14 +112,21 @@ async fn node_events(env: &EdgeEnv, reason: &str) -> Vec<Event> {
 async fn unused_images_are_collected_on_disk_pressure_and_over_the_high_threshold() {
     let (containerd, mut env) = EdgeEnv::start_on_own_containerd("image-gc").await;
     let cri = env.cri().await;
-    env.create_pod(json!({
-        "metadata": {"name": "user"},
-        "spec": {"terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
-                "command": ["sleep", "3600"]}]},
-    }))
-    .await;
-    let user = env.wait_running("user").await;
+    // A static pod uses busybox: a critical pod, never evicted under the disk pressure this
+    // test forces (an ordinary pod would be, after the images, as by the kubelet).
+    let manifests = env.dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).expect("manifest dir");
+    std::fs::write(
+        manifests.join("user.yaml"),
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "user", "namespace": env.ns},
+            "spec": {"terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                    "command": ["sleep", "3600"]}]}})
+        .to_string(),
+    )
+    .expect("write the manifest");
+    let user = env.wait_running(&format!("user-{}", env.node)).await;
     let busybox = image_id(&cri, BUSYBOX_IMAGE).await.expect("busybox");
     let pause = image_id(&cri, PAUSE_IMAGE).await.expect("pause");
     let first = "localhost:5000/gc-victim-pressure:1";
@@ -176,7 +183,7 @@ async fn unused_images_are_collected_on_disk_pressure_and_over_the_high_threshol
     assert!(!node_events(&env, "FreeDiskSpaceFailed").await.is_empty());
     assert_eq!(image_id(&cri, BUSYBOX_IMAGE).await, Some(busybox));
     assert_eq!(image_id(&cri, PAUSE_IMAGE).await, Some(pause));
-    let still = env.wait_running("user").await;
+    let still = env.wait_running(&format!("user-{}", env.node)).await;
     assert_eq!(container_id(&still, 0), container_id(&user, 0));
     env.finish().await;
     drop(containerd);

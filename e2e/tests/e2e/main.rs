@@ -14,6 +14,7 @@ mod devices;
 mod edged;
 mod eventbus;
 mod events;
+mod eviction;
 mod image_gc;
 mod join;
 mod kubeedge_cloud;

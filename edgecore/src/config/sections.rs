@@ -175,6 +175,14 @@ pub struct TailoredKubeletConfig {
     pub registry_pull_qps: i32,
     pub registry_burst: i32,
     pub eviction_hard: BTreeMap<String, String>,
+    /// Soft thresholds, each with a grace period (kubelet keys; KubeEdge's sample has none).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_soft: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_soft_grace_period: BTreeMap<String, String>,
+    /// Seconds a pod evicted for a soft threshold may take to stop (0: its own grace period).
+    #[serde(skip_serializing_if = "is_zero_i64")]
+    pub eviction_max_pod_grace_period: i64,
     pub eviction_pressure_transition_period: KubeDuration,
     pub fail_swap_on: bool,
     pub container_log_max_size: String,
@@ -532,6 +540,9 @@ impl Default for TailoredKubeletConfig {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+            eviction_soft: BTreeMap::new(),
+            eviction_soft_grace_period: BTreeMap::new(),
+            eviction_max_pod_grace_period: 0,
             eviction_pressure_transition_period: KubeDuration::secs(300),
             fail_swap_on: false,
             container_log_max_size: "10Mi".into(),
@@ -639,6 +650,10 @@ impl Default for EdgeStream {
             write_deadline: 15,
         }
     }
+}
+
+fn is_zero_i64(v: &i64) -> bool {
+    *v == 0
 }
 
 /// `tailoredKubeletConfig.cgroupDriver`: how cgroups are managed on the node.

@@ -23,6 +23,7 @@ pub mod cgroups;
 pub mod containers;
 pub mod env;
 pub mod events;
+pub mod eviction;
 pub mod gc;
 pub mod hooks;
 pub mod image_gc;
@@ -135,6 +136,7 @@ impl Edged {
             pull_lock: tokio::sync::Mutex::new(()),
             resync,
             image_gc_now: Notify::new(),
+            pressure: Default::default(),
             status_reports,
             observer,
         });
@@ -165,6 +167,7 @@ async fn run(
         gc: None,
         statics: static_pods::StaticPods::default(),
         mirrors: None,
+        eviction: Some(eviction::check::State::new(&shared)),
     };
     if let Some(mut link) = link {
         let shared = shared.clone();
@@ -215,6 +218,8 @@ struct Dispatcher {
     statics: static_pods::StaticPods,
     /// The running mirror pod sync.
     mirrors: Option<JoinHandle<()>>,
+    /// Node-pressure and local-storage eviction.
+    eviction: Option<eviction::check::State>,
 }
 
 impl Dispatcher {
@@ -273,6 +278,9 @@ impl Dispatcher {
         let mut housekeeping = tokio::time::interval(config.sync_frequency);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         housekeeping.tick().await;
+        let mut eviction_check = tokio::time::interval(config.eviction_period);
+        eviction_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (check_tx, mut check_rx) = mpsc::channel::<eviction::Check>(1);
         let mut static_check = tokio::time::interval(config.static_pod_check_period);
         static_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut log_check = tokio::time::interval(config.log_rotation_period);
@@ -294,6 +302,8 @@ impl Dispatcher {
                     self.scan_static();
                     self.sync_mirrors();
                 }
+                _ = eviction_check.tick() => self.start_eviction_check(&check_tx),
+                Some(check) = check_rx.recv() => self.act_on_check(check),
                 _ = housekeeping.tick() => self.housekeeping(),
                 _ = log_check.tick() => {
                     if rotation.as_ref().is_none_or(|r| r.is_finished()) {
@@ -421,10 +431,12 @@ impl Dispatcher {
         if let Ok(mut known) = self.shared.known_pods.lock() {
             known.insert(uid.clone());
         }
+        let evicted = self.admit(&pod, &key).map(Arc::new);
         let (tx, rx) = watch::channel(PodIntent {
             object: Arc::new(pod),
             deleted: false,
             config_version: 0,
+            evicted,
         });
         let wake = Arc::new(Notify::new());
         let worker = PodWorker::new(

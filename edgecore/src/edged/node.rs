@@ -301,9 +301,11 @@ pub fn stamp_conditions(status: &mut Value, previous: &[Value], now: &str) {
     }
 }
 
+/// The node's health: the runtime's conditions, and the pressure conditions the eviction
+/// manager found.
 fn health_of(
-    config: &EdgedConfig,
     runtime: &Result<Vec<(String, bool, String)>, String>,
+    pressure: crate::edged::eviction::Conditions,
 ) -> Health {
     let mut h = Health {
         not_ready: None,
@@ -336,35 +338,9 @@ fn health_of(
             }
         }
     }
-    let total = host::meminfo_bytes("MemTotal").unwrap_or(0);
-    let available = host::meminfo_bytes("MemAvailable").unwrap_or(u64::MAX / 2);
-    if let Some(t) = threshold(config.eviction_hard.get("memory.available"), total) {
-        h.memory_pressure = available < t;
-    }
-    if let Some(fs) = host::fs_usage(&config.root_directory) {
-        if let Some(t) = threshold(config.eviction_hard.get("nodefs.available"), fs.capacity) {
-            h.disk_pressure |= fs.available < t;
-        }
-        if fs.inodes > 0
-            && let Some(t) = threshold(config.eviction_hard.get("nodefs.inodesFree"), fs.inodes)
-        {
-            h.disk_pressure |= fs.inodes_free < t;
-        }
-    }
-    if let Some(v) = config.eviction_hard.get("pid.available") {
-        let max: u64 = read_trimmed("/proc/sys/kernel/pid_max")
-            .parse()
-            .unwrap_or(32768);
-        let used: u64 = read_trimmed("/proc/loadavg")
-            .split_whitespace()
-            .nth(3)
-            .and_then(|f| f.split('/').nth(1))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        if let Some(t) = threshold(Some(v), max) {
-            h.pid_pressure = max.saturating_sub(used) < t;
-        }
-    }
+    h.memory_pressure = pressure.memory;
+    h.disk_pressure = pressure.disk;
+    h.pid_pressure = pressure.pid;
     h
 }
 
@@ -518,7 +494,10 @@ async fn report_status(
             machine: machine.clone(),
             allocatable: shared.allocatable.clone(),
             runtime_version,
-            health: health_of(config, &runtime),
+            health: health_of(
+                &runtime,
+                shared.pressure.lock().map(|p| *p).unwrap_or_default(),
+            ),
         };
         if report.health.disk_pressure {
             shared.image_gc_now.notify_one();
@@ -879,12 +858,16 @@ mod tests {
 
     #[test]
     fn a_runtime_that_is_down_makes_the_node_not_ready() {
-        let h = health_of(&config(), &Err("connection refused".into()));
+        let h = health_of(&Err("connection refused".into()), Default::default());
         assert!(h.not_ready.unwrap().contains("container runtime is down"));
         let h = health_of(
-            &config(),
             &Ok(vec![("NetworkReady".into(), false, "x: y".into())]),
+            crate::edged::eviction::Conditions {
+                disk: true,
+                ..Default::default()
+            },
         );
+        assert!(h.disk_pressure && !h.memory_pressure && !h.pid_pressure);
         assert_eq!(h.not_ready, None);
         assert!(h.network_message.is_some());
     }

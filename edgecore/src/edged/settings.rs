@@ -33,6 +33,15 @@ pub struct EdgedConfig {
     pub system_reserved: BTreeMap<String, String>,
     pub kube_reserved: BTreeMap<String, String>,
     pub eviction_hard: BTreeMap<String, String>,
+    pub eviction_soft: BTreeMap<String, String>,
+    pub eviction_soft_grace_period: BTreeMap<String, String>,
+    /// `evictionMaxPodGracePeriod` (0: the pod's own).
+    pub eviction_max_pod_grace_period: Duration,
+    /// Between eviction checks (the kubelet's housekeeping, 10 s).
+    pub eviction_period: Duration,
+    /// `evictionPressureTransitionPeriod`: a pressure condition stays this long after its
+    /// last threshold stopped being met.
+    pub eviction_pressure_transition_period: Duration,
     pub node_status_update_frequency: Duration,
     pub node_status_report_frequency: Duration,
     pub node_lease_duration_seconds: i32,
@@ -132,6 +141,12 @@ impl EdgedConfig {
             system_reserved: k.system_reserved.clone(),
             kube_reserved: k.kube_reserved.clone(),
             eviction_hard: k.eviction_hard.clone(),
+            eviction_soft: k.eviction_soft.clone(),
+            eviction_soft_grace_period: k.eviction_soft_grace_period.clone(),
+            eviction_max_pod_grace_period: Duration::from_secs(
+                k.eviction_max_pod_grace_period.max(0) as u64,
+            ),
+            eviction_pressure_transition_period: k.eviction_pressure_transition_period.0,
             node_status_update_frequency: k.node_status_update_frequency.0,
             node_status_report_frequency: k.node_status_report_frequency.0,
             node_lease_duration_seconds: k.node_lease_duration_seconds.max(1),
@@ -200,6 +215,10 @@ impl EdgedConfig {
             system_reserved: BTreeMap::new(),
             kube_reserved: BTreeMap::new(),
             eviction_hard: BTreeMap::new(),
+            eviction_soft: BTreeMap::new(),
+            eviction_soft_grace_period: BTreeMap::new(),
+            eviction_max_pod_grace_period: Duration::ZERO,
+            eviction_pressure_transition_period: Duration::from_secs(300),
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
             node_lease_duration_seconds: 40,
@@ -226,6 +245,7 @@ impl EdgedConfig {
             metaserver_service: None,
             static_pod_path: None,
             static_pod_check_period: Duration::from_secs(20),
+            eviction_period: Duration::from_secs(10),
             cgroups: super::cgroups::CgroupSettings::default(),
         }
     }

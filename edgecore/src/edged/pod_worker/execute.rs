@@ -6,7 +6,9 @@ impl PodWorker {
     /// Runs the actions in order; true if any changed the runtime.
     pub(super) async fn execute(&mut self, pod: &Pod, rt: &PodRuntime, actions: &[Action]) -> bool {
         let runtime = self.shared.runtime.clone();
-        let grace = Duration::from_secs(pod.grace_period_seconds() as u64);
+        let grace = self
+            .grace_override
+            .unwrap_or_else(|| Duration::from_secs(pod.grace_period_seconds() as u64));
         let mut progressed = false;
         for action in actions {
             match action {

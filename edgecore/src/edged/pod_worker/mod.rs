@@ -49,6 +49,8 @@ pub struct PodIntent {
     pub object: Arc<Value>,
     pub deleted: bool,
     pub config_version: u64,
+    /// The eviction manager evicts the pod.
+    pub evicted: Option<Arc<super::eviction::Eviction>>,
 }
 
 /// What the machine offers pods (for `resourceFieldRef` defaults and OOM scores).
@@ -86,6 +88,8 @@ pub struct Shared {
     pub observer: Option<Arc<dyn super::PodObserver>>,
     /// Pod cgroups by QoS class.
     pub cgroups: super::cgroups::PodCgroups,
+    /// The node's pressure conditions, as the eviction manager last found them.
+    pub pressure: Mutex<super::eviction::Conditions>,
 }
 
 impl Shared {
@@ -128,7 +132,10 @@ pub struct PodWorker {
     resync: watch::Receiver<u64>,
     force_report: bool,
     first_seen: SystemTime,
-    deadline_exceeded: bool,
+    /// Why the pod failed on this node (`DeadlineExceeded`, `Evicted`) and the message.
+    failure: Option<(String, String)>,
+    /// How long containers get to stop when the pod is evicted.
+    grace_override: Option<Duration>,
 }
 
 /// What a sync asks of the loop.
@@ -177,7 +184,8 @@ impl PodWorker {
             resync,
             force_report: false,
             first_seen: SystemTime::now(),
-            deadline_exceeded: false,
+            failure: None,
+            grace_override: None,
         }
     }
 
@@ -263,6 +271,11 @@ impl PodWorker {
                     && phase.is_terminal()
                 {
                     self.finished = Some(phase);
+                    // Why it failed stays reported (e.g. `Evicted`, after a restart).
+                    if let Some(reason) = pod.status["reason"].as_str() {
+                        let message = pod.status["message"].as_str().unwrap_or_default();
+                        self.failure = Some((reason.to_string(), message.to_string()));
+                    }
                 }
                 self.pod = Some(pod);
                 self.spec_error = None;
@@ -278,6 +291,15 @@ impl PodWorker {
     async fn sync(&mut self) -> Next {
         let intent = self.intent.borrow_and_update().clone();
         self.refresh_spec(&intent.object);
+        if let Some(e) = &intent.evicted
+            && self.finished.is_none()
+        {
+            tracing::warn!(pod = %self.key(), message = %e.message, "evicting the pod");
+            self.event(None, EventType::Warning, "Evicted", e.message.clone());
+            self.failure = Some(("Evicted".into(), e.message.clone()));
+            self.grace_override = Some(e.grace);
+            self.finished = Some(Phase::Failed);
+        }
         if intent.deleted {
             if let Some(o) = &self.shared.observer {
                 o.pod_gone(&self.uid);
@@ -489,10 +511,8 @@ impl PodWorker {
             runtime_name: self.shared.runtime_name(),
             previous: &previous,
             now: &now,
-            reason: self.deadline_exceeded.then_some("DeadlineExceeded"),
-            message: self
-                .deadline_exceeded
-                .then_some("Pod was active on the node longer than the specified deadline"),
+            reason: self.failure.as_ref().map(|f| f.0.as_str()),
+            message: self.failure.as_ref().map(|f| f.1.as_str()),
         });
         self.report(status).await;
         let mut wait = config.sync_frequency;
@@ -536,7 +556,10 @@ impl PodWorker {
                 "DeadlineExceeded",
                 "Pod was active on the node longer than the specified deadline",
             );
-            self.deadline_exceeded = true;
+            self.failure = Some((
+                "DeadlineExceeded".into(),
+                "Pod was active on the node longer than the specified deadline".into(),
+            ));
             self.finished = Some(Phase::Failed);
             return None;
         }

@@ -78,6 +78,7 @@ async fn harness(object: Value) -> Harness {
         pull_lock: tokio::sync::Mutex::new(()),
         resync: watch::channel(0).0,
         image_gc_now: Notify::new(),
+        pressure: Default::default(),
         status_reports: Arc::new(StatusReports::default()),
         observer: None,
         cgroups: crate::edged::cgroups::PodCgroups::new(crate::edged::cgroups::CgroupSettings {
@@ -90,6 +91,7 @@ async fn harness(object: Value) -> Harness {
         object: Arc::new(object),
         deleted: false,
         config_version: 0,
+        evicted: None,
     });
     let worker = PodWorker::new(
         shared,
@@ -148,6 +150,7 @@ impl Harness {
             object: Arc::new(object),
             deleted,
             config_version: 0,
+            evicted: None,
         });
     }
 }
@@ -312,4 +315,79 @@ async fn a_pod_gone_from_the_node_is_stopped_and_removed_from_the_runtime() {
     assert!(st.sandboxes.is_empty(), "{:?}", st.calls);
     assert_eq!(st.count("RemovePodSandbox"), 1, "{:?}", st.calls);
     assert_eq!(st.count("RemoveContainer"), 1, "{:?}", st.calls);
+}
+
+fn evict(h: &Harness, message: &str) {
+    let e = Arc::new(crate::edged::eviction::Eviction {
+        message: message.into(),
+        grace: Duration::ZERO,
+    });
+    h.intent.send_modify(|i| i.evicted = Some(e));
+}
+
+#[tokio::test]
+async fn an_evicted_pod_is_stopped_reported_failed_evicted_and_not_restarted() {
+    let mut h = harness(pod(app(IMAGE))).await;
+    h.sync_until("Running", |s| s["phase"] == "Running").await;
+    evict(&h, "The node was low on resource: memory. ");
+    let status = h
+        .sync_until("Failed/Evicted", |s| {
+            s["phase"] == "Failed" && !container_state(s, "terminated").is_null()
+        })
+        .await;
+    assert_eq!(status["reason"], "Evicted", "{status}");
+    assert_eq!(
+        status["message"], "The node was low on resource: memory. ",
+        "{status}"
+    );
+    assert!(
+        h.events()
+            .contains(&"Evicted: The node was low on resource: memory. ".to_string())
+    );
+    for _ in 0..3 {
+        h.worker.sync().await;
+    }
+    let st = h.fake.state();
+    assert_eq!(
+        st.count("StartContainer"),
+        1,
+        "not restarted: {:?}",
+        st.calls
+    );
+    assert!(
+        st.containers
+            .values()
+            .all(|c| c.state != ContainerState::ContainerRunning),
+        "{:?}",
+        st.calls
+    );
+}
+
+#[tokio::test]
+async fn a_pod_rejected_on_admission_never_starts() {
+    let mut h = harness(pod(app(IMAGE))).await;
+    evict(&h, "The node had condition: [DiskPressure]. ");
+    let status = h
+        .sync_until("Failed/Evicted", |s| s["phase"] == "Failed")
+        .await;
+    assert_eq!(status["reason"], "Evicted", "{status}");
+    let st = h.fake.state();
+    assert_eq!(st.count("RunPodSandbox"), 0, "{:?}", st.calls);
+    assert_eq!(st.count("PullImage"), 0, "{:?}", st.calls);
+}
+
+#[tokio::test]
+async fn a_failed_pod_keeps_its_reason_after_a_restart() {
+    let mut object = pod(app(IMAGE));
+    object["status"] = json!({"phase": "Failed", "reason": "Evicted",
+        "message": "The node had condition: [DiskPressure]. "});
+    let mut h = harness(object).await;
+    for _ in 0..3 {
+        h.worker.sync().await;
+    }
+    if let Some(s) = h.last_status() {
+        assert_eq!(s["reason"], "Evicted", "{s}");
+        assert_eq!(s["phase"], "Failed", "{s}");
+    }
+    assert_eq!(h.fake.state().count("RunPodSandbox"), 0);
 }
