@@ -195,6 +195,9 @@ async fn main() -> anyhow::Result<()> {
     let cert = pki.node_cert(node).context("edge certificate")?;
     std::fs::write(demo_dir.join("edge.crt"), &cert.cert_pem)?;
     std::fs::write(demo_dir.join("edge.key"), &cert.key_pem)?;
+    // The demo's disk thresholds are absolute (1Gi) rather than the kubelet's 10%/15%: a
+    // developer machine with a big, fairly full disk would otherwise be under DiskPressure and
+    // every demo pod evicted. edgecore's own defaults stay the kubelet's.
     let yaml = format!(
         "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
          database:\n  dataSource: {db}\n\
@@ -209,7 +212,8 @@ async fn main() -> anyhow::Result<()> {
          \x20 serviceBus:\n    enable: true\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n\
-         \x20   tailoredKubeletConfig:\n      cgroupRoot: {DEMO_CGROUP_ROOT}\n      staticPodPath: {manifests}\n",
+         \x20   tailoredKubeletConfig:\n      cgroupRoot: {DEMO_CGROUP_ROOT}\n      staticPodPath: {manifests}\n\
+         \x20     evictionHard:\n        memory.available: 100Mi\n        nodefs.available: 1Gi\n        imagefs.available: 1Gi\n        nodefs.inodesFree: 5%\n",
         manifests = demo_dir.join("manifests").display(),
         db = demo_dir.join("edgecore.db").display(),
         dmi = demo_dir.display(),

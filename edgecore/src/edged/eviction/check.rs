@@ -2,7 +2,7 @@
 //! of its own every `eviction_period`; the dispatcher, which owns the pods, acts on the result.
 
 use super::rank::{self, PodUsage};
-use super::signals;
+use super::signals::{self, Signal};
 use super::storage;
 use super::{Check, ConditionClock, Eviction, Thresholds};
 use crate::edged::cgroups::qos::QosClass;
@@ -25,6 +25,8 @@ pub(in crate::edged) struct State {
     disk_reclaimed: bool,
     /// Pods evicted (their workers stop them; not chosen again).
     evicted: HashSet<String>,
+    /// The signals under a threshold at the last check (logged when this changes).
+    last_met: Vec<Signal>,
 }
 
 impl State {
@@ -50,6 +52,7 @@ impl State {
             running: None,
             disk_reclaimed: false,
             evicted: HashSet::new(),
+            last_met: Vec::new(),
         }
     }
 }
@@ -197,7 +200,20 @@ impl crate::edged::Dispatcher {
         let obs = check.observation.take().unwrap_or_default();
         let now = Instant::now();
         let pressures = state.thresholds.pressures(&obs, now);
-        let conditions = state.conditions.update(&state.thresholds.met(&obs), now);
+        let met = state.thresholds.met(&obs);
+        if met != state.last_met {
+            if met.is_empty() {
+                tracing::info!("no eviction threshold is met any more");
+            } else {
+                tracing::warn!(
+                    met = %state.thresholds.describe(&obs).join("; "),
+                    "eviction threshold met: pods may be evicted and new pods rejected; free \
+                     the resource, or set edged.tailoredKubeletConfig.evictionHard/evictionSoft"
+                );
+            }
+            state.last_met = met.clone();
+        }
+        let conditions = state.conditions.update(&met, now);
         if let Ok(mut c) = self.shared.pressure.lock() {
             *c = conditions;
         }

@@ -65,6 +65,41 @@ impl Thresholds {
     }
 
     /// The signals under pressure now (hard first), one entry per signal.
+    /// What is met, for a log line: each signal with its reading and the threshold it is
+    /// under, e.g. `nodefs.available 9.8% (24.6GiB of 251.9GiB) < 10% (evictionHard)`.
+    pub fn describe(&self, obs: &Observation) -> Vec<String> {
+        self.thresholds
+            .iter()
+            .filter_map(|t| {
+                let r = obs.readings.get(&t.signal)?;
+                if r.available >= t.value.of(r.capacity) {
+                    return None;
+                }
+                let pct = if r.capacity == 0 {
+                    0.0
+                } else {
+                    r.available as f64 * 100.0 / r.capacity as f64
+                };
+                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                let limit = match t.value {
+                    signals::Amount::Percent(p) => format!("{p}%"),
+                    signals::Amount::Quantity(q) => format!("{q} bytes"),
+                };
+                let kind = if t.is_hard() {
+                    "evictionHard"
+                } else {
+                    "evictionSoft"
+                };
+                Some(format!(
+                    "{} {pct:.1}% ({:.1}GiB of {:.1}GiB) < {limit} ({kind})",
+                    t.signal.as_str(),
+                    gib(r.available),
+                    gib(r.capacity)
+                ))
+            })
+            .collect()
+    }
+
     pub fn pressures(&mut self, obs: &Observation, now: Instant) -> Vec<Pressure> {
         let mut out: Vec<Pressure> = Vec::new();
         for (i, t) in self.thresholds.iter().enumerate() {
@@ -301,6 +336,28 @@ mod tests {
             },
         );
         o
+    }
+
+    #[test]
+    fn met_thresholds_are_described_with_reading_and_limit() {
+        let t = Thresholds::new(vec![
+            Threshold {
+                signal: Signal::MemoryAvailable,
+                value: Amount::Quantity(100),
+                grace: None,
+            },
+            Threshold {
+                signal: Signal::MemoryAvailable,
+                value: Amount::Percent(30.0),
+                grace: Some(Duration::from_secs(60)),
+            },
+        ]);
+        assert!(t.describe(&obs(500)).is_empty());
+        let d = t.describe(&obs(200));
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].starts_with("memory.available 20.0% ("), "{}", d[0]);
+        assert!(d[0].ends_with("< 30% (evictionSoft)"), "{}", d[0]);
+        assert_eq!(t.describe(&obs(50)).len(), 2);
     }
 
     #[test]
