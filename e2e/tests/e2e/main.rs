@@ -18,6 +18,7 @@ mod eviction;
 mod image_gc;
 mod join;
 mod kubeedge_cloud;
+mod kubeedge_v1_23;
 mod metamanager;
 mod metaserver;
 mod metaserver_pods;

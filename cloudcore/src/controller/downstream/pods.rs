@@ -96,6 +96,10 @@ impl Downstream {
                 if let Some(seen) = self.relisting.get_mut(&Watched::Nodes) {
                     seen.insert((String::new(), name.clone()));
                 }
+                let connected = self.hub.is_connected(&name);
+                if let Some((node, object)) = self.node_push.observe(&n, connected) {
+                    self.send_node(&node, object);
+                }
                 if self.pods.edge_nodes.insert(Arc::from(name.as_str())) {
                     self.edge_node_added(name);
                 }
@@ -131,6 +135,7 @@ impl Downstream {
     }
 
     fn remove_edge_node(&mut self, node: &str) {
+        self.node_push.removed(node);
         if !self.pods.edge_nodes.remove(node) {
             return;
         }
