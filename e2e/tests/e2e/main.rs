@@ -23,6 +23,7 @@ mod metamanager;
 mod metaserver;
 mod metaserver_pods;
 mod metrics;
+mod node_tasks;
 mod objectsync;
 mod portforward;
 mod resilience;
