@@ -505,6 +505,16 @@ const NEEDED: &[(&str, &str, &[&str])] = &[
         "imageprepulljobs/status",
         &["patch"],
     ),
+    (
+        "operations.kubeedge.io",
+        "configupdatejobs",
+        &["get", "list", "watch"],
+    ),
+    (
+        "operations.kubeedge.io",
+        "configupdatejobs/status",
+        &["patch"],
+    ),
     // router/ruleset.rs (watches), router/status.rs (get, patch)
     (
         "rules.kubeedge.io",
@@ -570,7 +580,10 @@ fn chart_ships_the_crds_unchanged() {
         ),
         (
             "operations-crds.yaml",
-            &["imageprepulljobs.operations.kubeedge.io"],
+            &[
+                "imageprepulljobs.operations.kubeedge.io",
+                "configupdatejobs.operations.kubeedge.io",
+            ],
         ),
     ];
     let docs = render_chart(installed_values());

@@ -86,6 +86,33 @@ impl EdgeCore {
         config: &EdgeCoreConfig,
         edged: Option<EdgedConfig>,
     ) -> Result<EdgeCore, StartError> {
+        Self::start_full(config, edged, None).await
+    }
+
+    /// Starts edgecore as its binary does: from the file at `config_path`, which node tasks
+    /// may update, with restarts requested through the returned [`Supervisor`].
+    pub async fn start_supervised(
+        config: &EdgeCoreConfig,
+        config_path: &std::path::Path,
+    ) -> Result<(EdgeCore, Arc<crate::taskmanager::Supervisor>), StartError> {
+        let supervisor = Arc::new(crate::taskmanager::Supervisor {
+            config_path: Some(config_path.to_path_buf()),
+            ..Default::default()
+        });
+        let edged = config
+            .modules
+            .edged
+            .enable
+            .then(|| EdgedConfig::from_edgecore(config));
+        let edge = Self::start_full(config, edged, Some(supervisor.clone())).await?;
+        Ok((edge, supervisor))
+    }
+
+    async fn start_full(
+        config: &EdgeCoreConfig,
+        edged: Option<EdgedConfig>,
+        supervisor: Option<Arc<crate::taskmanager::Supervisor>>,
+    ) -> Result<EdgeCore, StartError> {
         if !config.modules.edge_hub.enable {
             return Err(StartError::Unsupported(
                 "modules.edgeHub.enable is false: kubeedge-rs edgecore needs its cloud link".into(),
@@ -218,6 +245,7 @@ impl EdgeCore {
                     runtime_endpoint: endpoint,
                     runtime_request_timeout: request,
                     image_pull_timeout: pull,
+                    supervisor: supervisor.clone(),
                 },
                 task_rx,
                 hub.clone(),

@@ -307,3 +307,176 @@ async fn a_kubeedge_edge_runs_our_image_pre_pull_job_in_kubeedges_shapes() {
     drop(edge);
     delete_node(&cluster, &node).await;
 }
+
+fn config_jobs(client: &kube::Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &cloudcore::controller::nodetask::config_update_resource(),
+    )
+}
+
+/// A ConfigUpdateJob against the real edgecore binary: a setting changed with a restart; a
+/// change that loses the cloud rolled back; a shell payload refused at the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn config_update_jobs_change_edgecore_yaml_and_roll_back_when_the_cloud_is_lost() {
+    use e2e::process::LoggedProcess;
+    use e2e::sim_edge::{delete_node, edge_node};
+    use k8s_openapi::api::core::v1::Node;
+    init_logs();
+    let cluster = e2e::cluster::connect().await.expect("test cluster");
+    let client = cluster.client();
+    e2e::crds::install(
+        &client,
+        CRDS_YAML,
+        &[
+            cloudcore::controller::nodetask::image_prepull_resource(),
+            cloudcore::controller::nodetask::config_update_resource(),
+        ],
+    )
+    .await
+    .expect("operations CRDs");
+    let pki = Pki::new().expect("test PKI");
+    let cloud = CloudFixture::start(client.clone(), &pki)
+        .await
+        .expect("cloudcore starts");
+    let node = node_name("cfg-update");
+    edge_node(&cluster, &node).await;
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+                "reason": "EdgeReady", "lastHeartbeatTime": "2026-11-27T12:00:00Z",
+                "lastTransitionTime": "2026-11-27T12:00:00Z"}]}}),
+            ),
+        )
+        .await
+        .expect("node ready");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let cert = pki.node_cert(&node).expect("edge certificate");
+    std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).unwrap();
+    std::fs::write(d.join("edge.crt"), &cert.cert_pem).unwrap();
+    std::fs::write(d.join("edge.key"), &cert.key_pem).unwrap();
+    let server = cloud.hub.local_addr().to_string();
+    let yaml = format!(
+        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+         database:\n  dataSource: {d}/edgecore.db\n\
+         modules:\n  edgeHub:\n    heartbeat: 1\n    tlsCaFile: {d}/ca.crt\n    tlsCertFile: {d}/edge.crt\n    tlsPrivateKeyFile: {d}/edge.key\n\
+         \x20   websocket:\n      server: {server}\n\
+         \x20 edged:\n    enable: false\n    hostnameOverride: {node}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {d}\n\
+         \x20 taskManager:\n    enable: true\n",
+        d = d.display(),
+    );
+    let path = d.join("edgecore.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let bin = e2e::devices::workspace_binary("edgecore", "edgecore").expect("edgecore binary");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("--config").arg(&path).env("RUST_LOG", "info");
+    let mut edge = LoggedProcess::spawn("edgecore", cmd, d).expect("edgecore runs");
+    wait_for("the edge connected", WAIT, || async {
+        cloud.hub.is_connected(&node).then_some(())
+    })
+    .await;
+    let loaded = || edgecore::config::EdgeCoreConfig::load(&path).expect("edgecore.yaml loads");
+    let suffix = format!("{:08x}", rand::random::<u32>());
+    let create = |name: String, fields: Value, timeout: u64| {
+        let api = config_jobs(&client);
+        let node = node.clone();
+        async move {
+            let job: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "operations.kubeedge.io/v1alpha2", "kind": "ConfigUpdateJob",
+                "metadata": {"name": name, "labels": {"e2e.kubeedge-rs/test": "true"}},
+                "spec": {"nodeNames": [node], "updateFields": fields, "timeoutSeconds": timeout}
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &job)
+                .await
+                .expect("create ConfigUpdateJob");
+        }
+    };
+    let finished_config = |name: String| {
+        let api = config_jobs(&client);
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+            loop {
+                let j = serde_json::to_value(api.get(&name).await.unwrap()).unwrap();
+                if matches!(j["status"]["phase"].as_str(), Some("Completed" | "Failure")) {
+                    return j;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "job {name}: {j}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let actions = |job: &Value| -> Vec<String> {
+        node_status(job, &node)["actionFlow"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["action"].as_str().map(str::to_string))
+            .collect()
+    };
+
+    // 1. A setting changed: the edge restarts with it and says so.
+    let ok = format!("cfg-ok-{suffix}");
+    create(ok.clone(), json!({"modules.edgeHub.heartbeat": "7"}), 60).await;
+    let done = finished_config(ok.clone()).await;
+    assert_eq!(done["status"]["phase"], "Completed", "{done}");
+    assert_eq!(actions(&done), ["Check", "BackUp", "Update"], "{done}");
+    assert_eq!(loaded().modules.edge_hub.heartbeat, 7);
+    assert!(!edgecore::taskmanager::config_update::marker_path(&path).exists());
+
+    // 2. A shell payload: refused at the check, nothing changes, no restart.
+    let bad = format!("cfg-bad-{suffix}");
+    create(
+        bad.clone(),
+        json!({"modules.edgeHub.heartbeat": "5;touch${IFS}/tmp/kubeedge-rs-cfg-pwned"}),
+        60,
+    )
+    .await;
+    let done = finished_config(bad.clone()).await;
+    assert_eq!(done["status"]["phase"], "Failure", "{done}");
+    assert_eq!(actions(&done), ["Check"], "{done}");
+    assert!(
+        node_status(&done, &node)["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("expected an integer"),
+        "{done}"
+    );
+    assert_eq!(loaded().modules.edge_hub.heartbeat, 7);
+    assert!(!std::path::Path::new("/tmp/kubeedge-rs-cfg-pwned").exists());
+
+    // 3. A change that loses the cloud: rolled back after half the time-out (10 s).
+    let lost = format!("cfg-lost-{suffix}");
+    create(
+        lost.clone(),
+        json!({"modules.edgeHub.websocket.server": "127.0.0.1:1"}),
+        20,
+    )
+    .await;
+    let done = finished_config(lost.clone()).await;
+    assert_eq!(done["status"]["phase"], "Failure", "{done}");
+    assert_eq!(actions(&done), ["Check", "BackUp", "RollBack"], "{done}");
+    assert!(
+        node_status(&done, &node)["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("did not reach the cloud"),
+        "{done}"
+    );
+    assert_eq!(loaded().modules.edge_hub.websocket.server, server);
+    assert!(cloud.hub.is_connected(&node));
+    assert!(edge.is_running(), "the same process, re-executed");
+
+    for name in [ok, bad, lost] {
+        let _ = config_jobs(&client)
+            .delete(&name, &DeleteParams::default())
+            .await;
+    }
+    drop(edge);
+    delete_node(&cluster, &node).await;
+}

@@ -1,5 +1,6 @@
 //! Node tasks in the cloud (`operations.kubeedge.io/v1alpha2`, KubeEdge's taskmanager plus the
-//! node-task part of its controller-manager): ImagePrePullJobs. A job's nodes are chosen
+//! node-task part of its controller-manager): ImagePrePullJobs and ConfigUpdateJobs. A job's
+//! nodes are chosen
 //! (`nodeNames` or `labelSelector`; ready edge nodes only), its spec is sent to at most
 //! `concurrency` of them at a time — those connected to this replica; another replica sends to
 //! its own — the edges' action reports fill each node's status, a node past `timeoutSeconds`
@@ -42,14 +43,36 @@ pub fn image_prepull_resource() -> ApiResource {
     }
 }
 
+/// `operations.kubeedge.io/v1alpha2` `ConfigUpdateJob` (cluster-scoped, status subresource).
+pub fn config_update_resource() -> ApiResource {
+    ApiResource {
+        kind: "ConfigUpdateJob".into(),
+        plural: "configupdatejobs".into(),
+        ..image_prepull_resource()
+    }
+}
+
+fn resource_of(kind: JobKind) -> Option<ApiResource> {
+    match kind {
+        JobKind::ImagePrePull => Some(image_prepull_resource()),
+        JobKind::ConfigUpdate => Some(config_update_resource()),
+        JobKind::NodeUpgrade => None,
+    }
+}
+
+/// The job kinds this cloud runs.
+const KINDS: [JobKind; 2] = [JobKind::ImagePrePull, JobKind::ConfigUpdate];
+
 /// Whether an upstream message is a node task report.
 pub fn is_report(msg: &Message) -> bool {
     msg.route.operation.to_string() == UPDATE_NODE_ACTION_STATUS
 }
 
+type JobKey = (JobKind, String);
+
 enum Input {
-    Applied(Value),
-    Deleted(String),
+    Applied(JobKind, Value),
+    Deleted(JobKey),
     Report { node: String, message: Box<Message> },
 }
 
@@ -77,9 +100,22 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> (NodeTaskHandle, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(watch(client.clone(), tx.clone(), shutdown.clone()));
+    let mut apis = HashMap::new();
+    for kind in KINDS {
+        if let Some(ar) = resource_of(kind) {
+            let w = watch(
+                client.clone(),
+                kind,
+                ar.clone(),
+                tx.clone(),
+                shutdown.clone(),
+            );
+            tokio::spawn(w);
+            apis.insert(kind, Api::all_with(client.clone(), &ar));
+        }
+    }
     let actor = Actor {
-        jobs: Api::all_with(client.clone(), &image_prepull_resource()),
+        apis,
         nodes: Api::all(client),
         hub,
         known: HashMap::new(),
@@ -88,8 +124,14 @@ pub fn spawn(
     (NodeTaskHandle { tx }, task)
 }
 
-async fn watch(client: kube::Client, tx: mpsc::Sender<Input>, shutdown: CancellationToken) {
-    let api: Api<DynamicObject> = Api::all_with(client, &image_prepull_resource());
+async fn watch(
+    client: kube::Client,
+    kind: JobKind,
+    ar: ApiResource,
+    tx: mpsc::Sender<Input>,
+    shutdown: CancellationToken,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -101,13 +143,13 @@ async fn watch(client: kube::Client, tx: mpsc::Sender<Input>, shutdown: Cancella
         };
         let input = match ev {
             Ok(Event::Apply(o) | Event::InitApply(o)) => {
-                Input::Applied(serde_json::to_value(o).unwrap_or_default())
+                Input::Applied(kind, serde_json::to_value(o).unwrap_or_default())
             }
-            Ok(Event::Delete(o)) => Input::Deleted(o.metadata.name.unwrap_or_default()),
+            Ok(Event::Delete(o)) => Input::Deleted((kind, o.metadata.name.unwrap_or_default())),
             Ok(_) => continue,
             Err(e) => {
                 if !warned {
-                    tracing::warn!(error = %e, "cannot watch ImagePrePullJobs; node tasks wait for the CRD (manifests/crds/operations-crds.yaml)");
+                    tracing::warn!(resource = %ar.plural, error = %e, "cannot watch node tasks; they wait for the CRD (manifests/crds/operations-crds.yaml)");
                     warned = true;
                 }
                 continue;
@@ -121,11 +163,11 @@ async fn watch(client: kube::Client, tx: mpsc::Sender<Input>, shutdown: Cancella
 }
 
 struct Actor {
-    jobs: Api<DynamicObject>,
+    apis: HashMap<JobKind, Api<DynamicObject>>,
     nodes: Api<k8s_openapi::api::core::v1::Node>,
     hub: Arc<dyn HubSink>,
-    /// Jobs not finished, by name (the latest object seen).
-    known: HashMap<String, Value>,
+    /// Jobs not finished (the latest object seen).
+    known: HashMap<JobKey, Value>,
 }
 
 impl Actor {
@@ -136,23 +178,23 @@ impl Actor {
                 _ = shutdown.cancelled() => return,
                 i = rx.recv() => match i {
                     None => return,
-                    Some(Input::Applied(job)) => {
-                        let name = job["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                    Some(Input::Applied(kind, job)) => {
+                        let key = (kind, job["metadata"]["name"].as_str().unwrap_or_default().to_string());
                         let phase = job["status"]["phase"].as_str().unwrap_or_default();
                         if matches!(phase, status::COMPLETED | status::FAILURE) {
-                            self.known.remove(&name);
+                            self.known.remove(&key);
                         } else {
-                            self.known.insert(name.clone(), job);
-                            self.reconcile(&name).await;
+                            self.known.insert(key.clone(), job);
+                            self.reconcile(&key).await;
                         }
                     }
-                    Some(Input::Deleted(name)) => { self.known.remove(&name); }
+                    Some(Input::Deleted(key)) => { self.known.remove(&key); }
                     Some(Input::Report { node, message }) => self.report(&node, &message).await,
                 },
                 _ = tick.tick() => {
-                    let names: Vec<String> = self.known.keys().cloned().collect();
-                    for name in names {
-                        self.reconcile(&name).await;
+                    let keys: Vec<JobKey> = self.known.keys().cloned().collect();
+                    for key in keys {
+                        self.reconcile(&key).await;
                     }
                 }
             }
@@ -161,31 +203,34 @@ impl Actor {
 
     /// Reads the job, changes its status with `change` (`false`: nothing to write) and writes
     /// it with the resourceVersion read; a conflict is read and done again.
-    async fn update<F>(&mut self, name: &str, mut change: F)
+    async fn update<F>(&mut self, key: &JobKey, mut change: F)
     where
         F: FnMut(&Value, &mut Value) -> bool,
     {
+        let Some(api) = self.apis.get(&key.0).cloned() else {
+            return;
+        };
+        let name = key.1.as_str();
         for _ in 0..5 {
-            let job = match self.jobs.get_opt(name).await {
+            let job = match api.get_opt(name).await {
                 Ok(Some(j)) => serde_json::to_value(j).unwrap_or_default(),
                 Ok(None) => {
-                    self.known.remove(name);
+                    self.known.remove(key);
                     return;
                 }
                 Err(e) => {
-                    tracing::debug!(job = name, error = %e, "cannot read the ImagePrePullJob; later");
+                    tracing::debug!(job = name, error = %e, "cannot read the node task; later");
                     return;
                 }
             };
             let mut st = job.get("status").cloned().unwrap_or_else(|| json!({}));
             if !change(&job, &mut st) {
-                self.known.insert(name.to_string(), job);
+                self.known.insert(key.clone(), job);
                 return;
             }
             let rv = job["metadata"]["resourceVersion"].clone();
             let patch = json!({"metadata": {"resourceVersion": rv}, "status": st});
-            match self
-                .jobs
+            match api
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
@@ -193,33 +238,39 @@ impl Actor {
                     let v = serde_json::to_value(o).unwrap_or_default();
                     let phase = v["status"]["phase"].as_str().unwrap_or_default();
                     if matches!(phase, status::COMPLETED | status::FAILURE) {
-                        tracing::info!(job = name, phase, "ImagePrePullJob finished");
-                        self.known.remove(name);
+                        tracing::info!(
+                            job = name,
+                            kind = key.0.resource_type(),
+                            phase,
+                            "node task finished"
+                        );
+                        self.known.remove(key);
                     } else {
-                        self.known.insert(name.to_string(), v);
+                        self.known.insert(key.clone(), v);
                     }
                     return;
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(e) => {
-                    tracing::warn!(job = name, error = %e, "cannot write the ImagePrePullJob status; retried");
+                    tracing::warn!(job = name, error = %e, "cannot write the node task's status; retried");
                     return;
                 }
             }
         }
     }
 
-    async fn reconcile(&mut self, name: &str) {
-        let Some(job) = self.known.get(name).cloned() else {
+    async fn reconcile(&mut self, key: &JobKey) {
+        let Some(job) = self.known.get(key).cloned() else {
             return;
         };
+        let kind = key.0;
         if job["status"]["phase"]
             .as_str()
             .unwrap_or_default()
             .is_empty()
         {
-            let initial = self.initial_status(&job).await;
-            self.update(name, |j, st| {
+            let initial = self.initial_status(kind, &job).await;
+            self.update(key, |j, st| {
                 if !j["status"]["phase"].as_str().unwrap_or_default().is_empty() {
                     return false; // another replica started it
                 }
@@ -230,7 +281,7 @@ impl Actor {
             return;
         }
         // Which nodes to send to now (connected here, within the concurrency).
-        let t = status::template(&job);
+        let t = status::template(kind, &job);
         let concurrency = t["concurrency"].as_i64().unwrap_or(1).max(1) as usize;
         let timeout = t["timeoutSeconds"].as_u64().unwrap_or(0);
         let created = job["metadata"]["creationTimestamp"]
@@ -240,8 +291,8 @@ impl Actor {
         let hub = self.hub.clone();
         let spec = job["spec"].clone();
         let mut sent: BTreeSet<String> = BTreeSet::new();
-        self.update(name, |j, st| {
-            let tolerate = status::template(j)["failureTolerate"]
+        self.update(key, |j, st| {
+            let tolerate = status::template(kind, j)["failureTolerate"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
@@ -260,7 +311,7 @@ impl Actor {
                 if phase == status::PENDING && room > 0 && hub.is_connected(&node) {
                     if !sent.contains(&node) {
                         let resource = TaskResource {
-                            kind: JobKind::ImagePrePull,
+                            kind,
                             job: j["metadata"]["name"].as_str().unwrap_or_default().into(),
                             node: node.clone(),
                         };
@@ -314,8 +365,8 @@ impl Actor {
     }
 
     /// The job's nodes and the first phase of each (`Init`), or `Failure` with why.
-    async fn initial_status(&self, job: &Value) -> Value {
-        let nodes: Vec<Value> = match status::selection(job) {
+    async fn initial_status(&self, kind: JobKind, job: &Value) -> Value {
+        let nodes: Vec<Value> = match status::selection(kind, job) {
             Err(reason) => return json!({"phase": status::FAILURE, "reason": reason}),
             Ok(Selection::Names(names)) => {
                 let mut out = Vec::new();
@@ -368,7 +419,7 @@ impl Actor {
             tracing::warn!(node, resource = %msg.route.resource, "node task report for another node; dropped");
             return;
         }
-        if task.kind != JobKind::ImagePrePull {
+        if !KINDS.contains(&task.kind) {
             tracing::info!(node, resource = %msg.route.resource, "report for a node task kind this cloud does not run; dropped");
             return;
         }
@@ -391,11 +442,12 @@ impl Actor {
         if report.finish_time.is_empty() {
             report.finish_time = chrono_now();
         }
-        self.update(&task.job, |j, st| {
-            if !status::apply_report(st, node, &report) {
+        let kind = task.kind;
+        self.update(&(kind, task.job.clone()), |j, st| {
+            if !status::apply_report(kind, st, node, &report) {
                 return false;
             }
-            let tolerate = status::template(j)["failureTolerate"]
+            let tolerate = status::template(kind, j)["failureTolerate"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();

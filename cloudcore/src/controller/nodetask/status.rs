@@ -1,4 +1,4 @@
-//! An ImagePrePullJob's status as KubeEdge v1.23 keeps it (its controller-manager and its
+//! A node task's status (ImagePrePullJob, ConfigUpdateJob) as KubeEdge v1.23 keeps it (its controller-manager and its
 //! cloudcore's taskmanager together): the nodes chosen, each node's phase and action flow, the
 //! images' results, and the job's phase from the failure tolerance. Pure functions of the job
 //! object; the actor (`mod.rs`) reads and writes.
@@ -19,9 +19,12 @@ pub fn node_done(phase: &str) -> bool {
     matches!(phase, SUCCESSFUL | FAILURE | UNKNOWN)
 }
 
-/// The template: `spec.imagePrePullTemplate`.
-pub fn template(job: &Value) -> &Value {
-    &job["spec"]["imagePrePullTemplate"]
+/// Where a job's settings are: ImagePrePullJob's `spec.imagePrePullTemplate`, the others' `spec`.
+pub fn template(kind: JobKind, job: &Value) -> &Value {
+    match kind {
+        JobKind::ImagePrePull => &job["spec"]["imagePrePullTemplate"],
+        _ => &job["spec"],
+    }
 }
 
 /// How the job picks its nodes: the names, or a label selector as a selector string.
@@ -32,8 +35,8 @@ pub enum Selection {
 }
 
 /// The job's node selection, or why it has none (KubeEdge's reasons).
-pub fn selection(job: &Value) -> Result<Selection, String> {
-    let t = template(job);
+pub fn selection(kind: JobKind, job: &Value) -> Result<Selection, String> {
+    let t = template(kind, job);
     let names: Vec<String> = t["nodeNames"]
         .as_array()
         .into_iter()
@@ -105,7 +108,7 @@ pub fn refusal(node: &Value) -> Option<String> {
 }
 
 /// Applies an edge's report of one action to node `node`'s status. `false`: no such node.
-pub fn apply_report(status: &mut Value, node: &str, report: &ActionStatus) -> bool {
+pub fn apply_report(kind: JobKind, status: &mut Value, node: &str, report: &ActionStatus) -> bool {
     let Some(entry) = status["nodeStatus"]
         .as_array_mut()
         .and_then(|a| a.iter_mut().find(|n| n["nodeName"] == node))
@@ -124,14 +127,16 @@ pub fn apply_report(status: &mut Value, node: &str, report: &ActionStatus) -> bo
         Some(flow) => flow.push(step),
         None => entry["actionFlow"] = json!([step]),
     }
-    let done = JobKind::ImagePrePull.is_final(&report.action, report.succ);
-    entry["phase"] = match (done, report.succ) {
+    let done = kind.is_final(&report.action, report.succ);
+    // A roll-back that worked still means the task failed (KubeEdge calls it Successful).
+    let rolled_back = report.action == "RollBack";
+    entry["phase"] = match (done, report.succ && !rolled_back) {
         (false, _) => IN_PROGRESS,
         (true, true) => SUCCESSFUL,
         (true, false) => FAILURE,
     }
     .into();
-    if !report.succ && !report.reason.is_empty() {
+    if (!report.succ || rolled_back) && !report.reason.is_empty() {
         entry["reason"] = report.reason.clone().into();
     }
     if report.action == "Pull"
@@ -180,24 +185,31 @@ mod tests {
     fn selections_follow_kubeedges_rules() {
         let job = |t: Value| json!({"spec": {"imagePrePullTemplate": t}});
         assert_eq!(
-            selection(&job(json!({"nodeNames": ["a", "b"]}))),
+            selection(
+                JobKind::ImagePrePull,
+                &job(json!({"nodeNames": ["a", "b"]}))
+            ),
             Ok(Selection::Names(vec!["a".into(), "b".into()]))
         );
         assert_eq!(
-            selection(&job(json!({"labelSelector": {"matchLabels": {"zone": "x"},
+            selection(
+                JobKind::ImagePrePull,
+                &job(json!({"labelSelector": {"matchLabels": {"zone": "x"},
                 "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]},
-                    {"key": "gpu", "operator": "DoesNotExist"}]}}))),
+                    {"key": "gpu", "operator": "DoesNotExist"}]}}))
+            ),
             Ok(Selection::Selector("zone=x,tier in (a,b),!gpu".into()))
         );
         assert!(
-            selection(&job(json!({})))
+            selection(JobKind::ImagePrePull, &job(json!({})))
                 .unwrap_err()
                 .contains("cannot both be empty")
         );
         assert!(
-            selection(&job(
-                json!({"nodeNames": ["a"], "labelSelector": {"matchLabels": {"z": "x"}}})
-            ))
+            selection(
+                JobKind::ImagePrePull,
+                &job(json!({"nodeNames": ["a"], "labelSelector": {"matchLabels": {"z": "x"}}}))
+            )
             .unwrap_err()
             .contains("at the same time")
         );
@@ -231,8 +243,18 @@ mod tests {
             finish_time: "2026-11-27T12:00:00Z".into(),
             ..Default::default()
         };
-        assert!(apply_report(&mut status, "a", &check));
-        assert!(!apply_report(&mut status, "zz", &check));
+        assert!(apply_report(
+            JobKind::ImagePrePull,
+            &mut status,
+            "a",
+            &check
+        ));
+        assert!(!apply_report(
+            JobKind::ImagePrePull,
+            &mut status,
+            "zz",
+            &check
+        ));
         assert_eq!(status["nodeStatus"][0]["phase"], IN_PROGRESS);
         assert_eq!(job_phase(&status, "0").0, IN_PROGRESS);
         let pull = ActionStatus {
@@ -242,7 +264,7 @@ mod tests {
             extend: r#"[{"image":"busybox","status":"True"}]"#.into(),
             ..Default::default()
         };
-        apply_report(&mut status, "a", &pull);
+        apply_report(JobKind::ImagePrePull, &mut status, "a", &pull);
         assert_eq!(status["nodeStatus"][0]["phase"], SUCCESSFUL);
         assert_eq!(
             status["nodeStatus"][0]["imageStatus"],
@@ -256,7 +278,7 @@ mod tests {
                 .into(),
             ..Default::default()
         };
-        apply_report(&mut status, "b", &failed);
+        apply_report(JobKind::ImagePrePull, &mut status, "b", &failed);
         assert_eq!(status["nodeStatus"][1]["phase"], FAILURE);
         assert!(
             status["nodeStatus"][1]["reason"]
@@ -269,5 +291,35 @@ mod tests {
         assert_eq!(phase, FAILURE);
         assert!(reason.unwrap().contains("1/2"));
         assert_eq!(job_phase(&status, "0.5").0, COMPLETED);
+    }
+
+    #[test]
+    fn a_config_update_rolled_back_is_a_failure_with_its_reason() {
+        let mut status = json!({"phase": INIT, "nodeStatus": [node_entry("a", None)]});
+        let step = |action: &str, succ: bool, reason: &str| ActionStatus {
+            action: action.into(),
+            succ,
+            reason: reason.into(),
+            ..Default::default()
+        };
+        let k = JobKind::ConfigUpdate;
+        apply_report(k, &mut status, "a", &step("Check", true, ""));
+        apply_report(k, &mut status, "a", &step("BackUp", true, ""));
+        assert_eq!(status["nodeStatus"][0]["phase"], IN_PROGRESS);
+        apply_report(
+            k,
+            &mut status,
+            "a",
+            &step("RollBack", true, "did not reach the cloud"),
+        );
+        assert_eq!(status["nodeStatus"][0]["phase"], FAILURE);
+        assert_eq!(status["nodeStatus"][0]["reason"], "did not reach the cloud");
+        let mut ok = json!({"phase": INIT, "nodeStatus": [node_entry("a", None)]});
+        apply_report(k, &mut ok, "a", &step("Update", true, ""));
+        assert_eq!(ok["nodeStatus"][0]["phase"], SUCCESSFUL);
+        assert_eq!(
+            template(k, &json!({"spec": {"concurrency": 2}}))["concurrency"],
+            2
+        );
     }
 }
