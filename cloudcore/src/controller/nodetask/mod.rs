@@ -203,13 +203,28 @@ impl Actor {
 
     /// Reads the job, changes its status with `change` (`false`: nothing to write) and writes
     /// it with the resourceVersion read; a conflict is read and done again.
-    async fn update<F>(&mut self, key: &JobKey, mut change: F)
+    async fn update<F>(&mut self, key: &JobKey, change: F)
+    where
+        F: FnMut(&Value, &mut Value) -> bool,
+    {
+        self.update_if(key, false, change).await
+    }
+
+    /// [`Self::update`]; with `probe`, first tried on the copy last seen, and nothing is read
+    /// when it changes nothing there (a periodic look at a job costs no request).
+    async fn update_if<F>(&mut self, key: &JobKey, probe: bool, mut change: F)
     where
         F: FnMut(&Value, &mut Value) -> bool,
     {
         let Some(api) = self.apis.get(&key.0).cloned() else {
             return;
         };
+        if probe && let Some(cached) = self.known.get(key) {
+            let mut st = cached.get("status").cloned().unwrap_or_else(|| json!({}));
+            if !change(cached, &mut st) {
+                return;
+            }
+        }
         let name = key.1.as_str();
         for _ in 0..5 {
             let job = match api.get_opt(name).await {
@@ -291,7 +306,7 @@ impl Actor {
         let hub = self.hub.clone();
         let spec = job["spec"].clone();
         let mut sent: BTreeSet<String> = BTreeSet::new();
-        self.update(key, |j, st| {
+        self.update_if(key, true, |j, st| {
             let tolerate = status::template(kind, j)["failureTolerate"]
                 .as_str()
                 .unwrap_or_default()
