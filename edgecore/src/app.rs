@@ -226,6 +226,7 @@ impl EdgeCore {
             from_cloud,
             routes,
         );
+        crate::taskmanager::resume_pending(supervisor.as_ref(), &hub);
         let tasks = tasks_on.then(|| {
             let (endpoint, request, pull) = match &edged {
                 Some(e) => (

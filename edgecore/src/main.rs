@@ -74,6 +74,10 @@ fn main() -> ExitCode {
     let config = match EdgeCoreConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
+            if edgecore::taskmanager::config_update::roll_back_after_failed_start(&args.config) {
+                eprintln!("edgecore: {e}; the configuration before the update is back");
+                return restart_self();
+            }
             eprintln!("edgecore: {e}");
             eprintln!("(print a starting point with `edgecore --defaultconfig`)");
             return ExitCode::from(2);
@@ -94,12 +98,19 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         // Obtain the edge certificate with the join token if there is none yet (keadm join
         // waits up to 300 s for it).
-        edgecore::certmanager::bootstrap_if_needed(
+        if let Err(e) = edgecore::certmanager::bootstrap_if_needed(
             &config,
             Some(&args.config),
             std::time::Duration::from_secs(300),
         )
-        .await?;
+        .await
+        {
+            if edgecore::taskmanager::config_update::roll_back_after_failed_start(&args.config) {
+                eprintln!("edgecore: {e}; the configuration before the update is back");
+                return Ok(true);
+            }
+            return Err(e.into());
+        }
         let (mut edge, supervisor) = match EdgeCore::start_supervised(&config, &args.config).await {
             Ok(started) => started,
             Err(e) => {

@@ -33,6 +33,11 @@ pub fn apply_fields(text: &str, fields: &BTreeMap<String, String>) -> Result<Str
         .map_err(|e| format!("default configuration: {e}"))?;
     for (key, raw) in fields {
         let path = key_path(key)?;
+        if path.first() == Some(&"modules") && path.get(1) == Some(&"taskManager") {
+            return Err(format!(
+                "{key}: the task manager is not configured by a node task"
+            ));
+        }
         let mut slot = &schema;
         for seg in &path {
             slot = slot
@@ -124,6 +129,18 @@ pub struct Marker {
     /// Why it was rolled back.
     #[serde(default)]
     pub reason: String,
+    /// SHA-256 (hex) of the new file: whether it was put in place before a crash.
+    #[serde(default)]
+    pub digest: String,
+}
+
+/// SHA-256 of `data`, hex.
+pub fn digest(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 pub fn marker_path(config: &Path) -> PathBuf {
@@ -146,11 +163,39 @@ pub fn write_marker(config: &Path, m: &Marker) -> std::io::Result<()> {
     )
 }
 
-/// Writes `path` through a temporary file and a rename (a crash leaves old or new, whole).
-pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+/// Writes `data` beside `path` (same mode as `path` when it exists, else 0600), synced; put
+/// it in place with [`commit`].
+pub fn stage(path: &Path, data: &[u8]) -> std::io::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = path.with_extension("tmp-update");
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(&tmp, path)
+    let mode = std::fs::metadata(path)
+        .map(|m| m.permissions().mode() & 0o777)
+        .unwrap_or(0o600);
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    Ok(tmp)
+}
+
+/// Renames a staged file into place and syncs the directory (a crash leaves old or new, whole).
+pub fn commit(staged: &Path, path: &Path) -> std::io::Result<()> {
+    std::fs::rename(staged, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Writes `path` through a staged file and a rename.
+pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = stage(path, data)?;
+    commit(&tmp, path)
 }
 
 /// Puts the copy back and removes it.
@@ -229,6 +274,11 @@ mod tests {
                 "control characters",
             ),
             ("modules.edgeHub.heartbeat", "0", "must be"),
+            (
+                "modules.taskManager.enable",
+                "false",
+                "not configured by a node task",
+            ),
         ] {
             let e = apply_fields(FILE, &fields(&[(k, v)])).unwrap_err();
             assert!(e.contains(why), "{k}={v:?}: {e}");
@@ -249,10 +299,18 @@ mod tests {
             started: 1,
             rollback_after: 30,
             reason: String::new(),
+            digest: digest(b"x"),
         };
         write_marker(&config, &m).unwrap();
         assert_eq!(read_marker(&config), Some(m));
         write_atomic(&config, b"changed").unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o640)).unwrap();
+            write_atomic(&config, b"again").unwrap();
+            let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o640, "the file keeps its mode");
+        }
         restore(&config).unwrap();
         assert_eq!(std::fs::read_to_string(&config).unwrap(), FILE);
         finish(&config);

@@ -44,6 +44,8 @@ pub struct TaskSettings {
 pub struct Supervisor {
     pub config_path: Option<PathBuf>,
     pub restart: tokio::sync::Notify,
+    /// One configuration update at a time, up to its restart.
+    pub updating: tokio::sync::Mutex<()>,
 }
 
 impl Supervisor {
@@ -63,12 +65,6 @@ pub fn spawn(
     hub: EdgeHub,
     client: MetaClient,
 ) -> JoinHandle<()> {
-    if let Some(sup) = settings.supervisor.clone()
-        && let Some(path) = sup.config_path.clone()
-        && let Some(marker) = config_update::read_marker(&path)
-    {
-        tokio::spawn(resume_config_update(sup, path, marker, hub.clone()));
-    }
     tokio::spawn(async move {
         let running: Arc<Mutex<HashSet<String>>> = Arc::default();
         while let Some(msg) = rx.recv().await {
@@ -204,7 +200,7 @@ async fn prepull_job(
         Ok(c) => Runtime::new(c, settings.runtime_request_timeout),
         Err(e) => return report(hub, task, fail("Pull", e.to_string())).await,
     };
-    let attempts = template.retry_times.max(0) as u32 + 1;
+    let attempts = template.retry_times.clamp(0, 10) as u32 + 1;
     let mut statuses = Vec::new();
     for attempt in 0..attempts {
         if attempt > 0 {
@@ -276,6 +272,12 @@ async fn config_update_job(
         let why = "this edgecore does not run from its configuration file under its binary: it cannot apply a configuration update".to_string();
         return report(hub, task, fail("Check", why)).await;
     };
+    // Held up to the restart: a second update waits, then finds the first one's marker.
+    let _one_at_a_time = sup.updating.lock().await;
+    if config_update::read_marker(&path).is_some() {
+        let why = "another configuration update is in progress on this node".to_string();
+        return report(hub, task, fail("Check", why)).await;
+    }
     let spec: serde_json::Value = match &msg.content {
         serde_json::Value::String(s) => serde_json::from_str(s).unwrap_or_default(),
         v => v.clone(),
@@ -298,12 +300,19 @@ async fn config_update_job(
         Ok(n) => n,
         Err(e) => return report(hub, task, fail("Check", e)).await,
     };
-    report(hub, task, ok("Check")).await;
-    if let Err(e) = std::fs::write(config_update::backup_path(&path), &current) {
+    if !send_report(hub, task, ok("Check")).await {
+        return;
+    }
+    if let Err(e) =
+        config_update::write_atomic(&config_update::backup_path(&path), current.as_bytes())
+    {
         let why = format!("cannot copy the configuration aside: {e}");
         return report(hub, task, fail("BackUp", why)).await;
     }
-    report(hub, task, ok("BackUp")).await;
+    if !send_report(hub, task, ok("BackUp")).await {
+        config_update::finish(&path);
+        return;
+    }
     // The new configuration has half the job's time-out to reach the cloud (10 s – 5 min).
     let rollback_after = spec["timeoutSeconds"]
         .as_u64()
@@ -315,17 +324,42 @@ async fn config_update_job(
         started: unix_now(),
         rollback_after,
         reason: String::new(),
+        digest: config_update::digest(new.as_bytes()),
     };
-    let written = config_update::write_marker(&path, &marker)
-        .and_then(|()| config_update::write_atomic(&path, new.as_bytes()));
+    // The new file is staged first, the marker written, then the file put in place: a crash
+    // before the rename leaves the old file and a marker whose update never happened, which
+    // the next start recognises (the file is not the new one) and rolls back.
+    let written = config_update::stage(&path, new.as_bytes()).and_then(|staged| {
+        config_update::write_marker(&path, &marker)?;
+        config_update::commit(&staged, &path)
+    });
     if let Err(e) = written {
         let _ = config_update::restore(&path);
         config_update::finish(&path);
         let why = format!("cannot write the configuration: {e}");
-        return report(hub, task, fail("Update", why)).await;
+        report(hub, task, fail("Update", why.clone())).await;
+        let back = ActionStatus {
+            action: "RollBack".into(),
+            succ: true,
+            reason: why,
+            ..Default::default()
+        };
+        report(hub, task, back).await;
+        return;
     }
     tracing::warn!(task = %task, fields = fields.len(), "configuration updated by a ConfigUpdateJob; restarting");
     sup.request_restart();
+}
+
+/// Finishes a configuration update a previous run started (whether or not the task manager
+/// is enabled now).
+pub fn resume_pending(supervisor: Option<&Arc<Supervisor>>, hub: &EdgeHub) {
+    if let Some(sup) = supervisor
+        && let Some(path) = sup.config_path.clone()
+        && let Some(marker) = config_update::read_marker(&path)
+    {
+        tokio::spawn(resume_config_update(sup.clone(), path, marker, hub.clone()));
+    }
 }
 
 /// After a restart with a ConfigUpdateJob in progress: the new configuration reached the
@@ -342,7 +376,22 @@ async fn resume_config_update(
         return;
     };
     if marker.phase == "updating" {
-        let deadline = marker.started + marker.rollback_after;
+        let in_place = std::fs::read(&path)
+            .map(|d| config_update::digest(&d) == marker.digest)
+            .unwrap_or(false);
+        if !in_place {
+            // Stopped before the new file was put in place: nothing changed.
+            marker.phase = "rolledBack".into();
+            marker.reason =
+                "edgecore stopped before the updated configuration was in place; nothing changed"
+                    .into();
+        }
+    }
+    if marker.phase == "updating" {
+        // At least the whole window from this start (a power loss right after the update
+        // does not count against the new configuration).
+        let deadline =
+            (marker.started + marker.rollback_after).max(unix_now() + marker.rollback_after);
         while !hub.is_connected() && unix_now() < deadline {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -381,8 +430,14 @@ async fn resume_config_update(
     report(&hub, &task, status).await;
 }
 
-/// Sends an action's status (stamped now), waiting for the link for up to ten minutes.
-async fn report(hub: &EdgeHub, task: &TaskResource, mut status: ActionStatus) {
+/// [`send_report`], whatever comes of it.
+async fn report(hub: &EdgeHub, task: &TaskResource, status: ActionStatus) {
+    send_report(hub, task, status).await;
+}
+
+/// Sends an action's status (stamped now), waiting for the link for up to ten minutes;
+/// `false` when it could not be sent.
+async fn send_report(hub: &EdgeHub, task: &TaskResource, mut status: ActionStatus) -> bool {
     status.finish_time = crate::edged::time::rfc3339(SystemTime::now());
     let content = serde_json::to_value(&status).unwrap_or_default();
     for _ in 0..REPORT_TRIES {
@@ -394,7 +449,7 @@ async fn report(hub: &EdgeHub, task: &TaskResource, mut status: ActionStatus) {
             content.clone(),
         );
         match hub.send(msg).await {
-            Ok(()) => return,
+            Ok(()) => return true,
             Err(e) => {
                 tracing::debug!(task = %task, error = %e, "node task report not sent; retrying");
                 tokio::time::sleep(REPORT_RETRY).await;
@@ -402,4 +457,5 @@ async fn report(hub: &EdgeHub, task: &TaskResource, mut status: ActionStatus) {
         }
     }
     tracing::warn!(task = %task, action = %status.action, "node task report dropped: the cloud stayed unreachable");
+    false
 }

@@ -121,6 +121,22 @@ async fn write(client: kube::Client, w: &StatusWrite) -> Result<(), kube::Error>
     let Some(status) = &w.status else {
         return Ok(());
     };
+    // The Device holds the report now: a DeviceStatus that cannot be written (an older
+    // ClusterRole, a differently shaped CRD) is logged, not retried by the edges forever.
+    if let Err(e) = write_device_status(client, w, status).await {
+        tracing::warn!(namespace = %ns, device = %name, error = %e,
+            "DeviceStatus not written (Device.status was); check cloudcore's RBAC for devicestatuses");
+    }
+    Ok(())
+}
+
+async fn write_device_status(
+    client: kube::Client,
+    w: &StatusWrite,
+    status: &Value,
+) -> Result<(), kube::Error> {
+    let (ns, name) = (&w.key.0, &w.key.1);
+    let pp = PatchParams::default();
     let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &device_status_resource());
     match api.patch(name, &pp, &Patch::Merge(status)).await {
         Ok(_) => return Ok(()),

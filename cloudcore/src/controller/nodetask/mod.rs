@@ -83,14 +83,16 @@ pub struct NodeTaskHandle {
 }
 
 impl NodeTaskHandle {
+    /// Hands over an edge's report; dropped (with a warning) when the controller is behind,
+    /// so that no edge's upstream traffic waits on node tasks.
     pub async fn report(&self, node: String, message: Message) {
-        let _ = self
-            .tx
-            .send(Input::Report {
-                node,
-                message: Box::new(message),
-            })
-            .await;
+        let report = Input::Report {
+            node,
+            message: Box::new(message),
+        };
+        if self.tx.try_send(report).is_err() {
+            tracing::warn!("node task controller busy; a node task report was dropped");
+        }
     }
 }
 
@@ -119,6 +121,7 @@ pub fn spawn(
         nodes: Api::all(client),
         hub,
         known: HashMap::new(),
+        heard: HashMap::new(),
     };
     let task = tokio::spawn(actor.run(rx, shutdown));
     (NodeTaskHandle { tx }, task)
@@ -168,6 +171,22 @@ struct Actor {
     hub: Arc<dyn HubSink>,
     /// Jobs not finished (the latest object seen).
     known: HashMap<JobKey, Value>,
+    /// When this replica last heard of a node's task (sent, or a report), by its own clock.
+    heard: HashMap<(JobKey, String), std::time::Instant>,
+}
+
+/// A node without news for this long is `Unknown` when the job sets no `timeoutSeconds`.
+const DEFAULT_TIMEOUT_SECS: u64 = 300;
+/// Most steps kept in a node's `actionFlow` (a misbehaving edge cannot grow the job).
+const MAX_FLOW: usize = 16;
+/// Largest `extend` accepted (image results).
+const MAX_EXTEND: usize = 64 * 1024;
+
+fn rv_of(job: &Value) -> u64 {
+    job["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
 }
 
 impl Actor {
@@ -182,13 +201,14 @@ impl Actor {
                         let key = (kind, job["metadata"]["name"].as_str().unwrap_or_default().to_string());
                         let phase = job["status"]["phase"].as_str().unwrap_or_default();
                         if matches!(phase, status::COMPLETED | status::FAILURE) {
-                            self.known.remove(&key);
-                        } else {
+                            self.forget(&key);
+                        } else if self.known.get(&key).is_none_or(|old| rv_of(old) <= rv_of(&job)) {
+                            // (An event older than our own last write does not replace it.)
                             self.known.insert(key.clone(), job);
                             self.reconcile(&key).await;
                         }
                     }
-                    Some(Input::Deleted(key)) => { self.known.remove(&key); }
+                    Some(Input::Deleted(key)) => self.forget(&key),
                     Some(Input::Report { node, message }) => self.report(&node, &message).await,
                 },
                 _ = tick.tick() => {
@@ -201,28 +221,24 @@ impl Actor {
         }
     }
 
-    /// Reads the job, changes its status with `change` (`false`: nothing to write) and writes
-    /// it with the resourceVersion read; a conflict is read and done again.
-    async fn update<F>(&mut self, key: &JobKey, change: F)
-    where
-        F: FnMut(&Value, &mut Value) -> bool,
-    {
-        self.update_if(key, false, change).await
+    fn forget(&mut self, key: &JobKey) {
+        self.known.remove(key);
+        self.heard.retain(|(k, _), _| k != key);
     }
 
-    /// [`Self::update`]; with `probe`, first tried on the copy last seen, and nothing is read
-    /// when it changes nothing there (a periodic look at a job costs no request).
-    async fn update_if<F>(&mut self, key: &JobKey, probe: bool, mut change: F)
+    /// Reads the job, changes its status with `change` (`false`: nothing to write) and writes
+    /// it with the resourceVersion read; a conflict is read and done again. With `probe`,
+    /// `change` is first tried on the copy last seen and nothing is read when it changes
+    /// nothing there (a periodic look costs no request). The job as written, if it was.
+    async fn update<F>(&mut self, key: &JobKey, probe: bool, mut change: F) -> Option<Value>
     where
         F: FnMut(&Value, &mut Value) -> bool,
     {
-        let Some(api) = self.apis.get(&key.0).cloned() else {
-            return;
-        };
+        let api = self.apis.get(&key.0).cloned()?;
         if probe && let Some(cached) = self.known.get(key) {
             let mut st = cached.get("status").cloned().unwrap_or_else(|| json!({}));
             if !change(cached, &mut st) {
-                return;
+                return None;
             }
         }
         let name = key.1.as_str();
@@ -230,18 +246,18 @@ impl Actor {
             let job = match api.get_opt(name).await {
                 Ok(Some(j)) => serde_json::to_value(j).unwrap_or_default(),
                 Ok(None) => {
-                    self.known.remove(key);
-                    return;
+                    self.forget(key);
+                    return None;
                 }
                 Err(e) => {
                     tracing::debug!(job = name, error = %e, "cannot read the node task; later");
-                    return;
+                    return None;
                 }
             };
             let mut st = job.get("status").cloned().unwrap_or_else(|| json!({}));
             if !change(&job, &mut st) {
                 self.known.insert(key.clone(), job);
-                return;
+                return None;
             }
             let rv = job["metadata"]["resourceVersion"].clone();
             let patch = json!({"metadata": {"resourceVersion": rv}, "status": st});
@@ -259,19 +275,20 @@ impl Actor {
                             phase,
                             "node task finished"
                         );
-                        self.known.remove(key);
+                        self.forget(key);
                     } else {
-                        self.known.insert(key.clone(), v);
+                        self.known.insert(key.clone(), v.clone());
                     }
-                    return;
+                    return Some(v);
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(e) => {
                     tracing::warn!(job = name, error = %e, "cannot write the node task's status; retried");
-                    return;
+                    return None;
                 }
             }
         }
+        None
     }
 
     async fn reconcile(&mut self, key: &JobKey) {
@@ -285,7 +302,7 @@ impl Actor {
             .is_empty()
         {
             let initial = self.initial_status(kind, &job).await;
-            self.update(key, |j, st| {
+            self.update(key, false, |j, st| {
                 if !j["status"]["phase"].as_str().unwrap_or_default().is_empty() {
                     return false; // another replica started it
                 }
@@ -295,88 +312,116 @@ impl Actor {
             .await;
             return;
         }
-        // Which nodes to send to now (connected here, within the concurrency).
         let t = status::template(kind, &job);
         let concurrency = t["concurrency"].as_i64().unwrap_or(1).max(1) as usize;
-        let timeout = t["timeoutSeconds"].as_u64().unwrap_or(0);
+        let timeout = match t["timeoutSeconds"].as_u64() {
+            Some(t) if t > 0 => t,
+            _ => DEFAULT_TIMEOUT_SECS,
+        };
         let created = job["metadata"]["creationTimestamp"]
             .as_str()
             .unwrap_or_default()
             .to_string();
         let hub = self.hub.clone();
-        let spec = job["spec"].clone();
-        let mut sent: BTreeSet<String> = BTreeSet::new();
-        self.update_if(key, true, |j, st| {
-            let tolerate = status::template(kind, j)["failureTolerate"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let mut changed = false;
-            let now = chrono_now();
-            let in_flight = st["nodeStatus"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|n| n["phase"] == status::IN_PROGRESS)
-                .count();
-            let mut room = concurrency.saturating_sub(in_flight);
-            for n in st["nodeStatus"].as_array_mut().into_iter().flatten() {
-                let node = n["nodeName"].as_str().unwrap_or_default().to_string();
-                let phase = n["phase"].as_str().unwrap_or_default().to_string();
-                if phase == status::PENDING && room > 0 && hub.is_connected(&node) {
-                    if !sent.contains(&node) {
-                        let resource = TaskResource {
-                            kind,
-                            job: j["metadata"]["name"].as_str().unwrap_or_default().into(),
-                            node: node.clone(),
-                        };
-                        let msg = Message::new(
-                            TASK_MANAGER,
-                            Group::TaskManager,
-                            Operation::from("Check"),
-                            resource.to_string(),
-                            spec.clone(),
-                        );
-                        if hub.send(&node, msg).is_err() {
-                            continue;
-                        }
-                        sent.insert(node.clone());
+        let heard: HashMap<String, u64> = self
+            .heard
+            .iter()
+            .filter(|((k, _), _)| k == key)
+            .map(|((_, n), at)| (n.clone(), at.elapsed().as_secs()))
+            .collect();
+        // Nodes to send to once their InProgress is written (never before: a failed write
+        // would leave them Pending and they would be sent the task again).
+        let mut to_send: BTreeSet<String> = BTreeSet::new();
+        let written = self
+            .update(key, true, |j, st| {
+                to_send.clear();
+                let tolerate = status::template(kind, j)["failureTolerate"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let mut changed = false;
+                let now = chrono_now();
+                let in_flight = st["nodeStatus"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| n["phase"] == status::IN_PROGRESS)
+                    .count();
+                let mut room = concurrency.saturating_sub(in_flight);
+                for n in st["nodeStatus"].as_array_mut().into_iter().flatten() {
+                    let node = n["nodeName"].as_str().unwrap_or_default().to_string();
+                    let phase = n["phase"].as_str().unwrap_or_default().to_string();
+                    if phase == status::PENDING && room > 0 && hub.is_connected(&node) {
+                        n["phase"] = status::IN_PROGRESS.into();
+                        n["actionFlow"] = json!([]);
+                        to_send.insert(node);
+                        room -= 1;
+                        changed = true;
+                        continue;
                     }
-                    n["phase"] = status::IN_PROGRESS.into();
-                    n["actionFlow"] = json!([]);
-                    room -= 1;
-                    changed = true;
-                    continue;
-                }
-                if timeout > 0 && !status::node_done(&phase) {
-                    let last = n["actionFlow"]
-                        .as_array()
-                        .and_then(|f| f.last())
-                        .and_then(|s| s["time"].as_str())
-                        .filter(|t| !t.is_empty())
-                        .unwrap_or(&created)
-                        .to_string();
-                    if seconds_between(&last, &now).is_some_and(|s| s > timeout as i64) {
+                    // Silence: for nodes in progress since this replica last heard of them
+                    // (or, not heard of here, since their last step or the job's creation).
+                    let silent = match (phase.as_str(), heard.get(&node)) {
+                        (status::IN_PROGRESS, Some(secs)) => Some(*secs as i64),
+                        (p, _) if !status::node_done(p) => {
+                            let last = n["actionFlow"]
+                                .as_array()
+                                .and_then(|f| f.last())
+                                .and_then(|s| s["time"].as_str())
+                                .filter(|t| !t.is_empty())
+                                .unwrap_or(&created)
+                                .to_string();
+                            seconds_between(&last, &now)
+                        }
+                        _ => None,
+                    };
+                    if silent.is_some_and(|s| s > timeout as i64) {
                         n["phase"] = status::UNKNOWN.into();
                         n["reason"] = "The node task has timed out".into();
                         changed = true;
                     }
                 }
+                let (phase, reason) = status::job_phase(st, &tolerate);
+                if st["phase"] != phase {
+                    st["phase"] = phase.into();
+                    changed = true;
+                }
+                if let Some(r) = reason
+                    && st["reason"] != r.as_str()
+                {
+                    st["reason"] = r.into();
+                    changed = true;
+                }
+                changed
+            })
+            .await;
+        let Some(written) = written else {
+            return;
+        };
+        for node in to_send {
+            let resource = TaskResource {
+                kind,
+                job: key.1.clone(),
+                node: node.clone(),
+            };
+            let msg = Message::new(
+                TASK_MANAGER,
+                Group::TaskManager,
+                Operation::from("Check"),
+                resource.to_string(),
+                written["spec"].clone(),
+            );
+            match self.hub.send(&node, msg) {
+                Ok(_) => {
+                    self.heard
+                        .insert((key.clone(), node), std::time::Instant::now());
+                }
+                Err(e) => {
+                    // Not sent: it times out as a node that never answered.
+                    tracing::warn!(job = %key.1, node, error = %e, "node task not sent");
+                }
             }
-            let (phase, reason) = status::job_phase(st, &tolerate);
-            if st["phase"] != phase {
-                st["phase"] = phase.into();
-                changed = true;
-            }
-            if let Some(r) = reason
-                && st["reason"] != r.as_str()
-            {
-                st["reason"] = r.into();
-                changed = true;
-            }
-            changed
-        })
-        .await;
+        }
     }
 
     /// The job's nodes and the first phase of each (`Init`), or `Failure` with why.
@@ -434,34 +479,56 @@ impl Actor {
             tracing::warn!(node, resource = %msg.route.resource, "node task report for another node; dropped");
             return;
         }
-        if !KINDS.contains(&task.kind) {
-            tracing::info!(node, resource = %msg.route.resource, "report for a node task kind this cloud does not run; dropped");
+        let key = (task.kind, task.job.clone());
+        if !KINDS.contains(&task.kind) || !self.known.contains_key(&key) {
+            tracing::info!(node, resource = %msg.route.resource, "report for a node task not running here; dropped");
             return;
         }
         let content = match &msg.content {
             Value::String(s) => serde_json::from_str(s).unwrap_or(Value::Null),
             v => v.clone(),
         };
-        let Ok(report) = serde_json::from_value::<ActionStatus>(content) else {
+        let Ok(mut report) = serde_json::from_value::<ActionStatus>(content) else {
             tracing::warn!(node, resource = %msg.route.resource, "malformed node task report; dropped");
             return;
         };
-        if report.action.is_empty() || report.action.len() > 64 || report.reason.len() > 4096 {
+        if report.action.is_empty()
+            || report.action.len() > 64
+            || report.reason.len() > 4096
+            || report.extend.len() > MAX_EXTEND
+        {
             tracing::warn!(
                 node,
                 "node task report without an action or oversized; dropped"
             );
             return;
         }
-        let mut report = report;
-        if report.finish_time.is_empty() {
+        // The edge's clock is not trusted for time-outs; a time that does not parse is now.
+        if report
+            .finish_time
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .is_err()
+        {
             report.finish_time = chrono_now();
         }
+        self.heard
+            .insert((key.clone(), node.to_string()), std::time::Instant::now());
         let kind = task.kind;
-        self.update(&(kind, task.job.clone()), |j, st| {
-            if !status::apply_report(kind, st, node, &report) {
+        self.update(&key, false, |j, st| {
+            // Only nodes still at it take reports (a late one cannot reopen a result).
+            let open = st["nodeStatus"]
+                .as_array()
+                .and_then(|a| a.iter().find(|n| n["nodeName"] == node))
+                .is_some_and(|n| {
+                    matches!(
+                        n["phase"].as_str(),
+                        Some(status::PENDING | status::IN_PROGRESS)
+                    )
+                });
+            if !open || !status::apply_report(kind, st, node, &report) {
                 return false;
             }
+            status::cap_flow(st, node, MAX_FLOW);
             let tolerate = status::template(kind, j)["failureTolerate"]
                 .as_str()
                 .unwrap_or_default()

@@ -43,7 +43,7 @@ pub fn selection(kind: JobKind, job: &Value) -> Result<Selection, String> {
         .flatten()
         .filter_map(|n| n.as_str().map(str::to_string))
         .collect();
-    let selector = label_selector(&t["labelSelector"]);
+    let selector = label_selector(&t["labelSelector"])?;
     match (names.is_empty(), selector) {
         (false, Some(_)) => {
             Err("nodeNames and nodeSelector cannot be specified at the same time".into())
@@ -56,30 +56,48 @@ pub fn selection(kind: JobKind, job: &Value) -> Result<Selection, String> {
 
 /// A `metav1.LabelSelector` as a selector string (`None` when it selects nothing in
 /// particular: absent or empty).
-pub fn label_selector(sel: &Value) -> Option<String> {
+pub fn label_selector(sel: &Value) -> Result<Option<String>, String> {
+    // Label keys and values: letters, digits and `-_./` (a comma or parenthesis would change
+    // the selector, so anything else refuses the job rather than widening it).
+    let plain = |s: &str| {
+        s.len() <= 317
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+    };
+    let bad = |what: &str| Err(format!("invalid labelSelector: {what}"));
     let mut parts = Vec::new();
     if let Some(m) = sel["matchLabels"].as_object() {
         for (k, v) in m {
-            parts.push(format!("{k}={}", v.as_str().unwrap_or_default()));
+            let Some(v) = v.as_str() else {
+                return bad(&format!("the value of {k} is not a string"));
+            };
+            if k.is_empty() || !plain(k) || !plain(v) {
+                return bad(&format!("{k}={v}"));
+            }
+            parts.push(format!("{k}={v}"));
         }
     }
     for e in sel["matchExpressions"].as_array().into_iter().flatten() {
         let key = e["key"].as_str().unwrap_or_default();
-        let values: Vec<&str> = e["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        if key.is_empty() || !plain(key) {
+            return bad(&format!("key {key:?}"));
+        }
+        let mut values = Vec::new();
+        for v in e["values"].as_array().into_iter().flatten() {
+            match v.as_str() {
+                Some(v) if plain(v) => values.push(v),
+                _ => return bad(&format!("a value of {key}")),
+            }
+        }
         parts.push(match e["operator"].as_str().unwrap_or_default() {
-            "In" => format!("{key} in ({})", values.join(",")),
-            "NotIn" => format!("{key} notin ({})", values.join(",")),
-            "Exists" => key.to_string(),
-            "DoesNotExist" => format!("!{key}"),
-            _ => continue,
+            "In" if !values.is_empty() => format!("{key} in ({})", values.join(",")),
+            "NotIn" if !values.is_empty() => format!("{key} notin ({})", values.join(",")),
+            "Exists" if values.is_empty() => key.to_string(),
+            "DoesNotExist" if values.is_empty() => format!("!{key}"),
+            op => return bad(&format!("operator {op:?} for {key}")),
         });
     }
-    (!parts.is_empty()).then(|| parts.join(","))
+    Ok((!parts.is_empty()).then(|| parts.join(",")))
 }
 
 /// A node's first status: `Pending`, or `Failure` with why it cannot take the task.
@@ -145,6 +163,19 @@ pub fn apply_report(kind: JobKind, status: &mut Value, node: &str, report: &Acti
         entry["imageStatus"] = serde_json::to_value(images).unwrap_or_default();
     }
     true
+}
+
+/// Keeps the last `max` steps of `node`'s action flow.
+pub fn cap_flow(status: &mut Value, node: &str, max: usize) {
+    if let Some(flow) = status["nodeStatus"]
+        .as_array_mut()
+        .and_then(|a| a.iter_mut().find(|n| n["nodeName"] == node))
+        .and_then(|n| n["actionFlow"].as_array_mut())
+        && flow.len() > max
+    {
+        let extra = flow.len() - max;
+        flow.drain(..extra);
+    }
 }
 
 /// The job's phase from its nodes (`failureTolerate`: the share of failed nodes allowed).
@@ -213,6 +244,28 @@ mod tests {
             .unwrap_err()
             .contains("at the same time")
         );
+    }
+
+    #[test]
+    fn a_selector_that_does_not_parse_refuses_the_job_instead_of_widening_it() {
+        let job = |sel: Value| json!({"spec": {"imagePrePullTemplate": {"labelSelector": sel}}});
+        for sel in [
+            json!({"matchLabels": {"zone": "a,b"}}),
+            json!({"matchLabels": {"zone": 1}}),
+            json!({"matchExpressions": [{"key": "tier", "operator": "Gt", "values": ["1"]}]}),
+            json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": []}]}),
+            json!({"matchExpressions": [{"key": "t(x)", "operator": "Exists"}]}),
+        ] {
+            let e = selection(JobKind::ImagePrePull, &job(sel.clone())).unwrap_err();
+            assert!(e.starts_with("invalid labelSelector"), "{sel}: {e}");
+        }
+    }
+
+    #[test]
+    fn action_flows_keep_their_last_steps() {
+        let mut st = json!({"nodeStatus": [{"nodeName": "a", "actionFlow": [1, 2, 3, 4]}]});
+        cap_flow(&mut st, "a", 2);
+        assert_eq!(st["nodeStatus"][0]["actionFlow"], json!([3, 4]));
     }
 
     #[test]
