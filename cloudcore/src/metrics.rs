@@ -18,6 +18,14 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// What a frame on an edge link carried: `up` (edge → cloud) or `down`, and a resource type
+/// token, `keepalive`, `ack` (a response to a cloud message), `ping` or `pong`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FrameLabel {
+    pub direction: &'static str,
+    pub kind: &'static str,
+}
+
 /// cloudhub's metrics. Cheap to clone (every metric is an `Arc` inside).
 #[derive(Clone, Default)]
 pub struct HubMetrics {
@@ -28,6 +36,8 @@ pub struct HubMetrics {
     pub messages_resent: Family<ResourceLabel, Counter>,
     pub messages_dropped: Family<ReasonLabel, Counter>,
     pub messages_received: Family<ResourceLabel, Counter>,
+    /// WebSocket payload bytes of frames on edge links, by direction and kind.
+    pub message_bytes: Family<FrameLabel, Counter>,
     pub unmatched_acks: Counter,
     pub malformed_frames: Counter,
     pub queued_messages: Gauge,
@@ -74,6 +84,11 @@ impl HubMetrics {
             self.messages_received.clone(),
         );
         r.register(
+            "message_bytes",
+            "WebSocket payload bytes on edge links by direction (up: edge to cloud) and kind (resource type, keepalive, ack, ping, pong)",
+            self.message_bytes.clone(),
+        );
+        r.register(
             "unmatched_acks",
             "ACKs that matched no message in flight (duplicates, late)",
             self.unmatched_acks.clone(),
@@ -104,6 +119,13 @@ impl HubMetrics {
             "Number of connected edge nodes (KubeEdge-compatible name)",
             self.connected_nodes.clone(),
         );
+    }
+
+    /// Counts a frame of `bytes` payload bytes.
+    pub(crate) fn frame(&self, direction: &'static str, kind: &'static str, bytes: usize) {
+        self.message_bytes
+            .get_or_create(&FrameLabel { direction, kind })
+            .inc_by(bytes as u64);
     }
 
     pub(crate) fn resource(resource_type: &kubeedge_shared::ResourceType) -> ResourceLabel {
@@ -137,6 +159,7 @@ pub struct ControllerMetrics {
     pub apiserver_errors: Family<CodeLabel, Counter>,
     pub upstream_dropped: Counter,
     pub sync: SyncMetrics,
+    pub node_leases: crate::controller::node_lease::LeaseMetrics,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -190,6 +213,7 @@ impl Default for ControllerMetrics {
             apiserver_errors: Family::default(),
             upstream_dropped: Counter::default(),
             sync: SyncMetrics::default(),
+            node_leases: Default::default(),
         }
     }
 }
@@ -213,6 +237,7 @@ impl ControllerMetrics {
             self.upstream_dropped.clone(),
         );
         self.sync.register(registry);
+        self.node_leases.register(registry);
     }
 }
 

@@ -25,6 +25,7 @@ pub mod stream;
 pub mod tls;
 pub mod token;
 pub mod topic;
+pub mod wire;
 
 pub use codec::{CodecError, FrameCodec};
 pub use content::{ObjectResp, Status, StatusError};

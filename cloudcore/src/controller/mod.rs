@@ -7,6 +7,7 @@ pub mod dynamic;
 pub mod endpoint_index;
 pub mod location;
 pub mod node_fields;
+pub mod node_lease;
 pub mod node_restriction;
 pub mod objectsync;
 pub mod policy;
@@ -76,6 +77,12 @@ pub async fn run_with(
     let (ds_ready, svc_ready) = (
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
+    );
+    let leases = node_lease::spawn(
+        client.clone(),
+        &hub,
+        metrics.node_leases.clone(),
+        shutdown.clone(),
     );
     let (fetch_tx, fetch_rx) = mpsc::unbounded_channel();
     let fetcher = downstream::spawn_fetcher(client.clone(), fetch_rx, tx.clone(), shutdown.clone());
@@ -173,6 +180,7 @@ pub async fn run_with(
     }
     let _ = svc.await;
     let _ = fetcher.await;
+    let _ = leases.await;
 }
 
 /// Reads an edge's inventory (`kubeedge_shared::inventory`, `edgecore/INVENTORY.md`) into the

@@ -82,6 +82,8 @@ impl Downstream {
     pub(super) fn forget_session(&mut self, node: &str) {
         if !self.hub.is_connected(node) {
             self.resyncs.pending.remove(node);
+            // A new session reports its status anyway.
+            self.pods.told_unknown.remove(node);
         }
     }
 

@@ -46,10 +46,13 @@ impl HubSink for FakeHub {
 
 impl FakeHub {
     fn connect(&self, node: &str, inventory_resync: bool) {
-        self.connected
-            .lock()
-            .unwrap()
-            .insert(node.into(), Capabilities { inventory_resync });
+        self.connected.lock().unwrap().insert(
+            node.into(),
+            Capabilities {
+                inventory_resync,
+                ..Capabilities::default()
+            },
+        );
     }
 
     fn take(&self, node: &str) -> Vec<Message> {
@@ -359,9 +362,7 @@ fn inputs(step: Step, c: &Cluster, inventory_resync: bool) -> Vec<Input> {
         }],
         Step::Edge => vec![Input::Connected {
             node: NODE.into(),
-            capabilities: Capabilities {
-                inventory_resync: false,
-            },
+            capabilities: Capabilities::default(),
         }],
     }
 }
