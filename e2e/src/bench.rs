@@ -134,6 +134,35 @@ impl Scrape {
     }
 }
 
+/// cloudcore's apiserver requests in `delta` (a [`Scrape::since`]) as `verb resource count`,
+/// most first, and their total.
+pub fn apiserver_requests(delta: &Scrape) -> (f64, String) {
+    let mut by: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    for (series, n) in &delta.0 {
+        if Scrape::name(series) != "cloudcore_apiserver_requests_total" || *n <= 0.0 {
+            continue;
+        }
+        let labels = Scrape::labels(series);
+        let get = |k: &str| {
+            labels
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map_or("?", |(_, v)| *v)
+        };
+        *by.entry(format!("{} {}", get("verb"), get("resource")))
+            .or_default() += n;
+    }
+    let total = by.values().sum();
+    let mut list: Vec<(String, f64)> = by.into_iter().collect();
+    list.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let text = list
+        .iter()
+        .map(|(k, n)| format!("{k} {n:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (total, if text.is_empty() { "none".into() } else { text })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +182,14 @@ mod tests {
         assert_eq!(by.get("list"), Some(&2.0));
         let later = Scrape::parse("x_total{verb=\"get\",resource=\"pods\",code=\"2xx\"} 5\n");
         assert_eq!(later.since(&s).sum("x_total", &[]), 2.0);
+        let api = Scrape::parse(
+            "cloudcore_apiserver_requests_total{verb=\"list\",resource=\"pods\",code=\"2xx\"} 3\n\
+             cloudcore_apiserver_requests_total{verb=\"list\",resource=\"pods\",code=\"5xx\"} 1\n\
+             cloudcore_apiserver_requests_total{verb=\"get\",resource=\"configmaps\",code=\"2xx\"} 1\n",
+        );
+        assert_eq!(
+            apiserver_requests(&api),
+            (5.0, "list pods 4, get configmaps 1".to_string())
+        );
     }
 }

@@ -36,6 +36,7 @@ pub(super) async fn run(inner: Arc<Inner>, ws: Ws, accepted: Accepted, peer: Soc
     let (sink, stream) = ws.split();
     let writer = tokio::spawn(write_loop(
         inner.clone(),
+        node.clone(),
         sink,
         queue.clone(),
         cancel.clone(),
@@ -158,6 +159,7 @@ async fn read_loop(
         }
     };
     heard(Instant::now());
+    let node_bytes = inner.metrics.node_counter(node, "up");
     loop {
         let frame = tokio::select! {
             biased;
@@ -165,7 +167,8 @@ async fn read_loop(
             _ = sleep_until(deadline) => return ReadEnd::KeepaliveTimeout,
             f = stream.next() => f,
         };
-        if let Some(Ok(_)) = &frame {
+        if let Some(Ok(m)) = &frame {
+            node_bytes.inc_by(m.len() as u64);
             // Any frame shows the edge alive: a keepalive message (KubeEdge's edges), or
             // the ping of an edge with `ping-keepalive`.
             let now = Instant::now();
@@ -296,11 +299,13 @@ async fn dispatch_upstream(
 /// Writes what the queue releases. Returns why it stopped when that was a write failure.
 async fn write_loop(
     inner: Arc<Inner>,
+    node: String,
     mut sink: SplitSink<Ws, WsMessage>,
     queue: Arc<NodeQueue>,
     cancel: CancellationToken,
 ) -> Option<String> {
     let timeout = inner.config.write_timeout;
+    let node_bytes = inner.metrics.node_counter(&node, "down");
     let mut failure = None;
     'outer: while !cancel.is_cancelled() {
         let (batch, next) = queue.take_ready(Instant::now());
@@ -320,6 +325,7 @@ async fn write_loop(
                 inner.metrics.messages_sent.get_or_create(&label).inc();
             }
             inner.metrics.frame("down", label.resource, out.frame.len());
+            node_bytes.inc_by(out.frame.len() as u64);
             match tokio::time::timeout(timeout, sink.feed(WsMessage::Text(out.frame))).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {

@@ -87,7 +87,8 @@ pub async fn run_with(
     let (fetch_tx, fetch_rx) = mpsc::unbounded_channel();
     let fetcher = downstream::spawn_fetcher(client.clone(), fetch_rx, tx.clone(), shutdown.clone());
     let downstream = Downstream::new(Arc::new(hub.clone()), ds_ready, fetch_tx)
-        .with_sync_records(records, sync.resync_interval);
+        .with_sync_records(records, sync.resync_interval)
+        .with_resync_metric(metrics.resync_duration.0.clone());
     let location = downstream.location();
     let events = hub.subscribe();
     let ds = tokio::spawn(downstream.run(client.clone(), events, rx, shutdown.clone()));

@@ -48,6 +48,10 @@ struct Args {
     cloudcore: Option<PathBuf>,
     #[arg(long)]
     edgecore: Option<PathBuf>,
+    /// The edge offers neither `ping-keepalive` nor `cloud-lease` (as against a KubeEdge
+    /// cloudcore: keepalive messages, the edge renews its Lease, node status every minute).
+    #[arg(long)]
+    plain: bool,
 }
 
 const NODE: &str = "edge-idle";
@@ -115,6 +119,7 @@ fn start_edgecore(
     pki: &Pki,
     server: std::net::SocketAddr,
     runtime: &Containerd,
+    plain: bool,
 ) -> anyhow::Result<LoggedProcess> {
     let cert = pki.node_cert(NODE)?;
     std::fs::write(dir.join("ca.crt"), &pki.ca.cert.cert_pem)?;
@@ -131,6 +136,11 @@ fn start_edgecore(
          \x20   podSandboxImage: {PAUSE_IMAGE}\n    rootDirectory: {d}/edged\n",
         d = dir.display(),
     );
+    let yaml = if plain {
+        format!("{yaml}kubeedgeRs:\n  pingKeepalive: false\n  cloudLease: false\n")
+    } else {
+        yaml
+    };
     std::fs::write(dir.join("edgecore.yaml"), yaml)?;
     let mut cmd = Command::new(bin);
     cmd.arg("--config").arg(dir.join("edgecore.yaml")).env(
@@ -368,7 +378,14 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         .map_or_else(|| beside("edgecore"), Ok)?;
     let (mut cloudcore, hub_port, monitor) = start_cloudcore(&cc_bin, &dir, &pki, &kubeconfig)?;
     let edge_proxy = CountingProxy::start(([127, 0, 0, 1], hub_port).into()).await?;
-    let mut edgecore = start_edgecore(&ec_bin, &dir, &pki, edge_proxy.addr, &containerd)?;
+    let mut edgecore = start_edgecore(
+        &ec_bin,
+        &dir,
+        &pki,
+        edge_proxy.addr,
+        &containerd,
+        args.plain,
+    )?;
     let nodes: Api<Node> = Api::all(client.clone());
     let ready = || async {
         nodes
@@ -387,11 +404,16 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         );
     }
     println!(
-        "bench-idle: {} and {}; node {NODE} Ready; window {} s per phase after {} s settling",
+        "bench-idle: {} and {}; node {NODE} Ready; window {} s per phase after {} s settling; {}",
         cc_bin.display(),
         ec_bin.display(),
         args.window,
-        args.settle
+        args.settle,
+        if args.plain {
+            "edge without ping-keepalive and cloud-lease (--plain)"
+        } else {
+            "edge and cloud agree on ping-keepalive and cloud-lease"
+        }
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let mut created = 0usize;

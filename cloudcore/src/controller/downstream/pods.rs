@@ -52,6 +52,8 @@ pub(super) struct EdgePods {
     /// UIDs of pods deleted lately: a node's pod list that answers after a pod's delete event
     /// must not bring the pod back.
     deleted: DeletedPods,
+    /// Pods delivered lately, as delivered (a resync sends them without a read).
+    pub recent: super::recent_pods::RecentPods,
     /// `cloud-lease` edges sent their Node since it was last marked Unknown.
     pub told_unknown: HashSet<String>,
     /// The newest resourceVersion the pod watcher delivered: the cluster-wide pod view is
@@ -196,11 +198,20 @@ impl Downstream {
         }
     }
 
-    pub(super) fn pods_listed(&mut self, node: &str, generation: u64, pods: Vec<Pod>) {
+    pub(super) fn pods_listed(
+        &mut self,
+        node: &str,
+        generation: u64,
+        pods: Vec<Pod>,
+        complete: bool,
+    ) {
         for pod in pods {
             self.pod_applied(pod);
         }
-        if self.pods.edge_nodes.contains(node) && self.pods.listing.get(node) == Some(&generation) {
+        if complete
+            && self.pods.edge_nodes.contains(node)
+            && self.pods.listing.get(node) == Some(&generation)
+        {
             self.pods.listing.remove(node);
             self.pods.known.insert(node.to_string());
             self.answer_pending_of(node);
@@ -299,6 +310,7 @@ impl Downstream {
         if previous.is_some_and(|p| p.uid == uid && rv != 0 && p.rv > rv) {
             return; // an older copy (a node's pod list answered after a newer watch event)
         }
+        self.pods.recent.put(&key, &uid, rv, &value);
         let op = match previous {
             Some(prev) if prev.uid == uid && prev.fingerprint == fingerprint => {
                 // Status-only change: the edge owns pod status.
@@ -347,6 +359,7 @@ impl Downstream {
     }
 
     fn remove_pod_entry(&mut self, key: &ObjectKey) -> Option<(EdgePod, Released)> {
+        self.pods.recent.remove(key);
         let p = self.pods.pods.remove(key)?;
         let released = self.location.write().remove_pod(key);
         Some((p, released))
