@@ -92,10 +92,7 @@ impl Scope {
             let n: usize = indent.trim().parse().expect("nindent width");
             let text = read(&chart_dir().join(path.trim().trim_matches('"')));
             let pad = " ".repeat(n);
-            return text
-                .lines()
-                .map(|l| format!("\n{pad}{l}"))
-                .collect();
+            return text.lines().map(|l| format!("\n{pad}{l}")).collect();
         }
         if let Some(rest) = action.strip_prefix("toYaml ") {
             let (expr, indent) = rest
@@ -1122,7 +1119,14 @@ fn promql_metrics(expr: &str) -> Vec<String> {
         }
     }
     // `by (a, b)` / `without (a)`: label lists.
-    for kw in ["by", "without", "on", "ignoring", "group_left", "group_right"] {
+    for kw in [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ] {
         while let Some(i) = find_word(&text, kw) {
             let after = &text[i + kw.len()..];
             let close = after.find(')').expect("label list end");
@@ -1142,7 +1146,9 @@ fn promql_metrics(expr: &str) -> Vec<String> {
             continue;
         }
         let mut j = i;
-        while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == '_' || chars[j] == ':') {
+        while j < chars.len()
+            && (chars[j].is_ascii_alphanumeric() || chars[j] == '_' || chars[j] == ':')
+        {
             j += 1;
         }
         let word: String = chars[i..j].iter().collect();
@@ -1171,7 +1177,10 @@ fn promql_metric_names_are_found() {
         ),
         ["a_bucket", "b"]
     );
-    assert_eq!(promql_metrics("topk(10, sum without (x) (rate(c_total[1h])))"), ["c_total"]);
+    assert_eq!(
+        promql_metrics("topk(10, sum without (x) (rate(c_total[1h])))"),
+        ["c_total"]
+    );
 }
 
 #[test]
@@ -1182,7 +1191,11 @@ fn monitoring_is_off_by_default_and_the_dashboard_reads_only_exported_metrics() 
 
     let mut v = installed_values();
     set(&mut v, "cloudCore.serviceMonitor.enable", json!(true));
-    set(&mut v, "cloudCore.serviceMonitor.labels", json!({"release": "prom"}));
+    set(
+        &mut v,
+        "cloudCore.serviceMonitor.labels",
+        json!({"release": "prom"}),
+    );
     set(&mut v, "cloudCore.grafanaDashboard.enable", json!(true));
     let docs = render_chart(v);
     let sm = find(&docs, "ServiceMonitor", "cloudcore").expect("ServiceMonitor");
@@ -1209,10 +1222,18 @@ fn monitoring_is_off_by_default_and_the_dashboard_reads_only_exported_metrics() 
     // ... which is where cloudcore serves /metrics, on its pods.
     let cm = find(&docs, "ConfigMap", "cloudcore").expect("ConfigMap cloudcore");
     let cfg = CloudCoreConfig::from_yaml(cm["data"]["cloudcore.yaml"].as_str().unwrap()).unwrap();
-    let monitor: std::net::SocketAddr = cfg.common_config.monitor_server.bind_address.parse().unwrap();
+    let monitor: std::net::SocketAddr = cfg
+        .common_config
+        .monitor_server
+        .bind_address
+        .parse()
+        .unwrap();
     assert_eq!(port["targetPort"].as_u64(), Some(u64::from(monitor.port())));
     let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment cloudcore");
-    assert_eq!(svc["spec"]["selector"], deploy["spec"]["template"]["metadata"]["labels"]);
+    assert_eq!(
+        svc["spec"]["selector"],
+        deploy["spec"]["template"]["metadata"]["labels"]
+    );
 
     // The dashboard ConfigMap carries the file as it is.
     let dash_cm = find(&docs, "ConfigMap", "cloudcore-dashboard").expect("dashboard ConfigMap");
@@ -1254,6 +1275,9 @@ fn monitoring_is_off_by_default_and_the_dashboard_reads_only_exported_metrics() 
         "edgecontroller_resync_duration_seconds_bucket",
         "cloudcore_apiserver_requests_total",
     ] {
-        assert!(read_names.contains(needed), "the dashboard shows no {needed}");
+        assert!(
+            read_names.contains(needed),
+            "the dashboard shows no {needed}"
+        );
     }
 }

@@ -127,7 +127,7 @@ async fn relay(
             if from.readable().await.is_err() {
                 return;
             }
-            let n = match (&*from).try_read(&mut buf) {
+            let n = match from.try_read(&mut buf) {
                 Ok(0) => return,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
@@ -138,7 +138,7 @@ async fn relay(
                 if to.writable().await.is_err() {
                     return;
                 }
-                match (&*to).try_write(rest) {
+                match to.try_write(rest) {
                     Ok(w) => rest = &rest[w..],
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(_) => return,

@@ -133,8 +133,11 @@ fn start_edgecore(
          \x20   websocket:\n      server: {server}\n\
          \x20 deviceTwin:\n    dmiSockPath: {d}\n\
          \x20 edged:\n    hostnameOverride: {NODE}\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
-         \x20   podSandboxImage: {PAUSE_IMAGE}\n    rootDirectory: {d}/edged\n",
+         \x20   podSandboxImage: {PAUSE_IMAGE}\n    rootDirectory: {d}/edged\n\
+         \x20   tailoredKubeletConfig:\n      cgroupRoot: {cgroup_root}\n\
+         \x20     evictionHard:\n        memory.available: 50Mi\n        nodefs.available: 1%\n        imagefs.available: 1%\n        nodefs.inodesFree: 1%\n",
         d = dir.display(),
+        cgroup_root = e2e::edge::cgroup_root(NODE),
     );
     let yaml = if plain {
         format!("{yaml}kubeedgeRs:\n  pingKeepalive: false\n  cloudLease: false\n")
@@ -437,12 +440,15 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 })
                 .unwrap_or(false)
         };
-        wait_until(
+        if let Err(e) = wait_until(
             &format!("{want} pods Running"),
             Duration::from_secs(60 + want as u64 * 3),
             running,
         )
-        .await?;
+        .await
+        {
+            anyhow::bail!("{e}\n{}", edgecore.failure_report(40));
+        }
         tokio::time::sleep(Duration::from_secs(args.settle)).await;
         anyhow::ensure!(
             cloudcore.is_running() && edgecore.is_running(),
@@ -479,6 +485,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     drop(edgecore);
     drop(cloudcore);
+    e2e::edge::remove_cgroups(NODE);
     api.shutdown().await;
     tokio::task::spawn_blocking(move || drop(containerd)).await?;
     let _ = std::fs::remove_dir_all(&dir);

@@ -104,7 +104,11 @@ async fn many_resyncs_cost_few_apiserver_reads() {
         served.len() == NODES
     })
     .await;
-    assert_eq!(requests(&metrics, "get", "configmaps"), 1, "GETs of the configmap");
+    assert_eq!(
+        requests(&metrics, "get", "configmaps"),
+        1,
+        "GETs of the configmap"
+    );
 
     // Every node needs both its pods: more nodes than a round lists one by one, so one
     // paginated list of all pods answers them.

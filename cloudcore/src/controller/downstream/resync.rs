@@ -374,11 +374,7 @@ impl Downstream {
                     .get(node)
                     .is_some_and(|f| f.contains(&(kind, key.clone())));
                 if !fresh && !under_way {
-                    fetch.push(ConfigWant {
-                        kind,
-                        key,
-                        rv: *rv,
-                    });
+                    fetch.push(ConfigWant { kind, key, rv: *rv });
                 }
             }
         }
