@@ -478,6 +478,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn per_node_byte_series_are_bounded() {
+        let mut hub = HubMetrics::default();
+        hub.node_series.limit = 2;
+        hub.node_counter("a", "up").inc_by(10);
+        hub.node_counter("b", "down").inc_by(20);
+        hub.node_counter("c", "up").inc_by(30);
+        hub.node_counter("d", "up").inc_by(40);
+        // A node seen before keeps its series.
+        hub.node_counter("a", "down").inc_by(5);
+        let get = |node: &str, direction: &'static str| {
+            hub.node_bytes
+                .get_or_create(&NodeBytesLabel {
+                    node: node.into(),
+                    direction,
+                })
+                .get()
+        };
+        assert_eq!(get("a", "up"), 10);
+        assert_eq!(get("a", "down"), 5);
+        assert_eq!(get("b", "down"), 20);
+        assert_eq!(get("other", "up"), 70);
+        let mut registry = Registry::default();
+        hub.register(&mut registry);
+        let text = render(&registry);
+        assert!(!text.contains("node=\"c\""), "{text}");
+        assert!(
+            text.contains("cloudhub_node_message_bytes_total{node=\"other\",direction=\"up\"} 70"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn registry_renders_every_family() {
         let mut registry = Registry::default();
         let hub = HubMetrics::default();
