@@ -34,7 +34,7 @@ const QUEUE: usize = 65_536;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
-    /// `renewed`, `created`, `no_node` (not registered yet) or `failed`.
+    /// `renewed`, `created`, `no_node` (not registered yet), `forbidden` (RBAC) or `failed`.
     pub result: &'static str,
 }
 
@@ -168,6 +168,12 @@ async fn renew(client: &kube::Client, h: &Heard) -> &'static str {
                 Err(kube::Error::Api(s)) if s.code == 409 => "renewed",
                 Err(_) => "failed",
             }
+        }
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            // The edge leaves its Lease to this cloudcore: without the right, its node goes
+            // NotReady. Said at error level, every time (the ClusterRole needs it).
+            tracing::error!(node = %h.node, message = %s.message, "node lease renewal forbidden: cloudcore's ClusterRole needs leases patch and create (charts/cloudcore rbac_cloudcore.yaml); the edge's node will go NotReady");
+            "forbidden"
         }
         Err(e) => {
             tracing::debug!(node = %h.node, error = %e, "node lease renewal failed");
