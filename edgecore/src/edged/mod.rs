@@ -149,6 +149,8 @@ impl Edged {
             image_gc_now: Notify::new(),
             pressure: Default::default(),
             node_status_now: Notify::new(),
+            lease_self: Default::default(),
+            lease_self_now: Notify::new(),
             terms,
             status_reports,
             observer,
@@ -363,6 +365,13 @@ impl Dispatcher {
                 {
                     tracing::info!(node = %change.name, "the cluster marked this node Unknown; reporting its status again");
                     self.shared.node_status_now.notify_one();
+                    if self.shared.terms.borrow().cloud_lease {
+                        tracing::warn!(node = %change.name, "the cloud renews this node's Lease, yet the cluster marked it Unknown: renewing it from the edge until the link ends");
+                        self.shared
+                            .lease_self
+                            .store(true, std::sync::atomic::Ordering::Release);
+                        self.shared.lease_self_now.notify_one();
+                    }
                 }
             }
             (ObjectKind::Node, ChangeAction::Delete) => {}

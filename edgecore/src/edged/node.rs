@@ -712,13 +712,22 @@ async fn renew_lease(
         _ = cancel.cancelled() => return,
         _ = node_uid.wait_for(Option::is_some) => {}
     }
+    let renew_self = || shared.lease_self.load(std::sync::atomic::Ordering::Acquire);
+    let link_changed = || {
+        // A new link (or none): the cloud's part is agreed anew.
+        shared
+            .lease_self
+            .store(false, std::sync::atomic::Ordering::Release);
+    };
     loop {
-        if terms.borrow_and_update().cloud_lease {
+        if terms.borrow_and_update().cloud_lease && !renew_self() {
             // The cloud renews it while this link lasts; read it afresh afterwards.
             current = None;
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = terms_changed(&mut terms) => {}
+                _ = terms_changed(&mut terms) => link_changed(),
+                // The cluster marked the node Unknown all the same (see `Shared::lease_self`).
+                _ = shared.lease_self_now.notified() => {}
             }
             continue;
         }
@@ -775,7 +784,7 @@ async fn renew_lease(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
             // A link to a cloud that renews it: stop at once.
-            _ = terms_changed(&mut terms) => {}
+            _ = terms_changed(&mut terms) => link_changed(),
         }
     }
 }

@@ -85,6 +85,11 @@ pub struct Shared {
     /// Notified when the cloud's copy of the Node disagrees with what was reported (the
     /// cluster marked it Unknown): the status is sent again at once.
     pub node_status_now: tokio::sync::Notify,
+    /// The cluster marked the node Unknown although the cloud of this link agreed to renew
+    /// its Lease (`cloud-lease`): the cloud's renewals are not getting through (its RBAC, its
+    /// apiserver), so edged renews the Lease itself until the link ends.
+    pub lease_self: std::sync::atomic::AtomicBool,
+    pub lease_self_now: tokio::sync::Notify,
     /// What the cloud of the current link agreed to (`cloud-lease`: it renews the Lease).
     pub terms: watch::Receiver<crate::edgehub::CloudTerms>,
     /// Status patches per pod (`/metrics`).

@@ -80,6 +80,8 @@ async fn harness(object: Value) -> Harness {
         image_gc_now: Notify::new(),
         pressure: Default::default(),
         node_status_now: Notify::new(),
+        lease_self: Default::default(),
+        lease_self_now: Notify::new(),
         terms: tokio::sync::watch::channel(crate::edgehub::CloudTerms::default()).1,
         status_reports: Arc::new(StatusReports::default()),
         observer: None,
