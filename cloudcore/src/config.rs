@@ -67,6 +67,8 @@ pub struct Modules {
     pub cloud_stream: CloudStreamConfig,
     pub router: RouterConfig,
     pub node_upgrade_job_controller: Enable,
+    /// Node tasks (ImagePrePullJobs): off by default, as in KubeEdge.
+    pub task_manager: Enable,
     pub iptables_manager: IptablesManagerConfig,
 }
 
@@ -272,7 +274,8 @@ impl Default for Modules {
             dynamic_controller: off.clone(),
             cloud_stream: CloudStreamConfig::default(),
             router: RouterConfig::default(),
-            node_upgrade_job_controller: off,
+            node_upgrade_job_controller: off.clone(),
+            task_manager: off,
             iptables_manager: IptablesManagerConfig::default(),
         }
     }

@@ -499,6 +499,33 @@ const NEEDED: &[(&str, &str, &[&str])] = &[
         "devicemodels",
         &["get", "list", "watch"],
     ),
+    // devices/status.rs (KubeEdge v1.23's DeviceStatus), devices/watch.rs
+    (
+        "devices.kubeedge.io",
+        "devicestatuses",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    // nodetask/mod.rs
+    (
+        "operations.kubeedge.io",
+        "imageprepulljobs",
+        &["get", "list", "watch"],
+    ),
+    (
+        "operations.kubeedge.io",
+        "imageprepulljobs/status",
+        &["patch"],
+    ),
+    (
+        "operations.kubeedge.io",
+        "configupdatejobs",
+        &["get", "list", "watch"],
+    ),
+    (
+        "operations.kubeedge.io",
+        "configupdatejobs/status",
+        &["patch"],
+    ),
     // router/ruleset.rs (watches), router/status.rs (get, patch)
     (
         "rules.kubeedge.io",
@@ -539,60 +566,51 @@ fn cluster_role_covers_every_call_cloudcore_makes() {
     assert!(missing.is_empty(), "ClusterRole misses {missing:?}");
 }
 
+/// Every CRD file of `manifests/crds` is in the chart's `crds/` unchanged, and renders.
 #[test]
-fn chart_ships_the_device_crds_unchanged() {
-    let chart_crds = read(&chart_dir().join("crds/devices-crds.yaml"));
-    let source = read(&manifests_dir().join("crds/devices-crds.yaml"));
-    assert_eq!(
-        chart_crds, source,
-        "copy manifests/crds/devices-crds.yaml to the chart's crds/"
-    );
+fn chart_ships_the_crds_unchanged() {
+    let files: &[(&str, &[&str])] = &[
+        (
+            "devices-crds.yaml",
+            &[
+                "devices.devices.kubeedge.io",
+                "devicemodels.devices.kubeedge.io",
+                "devicestatuses.devices.kubeedge.io",
+            ],
+        ),
+        (
+            "reliablesyncs-crds.yaml",
+            &[
+                "objectsyncs.reliablesyncs.kubeedge.io",
+                "clusterobjectsyncs.reliablesyncs.kubeedge.io",
+            ],
+        ),
+        (
+            "router-crds.yaml",
+            &["rules.rules.kubeedge.io", "ruleendpoints.rules.kubeedge.io"],
+        ),
+        (
+            "operations-crds.yaml",
+            &[
+                "imageprepulljobs.operations.kubeedge.io",
+                "configupdatejobs.operations.kubeedge.io",
+            ],
+        ),
+    ];
     let docs = render_chart(installed_values());
-    for name in [
-        "devices.devices.kubeedge.io",
-        "devicemodels.devices.kubeedge.io",
-    ] {
-        assert!(
-            find(&docs, "CustomResourceDefinition", name).is_some(),
-            "CRD {name}"
+    for (file, names) in files {
+        let chart_crds = read(&chart_dir().join("crds").join(file));
+        let source = read(&manifests_dir().join("crds").join(file));
+        assert_eq!(
+            chart_crds, source,
+            "copy manifests/crds/{file} to the chart's crds/"
         );
-    }
-}
-
-#[test]
-fn chart_ships_the_reliablesyncs_crds_unchanged() {
-    let chart_crds = read(&chart_dir().join("crds/reliablesyncs-crds.yaml"));
-    let source = read(&manifests_dir().join("crds/reliablesyncs-crds.yaml"));
-    assert_eq!(
-        chart_crds, source,
-        "copy manifests/crds/reliablesyncs-crds.yaml to the chart's crds/"
-    );
-    let docs = render_chart(installed_values());
-    for name in [
-        "objectsyncs.reliablesyncs.kubeedge.io",
-        "clusterobjectsyncs.reliablesyncs.kubeedge.io",
-    ] {
-        assert!(
-            find(&docs, "CustomResourceDefinition", name).is_some(),
-            "CRD {name}"
-        );
-    }
-}
-
-#[test]
-fn chart_ships_the_router_crds_unchanged() {
-    let chart_crds = read(&chart_dir().join("crds/router-crds.yaml"));
-    let source = read(&manifests_dir().join("crds/router-crds.yaml"));
-    assert_eq!(
-        chart_crds, source,
-        "copy manifests/crds/router-crds.yaml to the chart's crds/"
-    );
-    let docs = render_chart(installed_values());
-    for name in ["rules.rules.kubeedge.io", "ruleendpoints.rules.kubeedge.io"] {
-        assert!(
-            find(&docs, "CustomResourceDefinition", name).is_some(),
-            "CRD {name}"
-        );
+        for name in *names {
+            assert!(
+                find(&docs, "CustomResourceDefinition", name).is_some(),
+                "CRD {name}"
+            );
+        }
     }
 }
 

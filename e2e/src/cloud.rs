@@ -34,6 +34,7 @@ pub fn test_sync_options(namespace: &str) -> SyncOptions {
             retry_period: Duration::from_millis(200),
             ..SyncOptions::default().election
         },
+        node_tasks: true,
         ..SyncOptions::default()
     }
 }

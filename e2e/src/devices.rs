@@ -4,7 +4,7 @@
 
 use crate::process::LoggedProcess;
 use anyhow::Context;
-use cloudcore::controller::devices::{device_resource, model_resource};
+use cloudcore::controller::devices::{device_resource, device_status_resource, model_resource};
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -14,9 +14,23 @@ use std::time::Duration;
 
 pub const CRDS_YAML: &str = include_str!("../../manifests/crds/devices-crds.yaml");
 
-/// Creates both CRDs (existing ones are kept) and waits until they are served.
+/// Creates the three CRDs (existing ones are kept) and waits until they are served.
 pub async fn install(client: &kube::Client) -> anyhow::Result<()> {
-    crate::crds::install(client, CRDS_YAML, &[device_resource(), model_resource()]).await
+    crate::crds::install(
+        client,
+        CRDS_YAML,
+        &[
+            device_resource(),
+            model_resource(),
+            device_status_resource(),
+        ],
+    )
+    .await
+}
+
+/// KubeEdge v1.23's DeviceStatuses in `ns`.
+pub fn device_statuses(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &device_status_resource())
 }
 
 pub fn devices(client: &kube::Client, ns: &str) -> Api<DynamicObject> {

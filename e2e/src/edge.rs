@@ -156,6 +156,7 @@ pub fn write_edge_config(
          modules:\n  edgeHub:\n    heartbeat: 1\n    messageQPS: 0\n    tlsCaFile: {ca}\n    tlsCertFile: {crt}\n    tlsPrivateKeyFile: {key}\n\
          \x20   websocket:\n      server: {server}\n\
          \x20 deviceTwin:\n    dmiSockPath: {dmi}\n\
+         \x20 taskManager:\n    enable: true\n\
          \x20 metaManager:\n    metaServer:\n      enable: {metaserver}\n      server: 127.0.0.1:0\n      dummyServer: \"{dummy}\"\n\
          \x20 edged:\n    hostnameOverride: {node}\n    nodeIP: {node_ip}\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {pause}\n    rootDirectory: {root}\n    nodeLabels:\n      e2e.kubeedge-rs/edged: \"yes\"\n      e2e.kubeedge-rs/test: \"true\"\n\

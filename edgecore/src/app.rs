@@ -13,6 +13,7 @@ use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, Route
 pub use crate::tls_files::load_tls;
 use kubeedge_shared::{Group, Message, Operation};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +59,7 @@ pub struct EdgeCore {
     metaserver: Option<crate::metaserver::MetaServer>,
     mesh: Option<crate::mesh::Mesh>,
     servicebus: Option<crate::servicebus::ServiceBus>,
+    tasks: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// devicetwin and the eventbus, when enabled.
@@ -83,6 +85,33 @@ impl EdgeCore {
     pub async fn start_with(
         config: &EdgeCoreConfig,
         edged: Option<EdgedConfig>,
+    ) -> Result<EdgeCore, StartError> {
+        Self::start_full(config, edged, None).await
+    }
+
+    /// Starts edgecore as its binary does: from the file at `config_path`, which node tasks
+    /// may update, with restarts requested through the returned [`Supervisor`].
+    pub async fn start_supervised(
+        config: &EdgeCoreConfig,
+        config_path: &std::path::Path,
+    ) -> Result<(EdgeCore, Arc<crate::taskmanager::Supervisor>), StartError> {
+        let supervisor = Arc::new(crate::taskmanager::Supervisor {
+            config_path: Some(config_path.to_path_buf()),
+            ..Default::default()
+        });
+        let edged = config
+            .modules
+            .edged
+            .enable
+            .then(|| EdgedConfig::from_edgecore(config));
+        let edge = Self::start_full(config, edged, Some(supervisor.clone())).await?;
+        Ok((edge, supervisor))
+    }
+
+    async fn start_full(
+        config: &EdgeCoreConfig,
+        edged: Option<EdgedConfig>,
+        supervisor: Option<Arc<crate::taskmanager::Supervisor>>,
     ) -> Result<EdgeCore, StartError> {
         if !config.modules.edge_hub.enable {
             return Err(StartError::Unsupported(
@@ -133,6 +162,12 @@ impl EdgeCore {
             }
         };
         routes.servicebus = servicebus.as_ref().map(|s| s.sender());
+        // Node tasks (`modules.taskManager.enable`, off by default as in KubeEdge).
+        let (task_tx, task_rx) = mpsc::channel(16);
+        let tasks_on = config.modules.task_manager.enable;
+        if tasks_on {
+            routes.tasks = Some(task_tx);
+        }
         // Before the metamanager writes anything, so that the watch history misses nothing.
         let metaserver = match crate::metaserver::MetaServerConfig::from_edgecore(config)
             .map_err(StartError::Unsupported)
@@ -191,6 +226,32 @@ impl EdgeCore {
             from_cloud,
             routes,
         );
+        let tasks = tasks_on.then(|| {
+            let (endpoint, request, pull) = match &edged {
+                Some(e) => (
+                    e.runtime_endpoint.clone(),
+                    e.runtime_request_timeout,
+                    e.image_pull_timeout,
+                ),
+                None => (
+                    String::new(),
+                    Duration::from_secs(120),
+                    Duration::from_secs(600),
+                ),
+            };
+            crate::taskmanager::spawn(
+                crate::taskmanager::TaskSettings {
+                    node_name: config.node_name().to_string(),
+                    runtime_endpoint: endpoint,
+                    runtime_request_timeout: request,
+                    image_pull_timeout: pull,
+                    supervisor: supervisor.clone(),
+                },
+                task_rx,
+                hub.clone(),
+                client.clone(),
+            )
+        });
         let status_reports = Arc::new(crate::edged::status_report::StatusReports::default());
         status_reports.attach(module_metrics);
         let stream = match (&edged, config.modules.edge_stream.enable) {
@@ -245,6 +306,7 @@ impl EdgeCore {
             metaserver,
             mesh,
             servicebus,
+            tasks,
         })
     }
 
@@ -292,6 +354,9 @@ impl EdgeCore {
         self.meta.shutdown().await;
         if let Some(sb) = self.servicebus {
             sb.shutdown().await;
+        }
+        if let Some(t) = self.tasks {
+            t.abort();
         }
         if let Some(d) = self.devices {
             d.twin.shutdown().await;

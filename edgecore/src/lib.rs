@@ -16,4 +16,5 @@ pub mod metamanager;
 pub mod metaserver;
 pub mod module_metrics;
 pub mod servicebus;
+pub mod taskmanager;
 pub mod tls_files;

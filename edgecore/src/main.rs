@@ -100,17 +100,33 @@ fn main() -> ExitCode {
             std::time::Duration::from_secs(300),
         )
         .await?;
-        let mut edge = EdgeCore::start(&config).await?;
+        let (mut edge, supervisor) = match EdgeCore::start_supervised(&config, &args.config).await {
+            Ok(started) => started,
+            Err(e) => {
+                // A configuration a node task put in place that cannot even start: the
+                // previous one goes back and this process starts again with it.
+                if edgecore::taskmanager::config_update::roll_back_after_failed_start(&args.config)
+                {
+                    eprintln!("edgecore: {e}; the configuration before the update is back");
+                    return Ok(true);
+                }
+                return Err(e);
+            }
+        };
         if let Some((_client, changes)) = edge.edged_link() {
             tokio::spawn(log_changes_without_edged(changes));
         }
-        wait_for_signal().await;
-        tracing::info!("shutting down");
+        let restart = tokio::select! {
+            _ = wait_for_signal() => false,
+            _ = supervisor.restart.notified() => true,
+        };
+        tracing::info!(restart, "shutting down");
         edge.shutdown().await;
-        Ok::<_, edgecore::app::StartError>(())
+        Ok::<_, edgecore::app::StartError>(restart)
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => restart_self(),
+        Ok(false) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("edgecore: {e}");
             ExitCode::FAILURE
@@ -266,6 +282,24 @@ fn reset(config_path: &std::path::Path, yes: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Replaces this process with a fresh run of the same binary and arguments (same process ID,
+/// so a service manager sees no exit). Returns only when that fails.
+fn restart_self() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("edgecore: cannot restart: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let err = std::process::Command::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    eprintln!("edgecore: cannot restart {}: {err}", exe.display());
+    ExitCode::FAILURE
 }
 
 async fn wait_for_signal() {

@@ -15,6 +15,7 @@ pub mod inventory;
 pub mod message;
 pub mod names;
 pub mod net;
+pub mod nodetask;
 pub mod operation;
 pub mod pki;
 pub mod resource;

@@ -230,6 +230,7 @@ impl Message {
         }
         if self.route.group == Group::User
             || self.route.source == source::NODE_UPGRADE_JOB_CONTROLLER
+            || self.route.source == crate::nodetask::TASK_MANAGER
         {
             return false;
         }

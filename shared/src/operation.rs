@@ -132,6 +132,7 @@ string_enum! {
         NodeUpgradeJobController => "nodeupgradejobcontroller",
         EdgeController => "edgecontroller",
         CloudHub => "cloudhub",
+        TaskManager => "taskmanager",
     }
 }
 

@@ -9,6 +9,7 @@ pub mod location;
 pub mod node_fields;
 pub mod node_lease;
 pub mod node_restriction;
+pub mod nodetask;
 pub mod objectsync;
 pub mod policy;
 pub mod refs;
@@ -114,6 +115,9 @@ pub async fn run_with(
     } else {
         (None, None)
     };
+    let node_tasks = sync
+        .node_tasks
+        .then(|| nodetask::spawn(client.clone(), Arc::new(hub.clone()), shutdown.clone()));
     let dynamic =
         dynamic::DynamicController::new(client.clone(), Arc::new(hub.clone()), shutdown.clone());
     let dynamic_events = {
@@ -142,6 +146,15 @@ pub async fn run_with(
         };
         if kubeedge_shared::application::Application::is_request(&up.message) {
             dynamic.dispatch(up.node, up.message);
+            continue;
+        }
+        if nodetask::is_report(&up.message) {
+            match &node_tasks {
+                Some((tasks, _)) => tasks.report(up.node, up.message).await,
+                None => {
+                    tracing::debug!(node = %up.node, "node task report while modules.taskManager is off; dropped")
+                }
+            }
             continue;
         }
         if up.message.route.source == kubeedge_shared::operation::source::TWIN {
@@ -176,6 +189,9 @@ pub async fn run_with(
     let _ = ds.await;
     let _ = dynamic_events.await;
     let _ = devices_task.await;
+    if let Some((_, t)) = node_tasks {
+        let _ = t.await;
+    }
     if let Some(t) = policy_task {
         let _ = t.await;
     }

@@ -263,6 +263,8 @@ async fn bench() -> anyhow::Result<()> {
     std::fs::write(dir.join("ca.crt"), &pki.ca.cert.cert_pem)?;
     std::fs::write(dir.join("edge.crt"), &cert.cert_pem)?;
     std::fs::write(dir.join("edge.key"), &cert.key_pem)?;
+    // Default settings (pod cgroups and QoS, eviction checks) except absolute disk thresholds:
+    // the kubelet's 10%/15% would put a big, fairly full build disk under DiskPressure.
     let yaml = format!(
         "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
          database:\n  dataSource: {d}/edgecore.db\n\
@@ -270,7 +272,9 @@ async fn bench() -> anyhow::Result<()> {
          \x20   websocket:\n      server: {server}\n\
          \x20 deviceTwin:\n    dmiSockPath: {d}\n\
          \x20 edged:\n    hostnameOverride: edge-bench\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
-         \x20   podSandboxImage: {PAUSE_IMAGE}\n    rootDirectory: {d}/edged\n",
+         \x20   podSandboxImage: {PAUSE_IMAGE}\n    rootDirectory: {d}/edged\n\
+         \x20   tailoredKubeletConfig:\n      evictionHard:\n        memory.available: 100Mi\n\
+         \x20       nodefs.available: 1Gi\n        imagefs.available: 1Gi\n        nodefs.inodesFree: 5%\n",
         d = dir.display(),
         server = cloud.hub.local_addr(),
         endpoint = containerd.endpoint(),

@@ -515,7 +515,16 @@ async fn service_demo(
         Duration::from_secs(120),
         || async { last_served(&log).map(|_| ()) },
     )
-    .await?;
+    .await
+    .with_context(|| {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(3).collect();
+        format!(
+            "pod client's last lines ({}): {:?}",
+            log.display(),
+            tail.into_iter().rev().collect::<Vec<_>>()
+        )
+    })?;
     say!("    $ kubectl get service web");
     let out = tokio::process::Command::new("kubectl")
         .arg("--kubeconfig")

@@ -508,7 +508,45 @@ async fn a_kubeedge_edge_gets_kubeedge_shapes_and_its_reports_are_written() {
         twin["reported"],
         json!({"value": "23", "metadata": {"timestamp": "1718000000456", "type": "string"}})
     );
+    // KubeEdge v1.23's DeviceStatus holds the same, owned by the Device.
+    let status = device_status_until(&client, &ns, "thermo-ke", |s| {
+        s["status"]["twins"][0]["reported"]["value"] == "23"
+    })
+    .await;
+    let owner = &status["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "Device");
+    assert_eq!(owner["uid"], dev["metadata"]["uid"]);
+    assert_eq!(owner["controller"], true);
     cluster.delete_namespace(&ns).await;
+}
+
+/// The DeviceStatus `name` once `ok` holds for it (KubeEdge v1.23's record of a device's reports).
+async fn device_status_until(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    ok: impl Fn(&Value) -> bool,
+) -> Value {
+    let api = devices::device_statuses(client, ns);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let got = api
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .map(|o| serde_json::to_value(o).unwrap_or_default());
+        if let Some(v) = &got
+            && ok(v)
+        {
+            return v.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "DeviceStatus {ns}/{name}: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The cloud router's eventbus operations reach MQTT through the real edge: `publish` appears
@@ -568,28 +606,44 @@ async fn router_publish_and_subscribe_reach_the_edges_mqtt() {
 /// is written to the Device's status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kubeedge_v1_17_edge_gets_namespaced_device_ids() {
+    namespaced_edge("ke17", "v1.27.7-kubeedge-v1.17.0", 5021).await;
+}
+
+/// KubeEdge v1.23's edge: namespaced IDs as from v1.16, and its twin and state reports read
+/// back from the DeviceStatus v1.23's tools look at (as well as from `Device.status`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kubeedge_v1_23_edge_reports_into_device_status() {
+    namespaced_edge("ke23", "v1.31.12-kubeedge-v1.23.1", 5022).await;
+}
+
+/// A raw KubeEdge edge of `kubelet_version` (≥ v1.16): membership with `<ns>/<name>` IDs, a
+/// twin report and a state report written to the Device and its DeviceStatus.
+async fn namespaced_edge(tag: &str, kubelet_version: &str, plc_port: u16) {
     use e2e::channel::RawEdge;
     use e2e::sim_edge::{delete_node, edge_node};
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{Api, Patch, PatchParams};
     use kubeedge_shared::{Group, Message, Operation};
     let (cluster, pki, cloud) = raw_edge_cloud().await;
-    let node = node_name("ke17-devices");
+    let node = node_name(&format!("{tag}-devices"));
     edge_node(&cluster, &node).await;
     Api::<Node>::all(cluster.client())
         .patch_status(
             &node,
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"nodeInfo": {
-                "kubeletVersion": "v1.27.7-kubeedge-v1.17.0", "machineID": "", "systemUUID": "",
+                "kubeletVersion": kubelet_version, "machineID": "", "systemUUID": "",
                 "bootID": "", "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "",
                 "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}}})),
         )
         .await
         .expect("node status");
-    let ns = cluster.temp_namespace("ke17-devices").await.expect("ns");
+    let ns = cluster
+        .temp_namespace(&format!("{tag}-devices"))
+        .await
+        .expect("ns");
     let client = cluster.client();
-    let plc: SocketAddr = "127.0.0.1:5021".parse().unwrap();
+    let plc = SocketAddr::from(([127, 0, 0, 1], plc_port));
     create_thermostat(&client, &ns, "thermo-17", &node, plc).await;
     // Connecting after the device exists: the push waits for the node's version.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -616,7 +670,7 @@ async fn a_kubeedge_v1_17_edge_gets_namespaced_device_ids() {
     );
     assert_eq!(membership.content["added_devices"][0]["name"], "thermo-17");
 
-    let report = Message::new(
+    let twin_report = Message::new(
         "twin",
         Group::Resource,
         Operation::Update,
@@ -626,20 +680,30 @@ async fn a_kubeedge_v1_17_edge_gets_namespaced_device_ids() {
             "optional": true, "metadata": {"type": "string"},
             "actual_version": {"cloud": 0, "edge": 1}}}}),
     );
-    edge.send(&report).await.unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "report not answered"
-        );
-        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
-            if m.route.group == Group::Resource && m.route.operation != Operation::Response {
-                edge.ack(&m).await.unwrap();
-            }
-            if m.header.parent_id == report.header.id {
-                assert_eq!(m.content, json!("OK"));
-                break;
+    let state_report = Message::new(
+        "twin",
+        Group::Resource,
+        Operation::Update,
+        format!("device/{ns}/thermo-17/state/update"),
+        json!({"event_id": "s17", "timestamp": 1_718_000_000_000i64,
+            "device": {"name": "thermo-17", "state": "online", "lastOnlineTime": "2026-11-27T12:00:00Z"}}),
+    );
+    for report in [&twin_report, &state_report] {
+        edge.send(report).await.unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "report not answered: {report:?}"
+            );
+            if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
+                if m.route.group == Group::Resource && m.route.operation != Operation::Response {
+                    edge.ack(&m).await.unwrap();
+                }
+                if m.header.parent_id == report.header.id {
+                    assert_eq!(m.content, json!("OK"));
+                    break;
+                }
             }
         }
     }
@@ -657,6 +721,23 @@ async fn a_kubeedge_v1_17_edge_gets_namespaced_device_ids() {
         .find(|t| t["propertyName"] == "temperature")
         .map(|t| t["reported"]["value"].clone());
     assert_eq!(reported, Some(json!("19")), "{dev}");
+    assert_eq!(dev["status"]["state"], "online", "{dev}");
+    let status = device_status_until(&client, &ns, "thermo-17", |s| {
+        s["status"]["state"] == "online"
+    })
+    .await;
+    assert_eq!(
+        status["status"]["lastOnlineTime"], "2026-11-27T12:00:00Z",
+        "{status}"
+    );
+    assert_eq!(
+        status["status"]["twins"][0]["reported"]["value"], "19",
+        "{status}"
+    );
+    assert_eq!(
+        status["metadata"]["ownerReferences"][0]["name"],
+        "thermo-17"
+    );
     cluster.delete_namespace(&ns).await;
     delete_node(&cluster, &node).await;
 }

@@ -44,6 +44,8 @@ pub struct Modules {
     pub meta_manager: MetaManager,
     pub service_bus: ServiceBus,
     pub device_twin: DeviceTwin,
+    /// Node tasks (`operations.kubeedge.io/v1alpha2` jobs): off by default as in KubeEdge.
+    pub task_manager: TaskManager,
     #[serde(rename = "dbTest")]
     pub db_test: DbTest,
     pub edge_stream: EdgeStream,
@@ -276,6 +278,23 @@ pub struct ServiceBus {
     pub server: String,
     pub port: i32,
     pub timeout: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TaskManager {
+    pub enable: bool,
+    /// KubeEdge's queue length (kept for its files; tasks here are bounded by their jobs).
+    pub buffer: i32,
+}
+
+impl Default for TaskManager {
+    fn default() -> Self {
+        TaskManager {
+            enable: false,
+            buffer: 10,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -526,7 +526,8 @@ impl<L: CloudLink> State<L> {
                 {
                     return;
                 }
-                match kubeedge_dmi::device_from_crd(current) {
+                let merged = self.with_model_defaults(current).await;
+                match kubeedge_dmi::device_from_crd(&merged) {
                     Ok(d) if old.is_none() => dmi::MapperCall::RegisterDevice(d),
                     Ok(d) => dmi::MapperCall::UpdateDevice(d),
                     Err(e) => {
@@ -555,6 +556,30 @@ impl<L: CloudLink> State<L> {
         )
         .then(|| (self.dmi_tx.clone(), key));
         dmi::spawn_call(socket, call, done);
+    }
+
+    /// The device as KubeEdge v1.23's edge hands it to a mapper: its model's
+    /// `protocolConfigData` and property `visitors` (v1.22 fields) under the device's own keys.
+    /// Unchanged when the model is not stored here (yet).
+    async fn with_model_defaults(&self, device: &Value) -> Value {
+        let (Some(ns), Some(model)) = (
+            device
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str),
+            device
+                .pointer("/spec/deviceModelRef/name")
+                .and_then(Value::as_str),
+        ) else {
+            return device.clone();
+        };
+        let key = format!("{ns}/{}/{model}", ResourceType::DeviceModel.as_str());
+        match self.store.get(&key).await {
+            Ok(Some(text)) => match serde_json::from_str::<Value>(&text) {
+                Ok(m) => kubeedge_dmi::device_with_model_defaults(device, &m),
+                Err(_) => device.clone(),
+            },
+            _ => device.clone(),
+        }
     }
 
     /// Records the device's `MapperReady` condition and sends it when it changed.
@@ -757,7 +782,9 @@ impl<L: CloudLink> State<L> {
                 continue;
             };
             match (
-                kubeedge_dmi::device_from_crd(&dev),
+                kubeedge_dmi::device_from_crd(&kubeedge_dmi::device_with_model_defaults(
+                    &dev, model,
+                )),
                 kubeedge_dmi::model_from_crd(model),
             ) {
                 (Ok(d), Ok(m)) => {

@@ -418,9 +418,12 @@ async fn a_mapper_gets_its_devices_also_after_an_offline_restart() {
         "spec": {"deviceModelRef": {"name": "thermo"}, "nodeName": "edge-1",
             "protocol": {"protocolName": "modbus", "configData": {"ip": "127.0.0.1"}},
             "properties": [{"name": "temperature"}]}});
+    // With KubeEdge v1.22's model-level defaults, which v1.23's edge merges into the device.
     let model = json!({"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "DeviceModel",
         "metadata": {"name": "thermo", "namespace": "default", "uid": "m1"},
-        "spec": {"protocol": "modbus", "properties": [{"name": "temperature", "type": "INT"}]}});
+        "spec": {"protocol": "modbus", "protocolConfigData": {"port": 502},
+            "properties": [{"name": "temperature", "type": "INT",
+                "visitors": {"protocolName": "modbus", "configData": {"register": "InputRegister"}}}]}});
     // As metamanager does: stored first, then handed over.
     for (key, ty, v) in [
         (
@@ -460,6 +463,27 @@ async fn a_mapper_gets_its_devices_also_after_an_offline_restart() {
     assert_eq!(got.device_list.len(), 1);
     assert_eq!(got.device_list[0].name, "t1");
     assert_eq!(got.model_list[0].name, "thermo");
+    let spec = got.device_list[0].spec.as_ref().unwrap();
+    let config = |c: Option<&kubeedge_dmi::v1beta1::CustomizedValue>| {
+        Value::Object(kubeedge_dmi::config_data_to_json(c.unwrap()).unwrap())
+    };
+    assert_eq!(
+        config(spec.protocol.as_ref().unwrap().config_data.as_ref()),
+        json!({"ip": "127.0.0.1", "port": 502}),
+        "the model's protocolConfigData under the device's own"
+    );
+    assert_eq!(
+        config(
+            spec.properties[0]
+                .visitors
+                .as_ref()
+                .unwrap()
+                .config_data
+                .as_ref()
+        ),
+        json!({"register": "InputRegister"}),
+        "the model's visitors"
+    );
 
     let Rig {
         _dir,

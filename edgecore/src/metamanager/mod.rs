@@ -173,6 +173,8 @@ pub struct Routes {
     pub bus: Option<mpsc::Sender<Message>>,
     /// servicebus: group `user` from `router_servicebus` (calls, `start`/`stop`).
     pub servicebus: Option<mpsc::Sender<Message>>,
+    /// taskmanager: group `taskmanager` (node tasks).
+    pub tasks: Option<mpsc::Sender<Message>>,
 }
 
 /// What the metamanager needs from the cloud link; [`EdgeHub`] is the real one.

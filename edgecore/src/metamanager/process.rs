@@ -111,6 +111,18 @@ impl<L: CloudLink> Context<L> {
             }
             return None;
         }
+        if msg.route.group == Group::TaskManager {
+            match &self.routes.tasks {
+                Some(tx) => {
+                    if tx.send(msg).await.is_err() {
+                        tracing::debug!("taskmanager stopped; node task dropped");
+                    }
+                }
+                None => tracing::info!(resource = %msg.route.resource,
+                    "node task for a disabled taskmanager; dropped (modules.taskManager.enable)"),
+            }
+            return None;
+        }
         if !matches!(msg.route.group, Group::Resource | Group::Func) {
             tracing::debug!(group = %msg.route.group, resource = %msg.route.resource, "message for a module this edgecore does not run; dropped");
             return None;

@@ -1,7 +1,9 @@
 //! DeviceController (devices reference §2): Devices and DeviceModels → the edge node each
 //! device is bound to (`spec.nodeName`), and what edges report → `Device.status`.
 //!
-//! One watch per kind, cluster-wide (`watch.rs`). One actor owns the caches; its loop moves
+//! One watch per kind, cluster-wide (`watch.rs`); DeviceStatuses (KubeEdge v1.23) are watched
+//! only to know which exist: each Device gets one, created as v1.23 creates it, and reports are
+//! written there as well as to `Device.status` while that CRD is installed. One actor owns the caches; its loop moves
 //! only memory and messages ([`HubSink`]), so [`Devices`] is tested without a cluster
 //! (`tests.rs`). Status writes leave through a coalescing writer (`status.rs`): one patch in
 //! flight per device, later reports folded into the pending one, and the edge's reports
@@ -21,7 +23,7 @@ mod tests;
 mod watch;
 
 pub use messages::{IdForm, device_id};
-pub use status::{StatusWrite, device_resource, model_resource};
+pub use status::{StatusWrite, device_resource, device_status_resource, model_resource};
 
 use super::downstream::HubSink;
 use crate::cloudhub::NodeEvent;
@@ -51,6 +53,11 @@ pub enum Input {
     ModelApplied(Value),
     ModelDeleted(Value),
     ModelsListed,
+    /// A DeviceStatus exists / is gone; a relist of them began / ended.
+    StatusApplied(Value),
+    StatusDeleted(Value),
+    StatusesRelisting,
+    StatusesListed,
     Connected(String),
     /// The device objects an edge holds (from its inventory).
     Inventory {
@@ -86,6 +93,10 @@ pub struct Devices {
     relist: Option<HashSet<ObjKey>>,
     devices_listed: bool,
     models_listed: bool,
+    /// DeviceStatuses that exist (or are being created), once they are listed; `None` while
+    /// their CRD is not served (reports then go to `Device.status` only).
+    statuses: Option<HashSet<ObjKey>>,
+    statuses_relist: Option<HashSet<ObjKey>>,
     /// Nodes whose edges take `<namespace>/<name>` device IDs (KubeEdge ≥ v1.16).
     id_forms: HashMap<String, IdForm>,
     /// Nodes whose Node object is being asked for.
@@ -104,6 +115,13 @@ fn key_of(obj: &Value) -> ObjKey {
             .to_string()
     };
     (s("/metadata/namespace"), s("/metadata/name"))
+}
+
+fn uid_of(obj: &Value) -> String {
+    obj.pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn node_of(dev: &Value) -> Option<&str> {
@@ -132,6 +150,8 @@ impl Devices {
             relist: None,
             devices_listed: false,
             models_listed: false,
+            statuses: None,
+            statuses_relist: None,
             id_forms: HashMap::new(),
             asked: HashSet::new(),
             waiting: HashSet::new(),
@@ -220,17 +240,41 @@ impl Devices {
                     }
                 }
                 self.devices_listed = true;
+                self.ensure_statuses();
             }
             Input::ModelApplied(m) => self.model_applied(m),
             Input::ModelDeleted(m) => {
                 self.models.remove(&key_of(&m));
             }
             Input::ModelsListed => self.models_listed = true,
+            Input::StatusApplied(o) => {
+                let key = key_of(&o);
+                if let Some(seen) = &mut self.statuses_relist {
+                    seen.insert(key.clone());
+                }
+                if let Some(s) = &mut self.statuses {
+                    s.insert(key);
+                }
+            }
+            Input::StatusDeleted(o) => {
+                // Made again by the device's next report (as KubeEdge v1.23 does).
+                if let Some(s) = &mut self.statuses {
+                    s.remove(&key_of(&o));
+                }
+            }
+            Input::StatusesRelisting => self.statuses_relist = Some(HashSet::new()),
+            Input::StatusesListed => {
+                self.statuses = Some(self.statuses_relist.take().unwrap_or_default());
+                self.ensure_statuses();
+            }
             Input::Connected(node) => self.connected(&node),
             Input::Inventory { node, held } => self.inventory(&node, &held),
             Input::Report { node, message } => self.report(&node, *message),
             Input::WriteFailed(key) => {
                 self.written.remove(&key);
+                if let Some(s) = &mut self.statuses {
+                    s.remove(&key);
+                }
             }
             Input::NodeIdForm { node, form } => self.node_id_form(&node, form),
         }
@@ -295,9 +339,51 @@ impl Devices {
         );
     }
 
+    /// Every Device without a DeviceStatus gets one (once both lists are complete).
+    fn ensure_statuses(&mut self) {
+        if !self.devices_listed {
+            return;
+        }
+        let keys: Vec<ObjKey> = self.devices.keys().cloned().collect();
+        for key in keys {
+            self.ensure_status(&key);
+        }
+    }
+
+    /// Creates the device's DeviceStatus, as KubeEdge v1.23 does when it sees a Device, with
+    /// what the Device's status already holds.
+    fn ensure_status(&mut self, key: &ObjKey) {
+        let Some(statuses) = &mut self.statuses else {
+            return;
+        };
+        let Some(dev) = self.devices.get(key) else {
+            return;
+        };
+        if statuses.contains(key) {
+            return;
+        }
+        let status = reports::device_status_patch(dev).unwrap_or_else(|| json!({"status": {}}));
+        let write = StatusWrite {
+            key: key.clone(),
+            patch: Value::Null,
+            status: Some(status),
+            uid: uid_of(dev),
+            replies: Vec::new(),
+        };
+        if self.writes.try_send(write).is_ok() {
+            statuses.insert(key.clone());
+        } else {
+            tracing::debug!(namespace = %key.0, device = %key.1,
+                "status writer busy; the DeviceStatus is created with the next report");
+        }
+    }
+
     fn device_applied(&mut self, dev: Value) {
         let key = key_of(&dev);
         let old = self.devices.insert(key.clone(), dev.clone());
+        if old.is_none() && self.devices_listed {
+            self.ensure_status(&key);
+        }
         let new_node = node_of(&dev).map(str::to_string);
         match old {
             None => {
@@ -538,9 +624,16 @@ impl Devices {
         match patch {
             None => self.send(node, messages::report_ok(&msg)),
             Some(patch) => {
+                let status = self
+                    .statuses
+                    .is_some()
+                    .then(|| reports::device_status_patch(&patch))
+                    .flatten();
                 let write = StatusWrite {
+                    uid: uid_of(&self.devices[&key]),
                     key,
                     patch,
+                    status,
                     replies: vec![(node.to_string(), msg)],
                 };
                 if let Err(e) = self.writes.try_send(write) {

@@ -85,6 +85,19 @@ pub fn twins_patch(twins: &[Value]) -> Value {
     json!({"status": {"twins": twins}})
 }
 
+/// What of a Device status patch also goes to its DeviceStatus (KubeEdge v1.23 keeps twins,
+/// state and the last online time there; conditions are this project's and stay on the
+/// Device), or `None` when nothing does.
+pub fn device_status_patch(patch: &Value) -> Option<Value> {
+    let status = patch.get("status")?.as_object()?;
+    let kept: Map<String, Value> = status
+        .iter()
+        .filter(|(k, _)| matches!(k.as_str(), "twins" | "state" | "lastOnlineTime"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    (!kept.is_empty()).then(|| json!({ "status": kept }))
+}
+
 /// The merge patch of a state report (v1.18+ shape, under `status`); `lastOnlineTime` only
 /// when the device is online.
 pub fn state_patch(state: &str, last_online: &str) -> Value {
@@ -187,6 +200,20 @@ mod tests {
         assert_eq!(p["status"]["conditions"][1]["status"], "True");
         let p = condition_patch(&json!({}), cond("False", "NoMapper"), "t3").unwrap();
         assert_eq!(p["status"]["conditions"][0]["lastTransitionTime"], "t3");
+    }
+
+    #[test]
+    fn device_status_patches_carry_twins_and_state_but_not_conditions() {
+        assert_eq!(
+            device_status_patch(&json!({"status": {"state": "online", "lastOnlineTime": "t",
+                "conditions": [], "twins": []}})),
+            Some(json!({"status": {"state": "online", "lastOnlineTime": "t", "twins": []}}))
+        );
+        assert_eq!(
+            device_status_patch(&json!({"status": {"conditions": []}})),
+            None
+        );
+        assert_eq!(device_status_patch(&json!("garbage")), None);
     }
 
     #[test]

@@ -431,3 +431,51 @@ fn kubeedge_edges_from_v1_16_get_namespaced_device_ids() {
         "no rename for a push that waited"
     );
 }
+
+#[test]
+fn with_the_device_status_crd_every_device_gets_one_and_reports_go_to_both() {
+    let (hub, mut d, mut rx) = rig();
+    let mut with_state = device("t0", "edge-1", "m");
+    with_state["status"] = json!({"state": "online", "conditions": []});
+    d.apply(Input::DeviceApplied(with_state));
+    d.apply(Input::DeviceApplied(device("t1", "edge-1", "m")));
+    hub.take();
+    // Without the CRD listed: nothing is created, reports go to the Device only.
+    assert!(rx.try_recv().is_err());
+    // Listed with t1's already there: only t0's is created, with what its Device holds.
+    d.apply(Input::StatusesRelisting);
+    d.apply(Input::StatusApplied(
+        json!({"metadata": {"namespace": "default", "name": "t1"}}),
+    ));
+    d.apply(Input::StatusesListed);
+    let w = rx.try_recv().expect("t0's DeviceStatus");
+    assert_eq!(w.key.1, "t0");
+    assert!(w.patch.is_null(), "nothing written to the Device");
+    assert_eq!(w.status, Some(json!({"status": {"state": "online"}})));
+    assert_eq!(w.uid, "d-t0");
+    assert!(rx.try_recv().is_err(), "t1 has one");
+    // A new device gets one at once.
+    d.apply(Input::DeviceApplied(device("t2", "edge-1", "m")));
+    assert_eq!(
+        rx.try_recv().expect("t2's").status,
+        Some(json!({"status": {}}))
+    );
+    // A twin report is written to both.
+    d.apply(Input::Report {
+        node: "edge-1".into(),
+        message: Box::new(report(
+            "device/t1/twin/edge_updated",
+            json!({"twin": {"temperature": {"actual": {"value": "23"}}}}),
+        )),
+    });
+    let w = rx.try_recv().expect("a status write");
+    let twins = json!({"status": {"twins": [{"propertyName": "temperature", "reported": {"value": "23"}}]}});
+    assert_eq!(w.patch, twins);
+    assert_eq!(w.status, Some(twins));
+    assert_eq!(w.uid, "d-t1");
+    // A DeviceStatus deleted by hand is not made again until the next report writes it.
+    d.apply(Input::StatusDeleted(
+        json!({"metadata": {"namespace": "default", "name": "t1"}}),
+    ));
+    assert!(rx.try_recv().is_err());
+}

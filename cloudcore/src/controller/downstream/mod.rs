@@ -15,12 +15,14 @@
 //! - `resync.rs`: answering an edge's inventory (or a KubeEdge edge's records) with the
 //!   difference — only from a view complete for that node;
 //! - `fetch.rs`: the apiserver reads, off the actor's loop, coalesced so that a storm of
-//!   resyncs does not become a storm of reads (`fetch_pods.rs`, `fetch_configs.rs`).
+//!   resyncs does not become a storm of reads (`fetch_pods.rs`, `fetch_configs.rs`);
+//! - `node_push.rs`: the Node object for KubeEdge v1.23+ edges, which read it locally.
 
 mod configs;
 mod fetch;
 mod fetch_configs;
 mod fetch_pods;
+mod node_push;
 mod pods;
 mod recent_pods;
 mod resync;
@@ -158,6 +160,7 @@ pub struct Downstream {
     resyncs: resync::Resyncs,
     /// `edgecontroller_resync_duration_seconds`, when metrics are kept.
     resync_duration: Option<prometheus_client::metrics::histogram::Histogram>,
+    node_push: node_push::NodePush,
 }
 
 impl Downstream {
@@ -182,6 +185,7 @@ impl Downstream {
             secrets: configs::ConfigObjects::default(),
             resyncs: resync::Resyncs::default(),
             resync_duration: None,
+            node_push: node_push::NodePush::default(),
         }
     }
 
@@ -305,13 +309,19 @@ impl Downstream {
                 self.request_resync(&node, resync::Held::Inventory(held))
             }
             Input::Connected { node, capabilities } => {
+                if let Some(object) = self.node_push.connected(&node) {
+                    self.send_node(&node, object);
+                }
                 if !capabilities.inventory_resync {
                     // KubeEdge edges send no inventory: what their records say they hold
                     // (nothing without records: then everything is pushed).
                     self.request_resync(&node, resync::Held::Records);
                 }
             }
-            Input::Disconnected { node } => self.forget_session(&node),
+            Input::Disconnected { node } => {
+                self.node_push.disconnected(&node);
+                self.forget_session(&node)
+            }
             Input::HubLagged => {
                 for node in self.hub.connected_nodes() {
                     self.request_resync(&node, resync::Held::Unknown);
@@ -351,6 +361,11 @@ impl Downstream {
     /// Every watcher has listed once.
     fn all_synced(&self) -> bool {
         self.synced.len() == 4
+    }
+
+    /// The edge's own Node, as KubeEdge v1.23's cloud sends it (`update` on `null/node/<name>`).
+    fn send_node(&self, node: &str, object: Value) {
+        self.send(node, Operation::Update, "node", "null", node, object);
     }
 
     fn send(&self, node: &str, op: Operation, ty: &str, ns: &str, name: &str, object: Value) {

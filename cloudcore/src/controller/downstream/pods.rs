@@ -101,6 +101,10 @@ impl Downstream {
                     seen.insert((String::new(), name.clone()));
                 }
                 self.tell_if_marked_unknown(&name, &n);
+                let connected = self.hub.is_connected(&name);
+                if let Some((node, object)) = self.node_push.observe(&n, connected) {
+                    self.send_node(&node, object);
+                }
                 if self.pods.edge_nodes.insert(Arc::from(name.as_str())) {
                     self.edge_node_added(name);
                 }
@@ -171,6 +175,7 @@ impl Downstream {
     }
 
     fn remove_edge_node(&mut self, node: &str) {
+        self.node_push.removed(node);
         if !self.pods.edge_nodes.remove(node) {
             return;
         }

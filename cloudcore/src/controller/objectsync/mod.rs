@@ -105,6 +105,8 @@ pub struct SyncOptions {
     /// RBAC rules of the service accounts an edge's pods use are sent to that edge as
     /// ServiceAccountAccess objects, for its MetaServer. Off by default, as in KubeEdge.
     pub policy: bool,
+    /// `modules.taskManager.enable`: node tasks (ImagePrePullJobs) run.
+    pub node_tasks: bool,
 }
 
 impl SyncOptions {
@@ -116,6 +118,7 @@ impl SyncOptions {
             enable: sc.enable,
             resync_interval: std::time::Duration::from_secs(sc.resync_interval.max(1)),
             policy: c.feature_gates.get("requireAuthorization") == Some(&true),
+            node_tasks: c.modules.task_manager.enable,
             ..Default::default()
         }
     }
@@ -131,6 +134,7 @@ impl Default for SyncOptions {
             ack_buffer: 16_384,
             election: ElectionConfig::new(LEASE_NAME),
             policy: false,
+            node_tasks: false,
         }
     }
 }

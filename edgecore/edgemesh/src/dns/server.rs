@@ -194,6 +194,9 @@ fn bind(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), DnsError> {
     // program may hold, so a few tries.
     let tries = if listen.port() == 0 { 8 } else { 1 };
     let mut last = None;
+    // Ports whose TCP half was taken stay bound until the end, so that the kernel does not
+    // hand out the same UDP port again on the next try.
+    let mut refused = Vec::new();
     for _ in 0..tries {
         let udp = std::net::UdpSocket::bind(listen).map_err(bind_error("udp", listen))?;
         let addr = udp.local_addr().map_err(bind_error("udp", listen))?;
@@ -205,7 +208,10 @@ fn bind(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), DnsError> {
                 let tcp = TcpListener::from_std(tcp).map_err(bind_error("tcp", addr))?;
                 return Ok((udp, tcp));
             }
-            Err(source) => last = Some(bind_error("tcp", addr)(source)),
+            Err(source) => {
+                last = Some(bind_error("tcp", addr)(source));
+                refused.push(udp);
+            }
         }
     }
     Err(last.unwrap_or_else(|| bind_error("tcp", listen)(io::ErrorKind::AddrInUse.into())))
