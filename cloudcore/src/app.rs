@@ -11,6 +11,24 @@ use tokio_util::sync::CancellationToken;
 
 /// Builds a Kubernetes client from `kubeAPIConfig` (kubeconfig file, or in-cluster/env).
 pub async fn kube_client(cfg: &CloudCoreConfig) -> anyhow::Result<kube::Client> {
+    Ok(kube::Client::try_from(kube_config(cfg).await?)?)
+}
+
+/// The same client, its requests counted in `metrics` (`/metrics`:
+/// `cloudcore_apiserver_requests_total` and the bytes).
+pub async fn counted_kube_client(
+    cfg: &CloudCoreConfig,
+    metrics: crate::apiserver_requests::ApiRequestMetrics,
+) -> anyhow::Result<kube::Client> {
+    let layer = crate::apiserver_requests::CountRequests(metrics);
+    Ok(
+        kube::client::ClientBuilder::try_from(kube_config(cfg).await?)?
+            .with_layer(&layer)
+            .build(),
+    )
+}
+
+async fn kube_config(cfg: &CloudCoreConfig) -> anyhow::Result<kube::Config> {
     let k = &cfg.kube_api_config;
     let mut config = if k.kube_config.is_empty() {
         kube::Config::infer().await.context(
@@ -29,7 +47,7 @@ pub async fn kube_client(cfg: &CloudCoreConfig) -> anyhow::Result<kube::Client> 
             .parse()
             .context("kubeAPIConfig.master is not a URL")?;
     }
-    Ok(kube::Client::try_from(config)?)
+    Ok(config)
 }
 
 /// The join token in Secret `kubeedge/tokensecret` and the certificate server on
@@ -81,11 +99,13 @@ async fn start_join(
 
 /// Runs cloudcore until `shutdown` is cancelled.
 pub async fn run(cfg: CloudCoreConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let client = kube_client(&cfg).await?;
+    let mut registry = Registry::default();
+    let api_metrics = crate::apiserver_requests::ApiRequestMetrics::default();
+    api_metrics.register(&mut registry);
+    let client = counted_kube_client(&cfg, api_metrics).await?;
     let hub_cfg = &cfg.modules.cloud_hub;
     let certs = crate::certs::prepare(Some(&client), hub_cfg).await?;
 
-    let mut registry = Registry::default();
     let hub_metrics = HubMetrics::default();
     hub_metrics.register(&mut registry);
     let controller_metrics = crate::metrics::ControllerMetrics::default();

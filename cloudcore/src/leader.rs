@@ -1,5 +1,7 @@
 //! Leader election over a `coordination.k8s.io/v1` Lease, as client-go's `leaderelection` does
-//! it: one replica holds the Lease and renews it every `retry_period`; the others take it over
+//! it: one replica holds the Lease and renews it every `retry_period` (writing over the copy
+//! it wrote last, without reading it first; a conflict sends it back to reading); the others
+//! take it over
 //! once they have seen no change to it for `leaseDurationSeconds` (measured on their own clock,
 //! so clock skew between replicas does not matter); every write carries the `resourceVersion` it
 //! read, so two replicas never both win. A leader that cannot renew within `renew_deadline`
@@ -28,17 +30,19 @@ pub struct ElectionConfig {
     pub name: String,
     /// This replica's `holderIdentity`; unique per process.
     pub identity: String,
-    /// How long a Lease nobody renews stays valid (client-go default 15 s).
+    /// How long a Lease nobody renews stays valid.
     pub lease_duration: Duration,
-    /// A leader that has not renewed for this long steps down (client-go default 10 s).
+    /// A leader that has not renewed for this long steps down.
     pub renew_deadline: Duration,
-    /// Between attempts to acquire or renew (client-go default 2 s).
+    /// Between attempts to acquire or renew.
     pub retry_period: Duration,
 }
 
 impl ElectionConfig {
-    /// client-go's default timings; the namespace from `POD_NAMESPACE` (default `kubeedge`);
-    /// the identity from the host name plus a random suffix.
+    /// Timings for work that can wait a minute (client-go's defaults, 15/10/2 s, cost one
+    /// read and one write every 2 s for as long as cloudcore runs): renewed every 15 s,
+    /// taken over a minute after its leader vanished. The namespace from `POD_NAMESPACE`
+    /// (default `kubeedge`); the identity from the host name plus a random suffix.
     pub fn new(name: &str) -> Self {
         ElectionConfig {
             namespace: std::env::var("POD_NAMESPACE")
@@ -47,9 +51,9 @@ impl ElectionConfig {
                 .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string()),
             name: name.to_string(),
             identity: default_identity(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
+            lease_duration: Duration::from_secs(60),
+            renew_deadline: Duration::from_secs(40),
+            retry_period: Duration::from_secs(15),
         }
     }
 }
@@ -94,6 +98,7 @@ pub fn spawn(client: kube::Client, cfg: ElectionConfig, shutdown: CancellationTo
         api,
         cfg,
         observed: Observed::default(),
+        written: None,
     };
     tokio::spawn(elector.run(tx, shutdown));
     Leadership(rx)
@@ -193,6 +198,8 @@ struct Elector {
     api: Api<Lease>,
     cfg: ElectionConfig,
     observed: Observed,
+    /// The Lease as we last wrote it while holding it: renewed without reading it again.
+    written: Option<Lease>,
 }
 
 impl Elector {
@@ -200,7 +207,11 @@ impl Elector {
     async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let now = Instant::now();
         let me = self.cfg.identity.clone();
-        let Some(lease) = self.api.get_opt(&self.cfg.name).await? else {
+        let known = match self.written.take() {
+            Some(lease) => Some(lease),
+            None => self.api.get_opt(&self.cfg.name).await?,
+        };
+        let Some(lease) = known else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.cfg.name.clone()),
@@ -218,6 +229,7 @@ impl Elector {
                 Ok(created) => {
                     self.observed
                         .observe(Record::from_spec(created.spec.as_ref()), now);
+                    self.written = Some(created);
                     Ok(true)
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
@@ -233,7 +245,8 @@ impl Elector {
         }
         let mut updated = lease;
         updated.spec = Some(next_spec(&record, decision, &me, self.cfg.lease_duration));
-        // `metadata.resourceVersion` is the one we read: a concurrent writer makes this a 409.
+        // `metadata.resourceVersion` is the one we read (or wrote): a concurrent writer makes
+        // this a 409, and the next attempt reads the Lease again.
         match self
             .api
             .replace(&self.cfg.name, &PostParams::default(), &updated)
@@ -242,6 +255,7 @@ impl Elector {
             Ok(written) => {
                 self.observed
                     .observe(Record::from_spec(written.spec.as_ref()), now);
+                self.written = Some(written);
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
@@ -320,6 +334,7 @@ impl Elector {
 
     /// Gives the Lease up (client-go's `ReleaseOnCancel`): empty holder, 1 s duration.
     async fn release(&mut self) {
+        self.written = None;
         let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await else {
             return;
         };

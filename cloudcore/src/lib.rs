@@ -1,5 +1,6 @@
 //! cloudcore: the cloud side of kubeedge-rs.
 
+pub mod apiserver_requests;
 pub mod app;
 pub mod certs;
 pub mod cloudhub;

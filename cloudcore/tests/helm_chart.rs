@@ -84,6 +84,16 @@ impl Scope {
 
     /// One `{{ … }}` action outside the `if`/`end` structure.
     fn action(&self, action: &str) -> String {
+        if let Some(rest) = action.strip_prefix(".Files.Get ") {
+            // A chart file, verbatim (Helm does not render it).
+            let (path, indent) = rest
+                .split_once("| nindent ")
+                .unwrap_or_else(|| panic!(".Files.Get without nindent: {action:?}"));
+            let n: usize = indent.trim().parse().expect("nindent width");
+            let text = read(&chart_dir().join(path.trim().trim_matches('"')));
+            let pad = " ".repeat(n);
+            return text.lines().map(|l| format!("\n{pad}{l}")).collect();
+        }
         if let Some(rest) = action.strip_prefix("toYaml ") {
             let (expr, indent) = rest
                 .split_once("| nindent ")
@@ -456,7 +466,8 @@ const NEEDED: &[(&str, &str, &[&str])] = &[
     (
         "coordination.k8s.io",
         "leases",
-        &["get", "create", "update"],
+        // patch: edge node Leases renewed by cloudcore (`cloud-lease`).
+        &["get", "create", "update", "patch"],
     ),
     (
         "reliablesyncs.kubeedge.io",
@@ -1106,4 +1117,185 @@ fn sample_workloads_target_edge_nodes() {
     }
     kinds.sort();
     assert_eq!(kinds, ["DaemonSet", "Deployment", "Device", "DeviceModel"]);
+}
+
+/// The metric names a PromQL expression reads: identifiers that are not functions, keywords
+/// or label names (matchers, `by (…)` and `without (…)` groups and strings removed first).
+fn promql_metrics(expr: &str) -> Vec<String> {
+    let mut text = String::new();
+    let (mut depth_brace, mut in_string) = (0usize, false);
+    for c in expr.chars() {
+        match c {
+            '"' => in_string = !in_string,
+            _ if in_string => {}
+            '{' => depth_brace += 1,
+            '}' => depth_brace -= 1,
+            '[' => depth_brace += 1,
+            ']' => depth_brace -= 1,
+            _ if depth_brace > 0 => {}
+            c => text.push(c),
+        }
+    }
+    // `by (a, b)` / `without (a)`: label lists.
+    for kw in [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ] {
+        while let Some(i) = find_word(&text, kw) {
+            let after = &text[i + kw.len()..];
+            let close = after.find(')').expect("label list end");
+            text = format!("{}{}", &text[..i], &after[close + 1..]);
+        }
+    }
+    let keywords = ["and", "or", "unless", "bool", "offset"];
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let starts = (c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && (i == 0 || !(chars[i - 1].is_ascii_alphanumeric() || chars[i - 1] == '.'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < chars.len()
+            && (chars[j].is_ascii_alphanumeric() || chars[j] == '_' || chars[j] == ':')
+        {
+            j += 1;
+        }
+        let word: String = chars[i..j].iter().collect();
+        let next = chars[j..].iter().find(|c| !c.is_whitespace());
+        if next != Some(&'(') && !keywords.contains(&word.as_str()) {
+            out.push(word);
+        }
+        i = j;
+    }
+    out
+}
+
+fn find_word(text: &str, word: &str) -> Option<usize> {
+    text.match_indices(word).map(|(i, _)| i).find(|&i| {
+        let before = text[..i].chars().last();
+        let after = text[i + word.len()..].trim_start().chars().next();
+        !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') && after == Some('(')
+    })
+}
+
+#[test]
+fn promql_metric_names_are_found() {
+    assert_eq!(
+        promql_metrics(
+            "histogram_quantile(0.99, sum by (le, resource) (rate(a_bucket{code!=\"2xx\"}[5m]))) / clamp_min(sum(b), 1)"
+        ),
+        ["a_bucket", "b"]
+    );
+    assert_eq!(
+        promql_metrics("topk(10, sum without (x) (rate(c_total[1h])))"),
+        ["c_total"]
+    );
+}
+
+#[test]
+fn monitoring_is_off_by_default_and_the_dashboard_reads_only_exported_metrics() {
+    let docs = render_chart(installed_values());
+    assert!(find(&docs, "ServiceMonitor", "cloudcore").is_none());
+    assert!(find(&docs, "ConfigMap", "cloudcore-dashboard").is_none());
+
+    let mut v = installed_values();
+    set(&mut v, "cloudCore.serviceMonitor.enable", json!(true));
+    set(
+        &mut v,
+        "cloudCore.serviceMonitor.labels",
+        json!({"release": "prom"}),
+    );
+    set(&mut v, "cloudCore.grafanaDashboard.enable", json!(true));
+    let docs = render_chart(v);
+    let sm = find(&docs, "ServiceMonitor", "cloudcore").expect("ServiceMonitor");
+    assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    let svc = find(&docs, "Service", "cloudcore-metrics").expect("Service cloudcore-metrics");
+    // The ServiceMonitor selects that Service (and not the edges' one), on its metrics port.
+    for (k, want) in sm["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&svc["metadata"]["labels"][k], want, "label {k}");
+    }
+    let edges_svc = find(&docs, "Service", "cloudcore").expect("Service cloudcore");
+    assert!(
+        sm["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .any(|(k, want)| &edges_svc["metadata"]["labels"][k] != want),
+        "the ServiceMonitor would select the edges' Service too"
+    );
+    let endpoint = &sm["spec"]["endpoints"][0];
+    assert_eq!(endpoint["path"], "/metrics");
+    let port = &svc["spec"]["ports"][0];
+    assert_eq!(port["name"], endpoint["port"]);
+    // ... which is where cloudcore serves /metrics, on its pods.
+    let cm = find(&docs, "ConfigMap", "cloudcore").expect("ConfigMap cloudcore");
+    let cfg = CloudCoreConfig::from_yaml(cm["data"]["cloudcore.yaml"].as_str().unwrap()).unwrap();
+    let monitor: std::net::SocketAddr = cfg
+        .common_config
+        .monitor_server
+        .bind_address
+        .parse()
+        .unwrap();
+    assert_eq!(port["targetPort"].as_u64(), Some(u64::from(monitor.port())));
+    let deploy = find(&docs, "Deployment", "cloudcore").expect("Deployment cloudcore");
+    assert_eq!(
+        svc["spec"]["selector"],
+        deploy["spec"]["template"]["metadata"]["labels"]
+    );
+
+    // The dashboard ConfigMap carries the file as it is.
+    let dash_cm = find(&docs, "ConfigMap", "cloudcore-dashboard").expect("dashboard ConfigMap");
+    assert_eq!(dash_cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let file = read(&chart_dir().join("dashboards/cloudcore.json"));
+    let shipped: Value = serde_json::from_str(dash_cm["data"]["cloudcore.json"].as_str().unwrap())
+        .expect("dashboard JSON in the ConfigMap");
+    let dashboard: Value = serde_json::from_str(&file).expect("dashboards/cloudcore.json");
+    assert_eq!(shipped, dashboard);
+
+    // Every query reads metrics cloudcore exports.
+    let exported = cloudcore::metrics::exported_names();
+    let mut read_names = std::collections::BTreeSet::new();
+    let mut queries = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            queries += 1;
+            let names = promql_metrics(expr);
+            assert!(!names.is_empty(), "{expr}: reads no metric");
+            for name in names {
+                assert!(
+                    exported.contains(&name),
+                    "panel {:?}: {name} is not a metric cloudcore exports ({expr})",
+                    panel["title"]
+                );
+                read_names.insert(name);
+            }
+        }
+    }
+    assert!(queries >= 10, "{queries} queries");
+    // What an operator of a fleet looks at first.
+    for needed in [
+        "cloudhub_connected_nodes",
+        "cloudhub_node_queue_depth_bucket",
+        "cloudhub_ack_latency_seconds_bucket",
+        "cloudhub_message_bytes_total",
+        "cloudhub_node_message_bytes_total",
+        "edgecontroller_resync_duration_seconds_bucket",
+        "cloudcore_apiserver_requests_total",
+    ] {
+        assert!(
+            read_names.contains(needed),
+            "the dashboard shows no {needed}"
+        );
+    }
 }

@@ -24,3 +24,4 @@ pub mod reliablesyncs;
 pub mod router;
 pub mod sim_edge;
 pub mod stream_client;
+pub mod wire_proxy;

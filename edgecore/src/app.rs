@@ -277,7 +277,10 @@ impl EdgeCore {
                     e,
                     client,
                     changes,
-                    Some(hub.subscribe()),
+                    Some(crate::edged::EdgedLink {
+                        events: hub.subscribe(),
+                        terms: hub.terms(),
+                    }),
                     status_reports,
                     observer,
                 ) {

@@ -11,6 +11,24 @@ pub const CONNECTION_USE_MSG: &str = "msg";
 /// Real KubeEdge peers ignore unknown headers and are served in compatibility mode.
 pub const HEADER_CAPABILITIES: &str = "X-KubeEdge-RS-Capabilities";
 pub const CAPABILITY_INVENTORY: &str = "inventory-resync";
+/// The edge proves it is alive with WebSocket pings alone (no keepalive message); the cloud
+/// takes any frame as a keepalive. Both sides must advertise it (the cloud in its 101
+/// answer); a KubeEdge cloudcore needs keepalive messages and advertises nothing.
+pub const CAPABILITY_PING_KEEPALIVE: &str = "ping-keepalive";
+/// The cloud renews the edge's node Lease each time it hears from the edge (at most every
+/// quarter of the lease's duration, as the kubelet renews) while the link is up, and sends
+/// the edge its Node when the cluster marks its conditions Unknown; the edge then renews
+/// nothing itself and reports node status only when it changes. Both sides must advertise
+/// it; the edge as `cloud-lease=<nodeLeaseDurationSeconds>`, the cloud plainly.
+pub const CAPABILITY_CLOUD_LEASE: &str = "cloud-lease";
+
+/// A capability token as `(name, value)`: `cloud-lease=40` → `("cloud-lease", Some("40"))`.
+pub fn capability_parts(token: &str) -> (&str, Option<&str>) {
+    match token.trim().split_once('=') {
+        Some((name, value)) => (name.trim(), Some(value.trim())),
+        None => (token.trim(), None),
+    }
+}
 /// Sent by edgestream in the stream tunnel handshake (same header): the edge serves
 /// PORT_FORWARD_CONNECT. Released KubeEdge edges crash on connect types they do not know,
 /// so the cloud sends it to no other edge.

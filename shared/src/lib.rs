@@ -26,6 +26,7 @@ pub mod stream;
 pub mod tls;
 pub mod token;
 pub mod topic;
+pub mod wire;
 
 pub use codec::{CodecError, FrameCodec};
 pub use content::{ObjectResp, Status, StatusError};

@@ -4,8 +4,9 @@
 use super::Capabilities;
 use http::StatusCode;
 use kubeedge_shared::constants::{
-    CAPABILITY_INVENTORY, CONNECTION_USE_MSG, HEADER_CAPABILITIES, HEADER_CONNECTION_USE,
-    HEADER_NODE_ID, HEADER_PROJECT_ID, LEGACY_EDGE_CN, NODE_CN_PREFIX,
+    CAPABILITY_CLOUD_LEASE, CAPABILITY_INVENTORY, CAPABILITY_PING_KEEPALIVE, CONNECTION_USE_MSG,
+    HEADER_CAPABILITIES, HEADER_CONNECTION_USE, HEADER_NODE_ID, HEADER_PROJECT_ID, LEGACY_EDGE_CN,
+    NODE_CN_PREFIX, capability_parts,
 };
 use kubeedge_shared::names::valid_node_name;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request};
@@ -92,9 +93,18 @@ pub(super) fn check_request(
         }
     }
     let legacy_cn = certificate_identity(peer_cn, node, allow_legacy_cn)?;
+    let tokens: Vec<(&str, Option<&str>)> = header(req, HEADER_CAPABILITIES)
+        .map(|v| v.split(',').map(capability_parts).collect())
+        .unwrap_or_default();
+    let asked = |capability: &str| tokens.iter().find(|(name, _)| *name == capability);
     let capabilities = Capabilities {
-        inventory_resync: header(req, HEADER_CAPABILITIES)
-            .is_some_and(|v| v.split(',').any(|c| c.trim() == CAPABILITY_INVENTORY)),
+        inventory_resync: asked(CAPABILITY_INVENTORY).is_some(),
+        ping_keepalive: asked(CAPABILITY_PING_KEEPALIVE).is_some(),
+        // Only with a usable duration (a lease shorter than 4 s could not be renewed on
+        // time at the edge's pace).
+        cloud_lease: asked(CAPABILITY_CLOUD_LEASE)
+            .and_then(|(_, v)| (*v)?.parse::<u32>().ok())
+            .filter(|secs| (4..=3600).contains(secs)),
     };
     Ok(Accepted {
         node: node.to_string(),
@@ -212,8 +222,24 @@ mod tests {
     #[test]
     fn capability_header_is_read() {
         let mut h = GO_HEADERS.to_vec();
-        h.push(("X-KubeEdge-RS-Capabilities", "inventory-resync"));
+        h.push((
+            "X-KubeEdge-RS-Capabilities",
+            "inventory-resync, ping-keepalive,cloud-lease=40,future-thing",
+        ));
         let a = check_request(&req(&h), Some("system:node:edge-1"), false).unwrap();
         assert!(a.capabilities.inventory_resync);
+        assert!(a.capabilities.ping_keepalive);
+        assert_eq!(a.capabilities.cloud_lease, Some(40));
+        for unusable in [
+            "cloud-lease",
+            "cloud-lease=x",
+            "cloud-lease=1",
+            "cloud-lease=-5",
+        ] {
+            let mut h = GO_HEADERS.to_vec();
+            h.push(("X-KubeEdge-RS-Capabilities", unusable));
+            let a = check_request(&req(&h), Some("system:node:edge-1"), false).unwrap();
+            assert_eq!(a.capabilities.cloud_lease, None, "{unusable}");
+        }
     }
 }

@@ -87,11 +87,34 @@ impl Default for HubConfig {
     }
 }
 
-/// What a connected edge said about itself in the handshake.
+/// What a connected edge said about itself in the handshake (this cloudcore offers every
+/// one of them: [`OFFERED`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Capabilities {
     /// The edge sends an inventory on connect and expects only the difference.
     pub inventory_resync: bool,
+    /// The edge's heartbeat is a WebSocket ping alone.
+    pub ping_keepalive: bool,
+    /// This cloudcore renews the edge's Lease (of this many seconds) when it hears from it,
+    /// and sends the edge its Node when the cluster marks it Unknown.
+    pub cloud_lease: Option<u32>,
+}
+
+/// The capabilities this cloudcore advertises in its answer to the upgrade.
+pub const OFFERED: &[&str] = &[
+    kubeedge_shared::constants::CAPABILITY_INVENTORY,
+    kubeedge_shared::constants::CAPABILITY_PING_KEEPALIVE,
+    kubeedge_shared::constants::CAPABILITY_CLOUD_LEASE,
+];
+
+/// The cloud heard from an edge that lets it renew its Lease (`cloud_lease`), at least a
+/// quarter of the lease's duration after the last report.
+#[derive(Debug, Clone)]
+pub struct Heard {
+    pub node: String,
+    pub at: std::time::SystemTime,
+    /// The edge's `nodeLeaseDurationSeconds`.
+    pub lease_secs: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -147,6 +170,7 @@ pub(crate) struct Inner {
     next_session: AtomicU64,
     shutdown: CancellationToken,
     acks: std::sync::Mutex<Option<mpsc::Sender<Acked>>>,
+    heard: std::sync::Mutex<Option<mpsc::Sender<Heard>>>,
     router: std::sync::Mutex<Option<(mpsc::Sender<RouterMessage>, ByteBudget)>>,
 }
 
@@ -243,6 +267,7 @@ impl CloudHub {
             next_session: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
             acks: std::sync::Mutex::new(None),
+            heard: std::sync::Mutex::new(None),
             router: std::sync::Mutex::new(None),
         });
         tokio::spawn(server::accept_loop(inner.clone(), listener, tls));
@@ -341,6 +366,16 @@ impl CloudHub {
         rx
     }
 
+    /// Reports, on the returned channel, edges with `cloud_lease` heard from (one consumer; a
+    /// later call replaces the earlier). A report the consumer has no room for is dropped and
+    /// counted in `cloudhub_messages_dropped{reason="heard_report"}`; the next frame from that
+    /// edge reports again.
+    pub fn subscribe_heard(&self, capacity: usize) -> mpsc::Receiver<Heard> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        *self.inner.heard.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
+    }
+
     /// Hands every upstream message of group `user` to the returned channel (the router; one
     /// consumer, a later call replaces the earlier), each holding its frame's size of
     /// `budget`. Without a consumer, when it falls `capacity` messages behind or the messages
@@ -392,6 +427,32 @@ impl Inner {
             .messages_dropped
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    /// True when the report was taken (or nobody listens).
+    fn notify_heard(&self, node: &str, at: std::time::SystemTime, lease_secs: u32) -> bool {
+        let guard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tx) = guard.as_ref() else {
+            return true;
+        };
+        let report = Heard {
+            node: node.to_string(),
+            at,
+            lease_secs,
+        };
+        match tx.try_send(report) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.metrics
+                    .messages_dropped
+                    .get_or_create(&ReasonLabel {
+                        reason: "heard_report",
+                    })
+                    .inc();
+                false
+            }
+        }
     }
 
     fn notify_acked(&self, node: &str, message: AckedMessage) {

@@ -90,6 +90,8 @@ struct InFlight {
     entry: Entry,
     tries: u32,
     due: Instant,
+    /// First sent on this session (ACK latency).
+    sent: Instant,
 }
 
 #[derive(Default)]
@@ -287,7 +289,9 @@ impl NodeQueue {
         st.order.push_back(entry.seq);
         st.bytes += size;
         st.pending.insert(entry.seq, entry);
+        let depth = st.order.len() + st.inflight.len();
         drop(st);
+        self.metrics.node_queue_depth.0.observe(depth as f64);
         self.metrics.queued_messages.inc();
         self.metrics.queued_bytes.inc_by(size as i64);
         self.notify.notify_one();
@@ -345,6 +349,7 @@ impl NodeQueue {
                         entry,
                         tries: 1,
                         due,
+                        sent: now,
                     },
                 );
             } else {
@@ -381,6 +386,10 @@ impl NodeQueue {
         }
         st.bytes -= f.entry.size();
         drop(st);
+        self.metrics
+            .ack_latency
+            .0
+            .observe(f.sent.elapsed().as_secs_f64());
         self.metrics.inflight_messages.dec();
         self.metrics.queued_messages.dec();
         self.metrics.queued_bytes.dec_by(f.entry.size() as i64);

@@ -14,6 +14,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
+/// [`super::OFFERED`] as the header value (a KubeEdge edge ignores it).
+const OFFERED_HEADER: &str = "inventory-resync,ping-keepalive,cloud-lease";
+
 /// Small buffers: an idle session must stay cheap (≤ 50 KB target); they grow when needed.
 pub(crate) fn ws_config(max_frame_bytes: usize) -> WebSocketConfig {
     WebSocketConfig::default()
@@ -113,6 +116,11 @@ async fn handshake(
             return Err(resp);
         }
         outcome = Some(accepted);
+        let mut resp = resp;
+        resp.headers_mut().insert(
+            kubeedge_shared::constants::HEADER_CAPABILITIES,
+            http::HeaderValue::from_static(OFFERED_HEADER),
+        );
         Ok(resp)
     };
     let ws = tokio_tungstenite::accept_hdr_async_with_config(
@@ -127,4 +135,12 @@ async fn handshake(
         tracing::warn!(node = %accepted.node, "edge uses the legacy shared certificate CN; its identity rests on the node_id header alone");
     }
     Ok((ws, accepted))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_offered_header_lists_every_offered_capability() {
+        assert_eq!(super::OFFERED_HEADER, super::super::OFFERED.join(","));
+    }
 }

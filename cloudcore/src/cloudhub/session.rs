@@ -36,11 +36,20 @@ pub(super) async fn run(inner: Arc<Inner>, ws: Ws, accepted: Accepted, peer: Soc
     let (sink, stream) = ws.split();
     let writer = tokio::spawn(write_loop(
         inner.clone(),
+        node.clone(),
         sink,
         queue.clone(),
         cancel.clone(),
     ));
-    let read_end = read_loop(&inner, stream, &node, &queue, &cancel).await;
+    let read_end = read_loop(
+        &inner,
+        stream,
+        &node,
+        accepted.capabilities.cloud_lease,
+        &queue,
+        &cancel,
+    )
+    .await;
     cancel.cancel();
     let write_end = writer.await.ok().flatten();
     let reason = match (read_end, write_end) {
@@ -129,11 +138,28 @@ async fn read_loop(
     inner: &Inner,
     mut stream: SplitStream<Ws>,
     node: &str,
+    cloud_lease: Option<u32>,
     queue: &NodeQueue,
     cancel: &CancellationToken,
 ) -> ReadEnd {
     let interval = inner.config.keepalive_interval;
     let mut deadline = Instant::now() + interval;
+    // Reported at least as often as the kubelet renews (a quarter of the lease's duration):
+    // at most every fifth, so that a frame arriving a little early is not skipped. The
+    // handshake itself is the first sign of life.
+    let report_every = std::time::Duration::from_millis(u64::from(cloud_lease.unwrap_or(40)) * 200);
+    let mut next_report = Instant::now();
+    let mut heard = |now: Instant| {
+        let Some(lease_secs) = cloud_lease else {
+            return;
+        };
+        if now >= next_report && inner.notify_heard(node, std::time::SystemTime::now(), lease_secs)
+        {
+            next_report = now + report_every;
+        }
+    };
+    heard(Instant::now());
+    let node_bytes = inner.metrics.node_counter(node, "up");
     loop {
         let frame = tokio::select! {
             biased;
@@ -141,13 +167,29 @@ async fn read_loop(
             _ = sleep_until(deadline) => return ReadEnd::KeepaliveTimeout,
             f = stream.next() => f,
         };
+        if let Some(Ok(m)) = &frame {
+            node_bytes.inc_by(m.len() as u64);
+            // Any frame shows the edge alive: a keepalive message (KubeEdge's edges), or
+            // the ping of an edge with `ping-keepalive`.
+            let now = Instant::now();
+            deadline = now + interval;
+            heard(now);
+        }
         let bytes = match frame {
             None => return ReadEnd::Closed,
             Some(Err(e)) => return ReadEnd::Error(e.to_string()),
             Some(Ok(WsMessage::Text(t))) => t.into(),
             Some(Ok(WsMessage::Binary(b))) => b,
             Some(Ok(WsMessage::Close(_))) => return ReadEnd::Closed,
-            Some(Ok(_)) => continue, // ping / pong: answered by tungstenite
+            Some(Ok(WsMessage::Ping(p))) => {
+                // Answered by tungstenite.
+                inner.metrics.frame("up", "ping", p.len());
+                continue;
+            }
+            Some(Ok(other)) => {
+                inner.metrics.frame("up", "pong", other.len());
+                continue;
+            }
         };
         let msg = match inner.codec.decode(&bytes) {
             Ok(m) => m,
@@ -157,8 +199,17 @@ async fn read_loop(
                 continue;
             }
         };
+        let kind = match msg.route.operation {
+            Operation::Keepalive => "keepalive",
+            Operation::Response => "ack",
+            _ => msg
+                .resource_type()
+                .map(|t| kubeedge_shared::ResourceType::parse(t).metric_label())
+                .unwrap_or("other"),
+        };
+        inner.metrics.frame("up", kind, bytes.len());
         match msg.route.operation {
-            Operation::Keepalive => deadline = Instant::now() + interval,
+            Operation::Keepalive => {}
             Operation::Response => match queue.ack(&msg.header.parent_id) {
                 Some(acked) => {
                     tracing::trace!(node, msg_id = %acked.msg_id, resource = %msg.route.resource, uid = ?acked.uid, rv = acked.resource_version, "edge acknowledged");
@@ -248,11 +299,13 @@ async fn dispatch_upstream(
 /// Writes what the queue releases. Returns why it stopped when that was a write failure.
 async fn write_loop(
     inner: Arc<Inner>,
+    node: String,
     mut sink: SplitSink<Ws, WsMessage>,
     queue: Arc<NodeQueue>,
     cancel: CancellationToken,
 ) -> Option<String> {
     let timeout = inner.config.write_timeout;
+    let node_bytes = inner.metrics.node_counter(&node, "down");
     let mut failure = None;
     'outer: while !cancel.is_cancelled() {
         let (batch, next) = queue.take_ready(Instant::now());
@@ -271,6 +324,8 @@ async fn write_loop(
             } else {
                 inner.metrics.messages_sent.get_or_create(&label).inc();
             }
+            inner.metrics.frame("down", label.resource, out.frame.len());
+            node_bytes.inc_by(out.frame.len() as u64);
             match tokio::time::timeout(timeout, sink.feed(WsMessage::Text(out.frame))).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {

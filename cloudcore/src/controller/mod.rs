@@ -7,6 +7,7 @@ pub mod dynamic;
 pub mod endpoint_index;
 pub mod location;
 pub mod node_fields;
+pub mod node_lease;
 pub mod node_restriction;
 pub mod nodetask;
 pub mod objectsync;
@@ -78,10 +79,17 @@ pub async fn run_with(
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     );
+    let leases = node_lease::spawn(
+        client.clone(),
+        &hub,
+        metrics.node_leases.clone(),
+        shutdown.clone(),
+    );
     let (fetch_tx, fetch_rx) = mpsc::unbounded_channel();
     let fetcher = downstream::spawn_fetcher(client.clone(), fetch_rx, tx.clone(), shutdown.clone());
     let downstream = Downstream::new(Arc::new(hub.clone()), ds_ready, fetch_tx)
-        .with_sync_records(records, sync.resync_interval);
+        .with_sync_records(records, sync.resync_interval)
+        .with_resync_metric(metrics.resync_duration.0.clone());
     let location = downstream.location();
     let events = hub.subscribe();
     let ds = tokio::spawn(downstream.run(client.clone(), events, rx, shutdown.clone()));
@@ -189,6 +197,7 @@ pub async fn run_with(
     }
     let _ = svc.await;
     let _ = fetcher.await;
+    let _ = leases.await;
 }
 
 /// Reads an edge's inventory (`kubeedge_shared::inventory`, `edgecore/INVENTORY.md`) into the

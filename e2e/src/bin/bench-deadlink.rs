@@ -410,7 +410,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         first.as_secs_f64()
     );
     println!(
-        "  defaults: edgeHub.heartbeat {DEFAULT_HEARTBEAT_SECS} s (keepalive + WebSocket ping), \
+        "  defaults: edgeHub.heartbeat {DEFAULT_HEARTBEAT_SECS} s (a WebSocket ping; with a KubeEdge cloud also a keepalive message), \
          kubeedgeRs.deadLinkTimeout 2 × heartbeat = {} s (checked every 1 s), \
          cloudHub.keepaliveInterval {DEFAULT_KEEPALIVE_INTERVAL_SECS} s",
         2 * DEFAULT_HEARTBEAT_SECS

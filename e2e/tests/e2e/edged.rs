@@ -69,7 +69,31 @@ async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
     }
 
     // The lease is renewed (every second with a 4 s duration): the node stays Ready past the
-    // node monitor's grace period and the renew time moves.
+    // node monitor's grace period and the renew time moves. The edge and cloudcore agreed on
+    // `cloud-lease`: cloudcore renews it each time it hears the edge, which sends no lease
+    // message and no keepalive message (pings only).
+    let hub = env.cloud().metrics.clone();
+    let ctl = env.cloud().controller_metrics.clone();
+    let up = |kind: &'static str| {
+        hub.message_bytes
+            .get_or_create(&cloudcore::metrics::FrameLabel {
+                direction: "up",
+                kind,
+            })
+            .get()
+    };
+    let received = |resource: &'static str| {
+        hub.messages_received
+            .get_or_create(&cloudcore::metrics::ResourceLabel { resource })
+            .get()
+    };
+    let renewals = || {
+        ctl.node_leases
+            .renewals
+            .get_or_create(&cloudcore::controller::node_lease::ResultLabel { result: "renewed" })
+            .get()
+    };
+    let before = (up("keepalive"), received("lease"), renewals());
     let leases: Api<Lease> = Api::namespaced(env.cluster.client(), "kube-node-lease");
     let first = wait_for("the node lease", WAIT, || async {
         leases.get_opt(&env.node).await.ok()?
@@ -86,9 +110,21 @@ async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
     assert!(renewed.spec.unwrap().renew_time > spec.renew_time);
     tokio::time::sleep(Duration::from_secs(5)).await;
     env.wait_node_ready().await;
+    let after = (up("keepalive"), received("lease"), renewals());
+    assert_eq!(
+        (after.0, after.1),
+        (before.0, before.1),
+        "keepalive bytes and lease messages from the edge, before and after"
+    );
+    assert!(
+        after.2 > before.2,
+        "cloudcore renewed the lease: {before:?} → {after:?}"
+    );
 
     // The cloud side marks the node Unknown (as the node lifecycle controller does when a
-    // lease is late): the edge reads its node back, notices, and reports Ready again.
+    // lease is late): cloudcore sends the edge its Node, the edge notices, and reports Ready
+    // again (with a cloud that does not renew its lease, the edge reads its Node back every
+    // sixth status period).
     let unknown = json!({"status": {"conditions": [
         {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"},
     ]}});
@@ -101,6 +137,14 @@ async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
         .await
         .unwrap();
     env.wait_node_ready().await;
+    // The cluster marked it Unknown although cloudcore renews its Lease (here by hand; in life
+    // because the renewals did not get through): the edge renews the Lease itself from now on,
+    // until the link ends.
+    let before = received("lease");
+    wait_for("the edge renewing its own lease", WAIT, || async {
+        (received("lease") > before).then_some(())
+    })
+    .await;
     env.finish().await;
 }
 

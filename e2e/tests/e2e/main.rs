@@ -15,6 +15,7 @@ mod edged;
 mod eventbus;
 mod events;
 mod eviction;
+mod fleet;
 mod image_gc;
 mod join;
 mod kubeedge_cloud;

@@ -412,6 +412,13 @@ pub struct KubeEdgeRsSettings {
     /// Seconds without any frame from the cloud after which the link counts as dead;
     /// 0 means twice the heartbeat.
     pub dead_link_timeout: i32,
+    /// Offer `ping-keepalive`: with a cloud that accepts it, the heartbeat is a WebSocket
+    /// ping alone (no keepalive message).
+    pub ping_keepalive: bool,
+    /// Offer `cloud-lease`: with a cloud that accepts it, the cloud renews the node Lease
+    /// while the link is up and node status is sent only when it changes. Offered only when
+    /// the heartbeat is at most half of `nodeLeaseDurationSeconds`.
+    pub cloud_lease: bool,
 }
 
 impl Default for KubeEdgeRsSettings {
@@ -419,6 +426,8 @@ impl Default for KubeEdgeRsSettings {
         KubeEdgeRsSettings {
             inventory_resync: true,
             dead_link_timeout: 0,
+            ping_keepalive: true,
+            cloud_lease: true,
         }
     }
 }

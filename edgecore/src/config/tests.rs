@@ -173,7 +173,10 @@ fn kubeedge_v1_15_sample_loads() {
     let hub = crate::edgehub::EdgeHubConfig::from_edgecore(&c);
     assert_eq!(hub.node_name, "edge-node-1");
     assert_eq!(hub.heartbeat, Duration::from_secs(15));
-    assert_eq!(hub.capabilities, vec!["inventory-resync".to_string()]);
+    assert_eq!(
+        hub.capabilities,
+        ["inventory-resync", "ping-keepalive", "cloud-lease=40"]
+    );
 }
 
 /// Every key the default config writes must be spelled as KubeEdge spells it: each
@@ -264,6 +267,8 @@ fn edgehub_and_metamanager_settings_follow_the_file() {
     c.kubeedge_rs = Some(KubeEdgeRsSettings {
         inventory_resync: false,
         dead_link_timeout: 50,
+        ping_keepalive: false,
+        cloud_lease: false,
     });
     let h = crate::edgehub::EdgeHubConfig::from_edgecore(&c);
     assert_eq!(h.server, "cloud:443");

@@ -49,7 +49,7 @@ pub use settings::EdgedConfig;
 
 use crate::cri::runtime::{LABEL_NODE, LABEL_POD_UID, Runtime};
 use crate::cri::{CriClient, CriError};
-use crate::edgehub::LinkEvent;
+use crate::edgehub::{CloudTerms, LinkEvent};
 use crate::metamanager::{ChangeAction, MetaClient, ObjectChange, ObjectKind};
 use pod_worker::{PodIntent, PodWorker, Shared};
 use serde_json::Value;
@@ -78,6 +78,12 @@ pub trait PodObserver: Send + Sync {
     fn pods_listed(&self);
 }
 
+/// edgehub's view of the cloud link, as edged follows it.
+pub struct EdgedLink {
+    pub events: broadcast::Receiver<LinkEvent>,
+    pub terms: watch::Receiver<CloudTerms>,
+}
+
 /// The running edged.
 pub struct Edged {
     cancel: CancellationToken,
@@ -95,13 +101,13 @@ impl Edged {
     /// Starts edged; `changes` is the metamanager's channel of stored pods, configmaps and
     /// secrets.
     ///
-    /// `link` (edgehub's link events) lets edged send pod and node status again after the
-    /// cloud link comes back.
+    /// `link` (edgehub's link events and terms) lets edged send pod and node status again
+    /// after the cloud link comes back, and leave the Lease to a cloud that renews it.
     pub fn start(
         config: EdgedConfig,
         meta: MetaClient,
         changes: mpsc::Receiver<ObjectChange>,
-        link: Option<broadcast::Receiver<LinkEvent>>,
+        link: Option<EdgedLink>,
         status_reports: Arc<status_report::StatusReports>,
         observer: Option<Arc<dyn PodObserver>>,
     ) -> Result<Edged, EdgedError> {
@@ -110,6 +116,11 @@ impl Edged {
         let (events, occurrences) = events::Recorder::new(events::QUEUE_CAPACITY);
         let cancel = CancellationToken::new();
         let resync = watch::channel(0).0;
+        let (events_rx, terms) = match link {
+            Some(l) => (Some(l.events), l.terms),
+            // No link to watch: the terms stay "offline", edged renews as the kubelet.
+            None => (None, watch::channel(CloudTerms::default()).1),
+        };
         tokio::spawn(events::run(
             meta.clone(),
             config.node_name.clone(),
@@ -137,10 +148,14 @@ impl Edged {
             resync,
             image_gc_now: Notify::new(),
             pressure: Default::default(),
+            node_status_now: Notify::new(),
+            lease_self: Default::default(),
+            lease_self_now: Notify::new(),
+            terms,
             status_reports,
             observer,
         });
-        let task = tokio::spawn(run(shared, machine, changes, link, cancel.clone()));
+        let task = tokio::spawn(run(shared, machine, changes, events_rx, cancel.clone()));
         Ok(Edged { cancel, task })
     }
 
@@ -344,6 +359,22 @@ impl Dispatcher {
                     });
                 }
             }
+            (ObjectKind::Node, ChangeAction::Upsert) => {
+                if change.name == self.shared.config.node_name
+                    && node::marked_unknown(&change.object)
+                {
+                    tracing::info!(node = %change.name, "the cluster marked this node Unknown; reporting its status again");
+                    self.shared.node_status_now.notify_one();
+                    if self.shared.terms.borrow().cloud_lease {
+                        tracing::warn!(node = %change.name, "the cloud renews this node's Lease, yet the cluster marked it Unknown: renewing it from the edge until the link ends");
+                        self.shared
+                            .lease_self
+                            .store(true, std::sync::atomic::Ordering::Release);
+                        self.shared.lease_self_now.notify_one();
+                    }
+                }
+            }
+            (ObjectKind::Node, ChangeAction::Delete) => {}
             (kind @ (ObjectKind::ConfigMap | ObjectKind::Secret), action) => {
                 let cache_kind = if kind == ObjectKind::ConfigMap {
                     objects::Kind::ConfigMap
@@ -611,7 +642,7 @@ pub fn volumes_use(pod: &Value, kind: ObjectKind, namespace: &str, name: &str) -
         let direct = match kind {
             ObjectKind::ConfigMap => v["configMap"]["name"].as_str() == Some(name),
             ObjectKind::Secret => v["secret"]["secretName"].as_str() == Some(name),
-            ObjectKind::Pod => false,
+            ObjectKind::Pod | ObjectKind::Node => false,
         };
         let projected = v["projected"]["sources"]
             .as_array()
@@ -620,7 +651,7 @@ pub fn volumes_use(pod: &Value, kind: ObjectKind, namespace: &str, name: &str) -
             .any(|s| match kind {
                 ObjectKind::ConfigMap => s["configMap"]["name"].as_str() == Some(name),
                 ObjectKind::Secret => s["secret"]["name"].as_str() == Some(name),
-                ObjectKind::Pod => false,
+                ObjectKind::Pod | ObjectKind::Node => false,
             });
         if direct || projected {
             return true;

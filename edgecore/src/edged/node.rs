@@ -1,9 +1,15 @@
 //! The Node: registration (labels `node-role.kubernetes.io/edge` and `/agent` that make the
 //! cloud treat it as an edge node, capacity and allocatable from the machine, addresses,
 //! node info, daemon endpoint), status reports with Ready / MemoryPressure / DiskPressure /
-//! PIDPressure every `nodeStatusUpdateFrequency` (sent when changed, and at least every
-//! `nodeStatusReportFrequency`), and the Lease in `kube-node-lease` renewed every quarter of
-//! `nodeLeaseDurationSeconds`.
+//! PIDPressure computed every `nodeStatusUpdateFrequency` (sent when changed, and at least
+//! every `nodeStatusReportFrequency`), and the Lease in `kube-node-lease` renewed every
+//! quarter of `nodeLeaseDurationSeconds`.
+//!
+//! With a cloud that agreed to `cloud-lease` ([`crate::edgehub::CloudTerms`]) the cloud renews
+//! the Lease while the link is up and sends this node its Node when the cluster marks it
+//! Unknown: then the status is sent only when it changes (or the cloud asks), as the
+//! kubelet's purpose for the periodic report — telling the cluster the node lives — is the
+//! Lease's, and nothing is read back.
 
 use super::events::{EventType, ObjectRef};
 use super::pod_worker::{Allocatable, Shared};
@@ -420,6 +426,14 @@ fn condition_events(known: &mut HashMap<String, String>, status: &Value) -> Vec<
     reasons
 }
 
+/// Whether the cluster marked the Node Unknown (the node lifecycle controller does, when
+/// its Lease went stale; a node never reports Unknown itself).
+pub fn marked_unknown(node: &Value) -> bool {
+    node["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["status"] == "Unknown"))
+}
+
 /// Whether the cloud's copy of the Node disagrees with the conditions last sent.
 fn conditions_differ(node: &Value, sent: &[Value]) -> bool {
     let theirs = node["status"]["conditions"]
@@ -465,7 +479,9 @@ async fn report_status(
             resync.mark_unchanged();
             last = None;
         }
-        if registered && last.is_some() && ticks.is_multiple_of(CHECK_EVERY_TICKS) {
+        // A cloud that renews the Lease says when the cluster marks the node Unknown.
+        let cloud_lease = shared.terms.borrow().cloud_lease;
+        if registered && !cloud_lease && last.is_some() && ticks.is_multiple_of(CHECK_EVERY_TICKS) {
             let read = meta.get_node().await;
             if let Ok(node) = &read
                 && node_uid.borrow().is_none()
@@ -531,7 +547,8 @@ async fn report_status(
             let due = match &last {
                 None => true,
                 Some((sent, at)) => {
-                    *sent != bare || at.elapsed() >= config.node_status_report_frequency
+                    *sent != bare
+                        || (!cloud_lease && at.elapsed() >= config.node_status_report_frequency)
                 }
             };
             if due {
@@ -567,6 +584,7 @@ async fn report_status(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
+            _ = shared.node_status_now.notified() => last = None,
             changed = resync.changed() => match changed {
                 Ok(()) => last = None,
                 Err(_) => tokio::time::sleep(wait).await,
@@ -672,6 +690,13 @@ fn renew_spec(lease: &mut Value, config: &EdgedConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// The next change of the link's terms; never, when there is no edgehub to follow.
+async fn terms_changed(terms: &mut tokio::sync::watch::Receiver<crate::edgehub::CloudTerms>) {
+    if terms.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 async fn renew_lease(
     shared: Arc<Shared>,
     mut node_uid: tokio::sync::watch::Receiver<Option<String>>,
@@ -681,12 +706,31 @@ async fn renew_lease(
     let meta = &shared.meta;
     let interval = config.lease_renew_interval();
     let mut current: Option<Value> = None;
+    let mut terms = shared.terms.clone();
     // Wait for the Node (its UID owns the lease).
     tokio::select! {
         _ = cancel.cancelled() => return,
         _ = node_uid.wait_for(Option::is_some) => {}
     }
+    let renew_self = || shared.lease_self.load(std::sync::atomic::Ordering::Acquire);
+    let link_changed = || {
+        // A new link (or none): the cloud's part is agreed anew.
+        shared
+            .lease_self
+            .store(false, std::sync::atomic::Ordering::Release);
+    };
     loop {
+        if terms.borrow_and_update().cloud_lease && !renew_self() {
+            // The cloud renews it while this link lasts; read it afresh afterwards.
+            current = None;
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = terms_changed(&mut terms) => link_changed(),
+                // The cluster marked the node Unknown all the same (see `Shared::lease_self`).
+                _ = shared.lease_self_now.notified() => {}
+            }
+            continue;
+        }
         let wait = match current.take() {
             None => match meta.get_lease().await {
                 Ok(l) => {
@@ -739,6 +783,8 @@ async fn renew_lease(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
+            // A link to a cloud that renews it: stop at once.
+            _ = terms_changed(&mut terms) => link_changed(),
         }
     }
 }

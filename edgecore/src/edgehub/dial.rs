@@ -57,10 +57,11 @@ pub fn split_server(server: &str) -> Result<(String, u16), DialError> {
     Ok((host.to_string(), port))
 }
 
+/// A connected link and the capabilities the cloud advertised in its answer.
 pub(super) async fn dial(
     cfg: &EdgeHubConfig,
     tls: Arc<rustls::ClientConfig>,
-) -> Result<Ws, DialError> {
+) -> Result<(Ws, Vec<String>), DialError> {
     let (host, port) = split_server(&cfg.server)?;
     let addr = format!("{host}:{port}");
     let tcp = TcpStream::connect((host.as_str(), port))
@@ -114,13 +115,22 @@ pub(super) async fn dial(
         .read_buffer_size(16 * 1024)
         .max_message_size(Some(cfg.max_frame_bytes))
         .max_frame_size(Some(cfg.max_frame_bytes));
-    let (ws, _resp) = tokio_tungstenite::client_async_with_config(req, tls, Some(ws_config))
+    let (ws, resp) = tokio_tungstenite::client_async_with_config(req, tls, Some(ws_config))
         .await
         .map_err(|e| DialError::Upgrade {
             addr,
             detail: describe_upgrade_error(e),
         })?;
-    Ok(ws)
+    let offered = resp
+        .headers()
+        .get_all(HEADER_CAPABILITIES)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+        .collect();
+    Ok((ws, offered))
 }
 
 fn describe_upgrade_error(e: tokio_tungstenite::tungstenite::Error) -> String {

@@ -56,11 +56,35 @@ impl EdgeHubConfig {
         } else {
             heartbeat * 2
         };
-        let capabilities = if ext.inventory_resync {
-            vec![kubeedge_shared::constants::CAPABILITY_INVENTORY.to_string()]
-        } else {
-            Vec::new()
+        use kubeedge_shared::constants::{
+            CAPABILITY_CLOUD_LEASE, CAPABILITY_INVENTORY, CAPABILITY_PING_KEEPALIVE,
         };
+        let edged = &c.modules.edged;
+        let lease_secs = edged
+            .tailored_kubelet_config
+            .node_lease_duration_seconds
+            .max(1) as u64;
+        // The cloud renews at each frame it hears: a heartbeat of at most half the lease keeps
+        // it alive with a renewal to spare.
+        let cloud_lease = ext.cloud_lease
+            && edged.enable
+            && edged
+                .tailored_kubelet_config
+                .register_node
+                .unwrap_or(edged.register_node)
+            && heartbeat.as_secs() * 2 <= lease_secs;
+        let capabilities = [
+            (ext.inventory_resync, CAPABILITY_INVENTORY.to_string()),
+            (ext.ping_keepalive, CAPABILITY_PING_KEEPALIVE.to_string()),
+            (
+                cloud_lease,
+                format!("{CAPABILITY_CLOUD_LEASE}={lease_secs}"),
+            ),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, c)| c)
+        .collect();
         EdgeHubConfig {
             server: ws.server.clone(),
             project_id: hub.project_id.clone(),
@@ -99,6 +123,33 @@ impl Default for EdgeHubConfig {
     }
 }
 
+/// What the cloud of the current link agreed to (the capabilities both sides advertised);
+/// all false while offline and with a cloud that advertises nothing (KubeEdge's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CloudTerms {
+    pub connected: bool,
+    /// Heartbeats are WebSocket pings alone.
+    pub ping_keepalive: bool,
+    /// The cloud renews this node's Lease and says when the cluster marks the node Unknown.
+    pub cloud_lease: bool,
+}
+
+impl CloudTerms {
+    /// The terms of a link to a cloud that advertised `offered`, given what this edge asked.
+    pub fn agreed(asked: &[String], offered: &[String]) -> CloudTerms {
+        use kubeedge_shared::constants::{
+            CAPABILITY_CLOUD_LEASE, CAPABILITY_PING_KEEPALIVE, capability_parts,
+        };
+        let named = |list: &[String], c: &str| list.iter().any(|t| capability_parts(t).0 == c);
+        let both = |c: &str| named(asked, c) && named(offered, c);
+        CloudTerms {
+            connected: true,
+            ping_keepalive: both(CAPABILITY_PING_KEEPALIVE),
+            cloud_lease: both(CAPABILITY_CLOUD_LEASE),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LinkEvent {
     Connected,
@@ -124,6 +175,7 @@ pub(crate) struct Shared {
     outbound: mpsc::Sender<Message>,
     pending: Mutex<HashMap<String, oneshot::Sender<Message>>>,
     events: broadcast::Sender<LinkEvent>,
+    terms: tokio::sync::watch::Sender<CloudTerms>,
     limiter: TokenBucket,
     shutdown: CancellationToken,
     /// Cancelled to recycle the current connection (e.g. after certificate rotation).
@@ -152,6 +204,7 @@ impl EdgeHub {
             outbound: out_tx,
             pending: Mutex::new(HashMap::new()),
             events,
+            terms: tokio::sync::watch::channel(CloudTerms::default()).0,
             shutdown: CancellationToken::new(),
             recycle: Mutex::new(CancellationToken::new()),
         });
@@ -165,6 +218,11 @@ impl EdgeHub {
 
     pub fn subscribe(&self) -> broadcast::Receiver<LinkEvent> {
         self.shared.events.subscribe()
+    }
+
+    /// What the cloud of the current link agreed to, and its changes.
+    pub fn terms(&self) -> tokio::sync::watch::Receiver<CloudTerms> {
+        self.shared.terms.subscribe()
     }
 
     /// Sends a message to the cloud. Edge-originated requests are rate-limited

@@ -104,6 +104,9 @@ pub enum ObjectKind {
     Pod,
     ConfigMap,
     Secret,
+    /// A Node the cloud sent (this node's own: cloudcore sends it when the cluster marked it
+    /// Unknown).
+    Node,
 }
 
 impl ObjectKind {
@@ -113,6 +116,7 @@ impl ObjectKind {
             ResourceType::Pod => Some(Self::Pod),
             ResourceType::ConfigMap => Some(Self::ConfigMap),
             ResourceType::Secret => Some(Self::Secret),
+            ResourceType::Node => Some(Self::Node),
             _ => None,
         }
     }

@@ -320,6 +320,17 @@ impl<L: CloudLink> Context<L> {
         }
         match msg.route.operation {
             Operation::Query => {
+                // The cloud sends every change of the configmaps and secrets this node's pods
+                // use (KubeEdge's cloudcore and ours): a stored copy is current, and asking
+                // again (edged rereads volumes every minute) only costs the link.
+                if matches!(ty, ResourceType::ConfigMap | ResourceType::Secret)
+                    && path.name.is_some()
+                {
+                    let values = self.store.query(&path).await?;
+                    if !values.is_empty() {
+                        return Ok(self.local_reply(&msg, content::query_reply(values)));
+                    }
+                }
                 if is_remote_query_type(ty) && self.link.is_connected() {
                     match self.remote(&msg, &path).await {
                         Ok(reply) => return Ok(reply),

@@ -194,7 +194,10 @@ impl Downstream {
             let current = self.configs(f.kind).versions.get(&f.key);
             // An older copy than the watcher's would undo an update already sent.
             let fresh = current.is_some_and(|(u, r)| u == uid && rv >= *r);
-            if fresh && self.nodes_using(f.kind, &f.key).contains(node) {
+            // One node's question (not the set of every node using it: an object every
+            // node uses would make a storm of resyncs quadratic).
+            let secret = f.kind == ConfigKind::Secret;
+            if fresh && self.location.read().node_uses(node, &f.key, secret) {
                 self.send_config(node, Operation::Update, f.kind, &f.key, object);
                 sent += 1;
             }
@@ -202,6 +205,7 @@ impl Downstream {
         if sent > 0 {
             tracing::debug!(node, sent, "sent objects fetched for a resync");
         }
+        self.resync_settled(node);
     }
 
     pub(super) fn send_config(

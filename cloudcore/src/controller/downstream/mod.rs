@@ -9,23 +9,29 @@
 //! function of its inputs, tested without a cluster (`tests.rs`).
 //!
 //! - `pods.rs`: edge nodes and their pods, and which nodes' pods are completely known;
+//! - `recent_pods.rs`: the pods delivered lately, so that a resync sends what an edge missed
+//!   without reading it again;
 //! - `configs.rs`: configmaps and secrets, sent to the nodes whose pods use them;
 //! - `resync.rs`: answering an edge's inventory (or a KubeEdge edge's records) with the
 //!   difference — only from a view complete for that node;
-//! - `fetch.rs`: the apiserver reads, off the actor's loop;
+//! - `fetch.rs`: the apiserver reads, off the actor's loop, coalesced so that a storm of
+//!   resyncs does not become a storm of reads (`fetch_pods.rs`, `fetch_configs.rs`);
 //! - `node_push.rs`: the Node object for KubeEdge v1.23+ edges, which read it locally.
 
 mod configs;
 mod fetch;
+mod fetch_configs;
+mod fetch_pods;
 mod node_push;
 mod pods;
+mod recent_pods;
 mod resync;
 #[cfg(test)]
 mod tests;
 mod watch;
 
 pub use configs::ConfigKind;
-pub use fetch::{Fetch, Fetched, spawn_fetcher};
+pub use fetch::{ConfigWant, Fetch, Fetched, spawn_fetcher};
 pub use kubeedge_shared::inventory::HeldObject;
 
 use super::location::{ObjectKey, SharedLocation};
@@ -106,11 +112,13 @@ pub enum Input {
     HubLagged,
     /// synccontroller's periodic comparison of connected KubeEdge edges with their records.
     CompareRecorded,
-    /// The answer to [`Fetch::PodsOf`].
+    /// The answer to [`Fetch::PodsOf`], possibly in parts: the node's pods are known once
+    /// the `complete` part is applied.
     PodsListed {
         node: String,
         generation: u64,
         pods: Vec<Pod>,
+        complete: bool,
     },
     /// The answer to [`Fetch::Pods`].
     PodsFetched {
@@ -150,6 +158,8 @@ pub struct Downstream {
     configmaps: configs::ConfigObjects,
     secrets: configs::ConfigObjects,
     resyncs: resync::Resyncs,
+    /// `edgecontroller_resync_duration_seconds`, when metrics are kept.
+    resync_duration: Option<prometheus_client::metrics::histogram::Histogram>,
     node_push: node_push::NodePush,
 }
 
@@ -174,8 +184,18 @@ impl Downstream {
             configmaps: configs::ConfigObjects::default(),
             secrets: configs::ConfigObjects::default(),
             resyncs: resync::Resyncs::default(),
+            resync_duration: None,
             node_push: node_push::NodePush::default(),
         }
+    }
+
+    /// Times every resync into `histogram`.
+    pub fn with_resync_metric(
+        mut self,
+        histogram: prometheus_client::metrics::histogram::Histogram,
+    ) -> Self {
+        self.resync_duration = Some(histogram);
+        self
     }
 
     /// The location cache this actor keeps, for readers elsewhere.
@@ -312,7 +332,8 @@ impl Downstream {
                 node,
                 generation,
                 pods,
-            } => self.pods_listed(&node, generation, pods),
+                complete,
+            } => self.pods_listed(&node, generation, pods, complete),
             Input::PodsFetched { node, keys, pods } => self.pods_fetched(&node, &keys, pods),
             Input::ConfigsFetched { node, objects } => self.configs_fetched(&node, objects),
         }

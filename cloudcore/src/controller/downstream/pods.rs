@@ -52,6 +52,10 @@ pub(super) struct EdgePods {
     /// UIDs of pods deleted lately: a node's pod list that answers after a pod's delete event
     /// must not bring the pod back.
     deleted: DeletedPods,
+    /// Pods delivered lately, as delivered (a resync sends them without a read).
+    pub recent: super::recent_pods::RecentPods,
+    /// `cloud-lease` edges sent their Node since it was last marked Unknown.
+    pub told_unknown: HashSet<String>,
     /// The newest resourceVersion the pod watcher delivered: the cluster-wide pod view is
     /// complete up to it (watch events come in resourceVersion order, a list is a snapshot).
     pub max_rv: u64,
@@ -96,6 +100,7 @@ impl Downstream {
                 if let Some(seen) = self.relisting.get_mut(&Watched::Nodes) {
                     seen.insert((String::new(), name.clone()));
                 }
+                self.tell_if_marked_unknown(&name, &n);
                 let connected = self.hub.is_connected(&name);
                 if let Some((node, object)) = self.node_push.observe(&n, connected) {
                     self.send_node(&node, object);
@@ -123,6 +128,41 @@ impl Downstream {
                 self.answer_pending();
             }
         }
+    }
+
+    /// An edge whose Lease this cloudcore renews (`cloud-lease`) reports its status only when
+    /// it changes: when the cluster marks it Unknown (its Lease went stale, e.g. while the
+    /// apiserver was unreachable) it is sent its Node, once per such episode, and reports
+    /// again.
+    fn tell_if_marked_unknown(&mut self, name: &str, node: &Node) {
+        let unknown = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.status == "Unknown"));
+        if !unknown {
+            self.pods.told_unknown.remove(name);
+            return;
+        }
+        let cloud_lease = self
+            .hub
+            .capabilities(name)
+            .is_some_and(|c| c.cloud_lease.is_some());
+        if !cloud_lease || !self.pods.told_unknown.insert(name.to_string()) {
+            return;
+        }
+        let Ok(value) = serde_json::to_value(node) else {
+            return;
+        };
+        let mut value = with_type_meta(value, Kind::Node);
+        if let Some(m) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+        tracing::info!(
+            node = name,
+            "edge node marked Unknown while connected; asking it to report"
+        );
+        self.send(name, Operation::Update, "node", "default", name, value);
     }
 
     /// A node just became an edge node: its existing pods were passed over until now.
@@ -163,11 +203,20 @@ impl Downstream {
         }
     }
 
-    pub(super) fn pods_listed(&mut self, node: &str, generation: u64, pods: Vec<Pod>) {
+    pub(super) fn pods_listed(
+        &mut self,
+        node: &str,
+        generation: u64,
+        pods: Vec<Pod>,
+        complete: bool,
+    ) {
         for pod in pods {
             self.pod_applied(pod);
         }
-        if self.pods.edge_nodes.contains(node) && self.pods.listing.get(node) == Some(&generation) {
+        if complete
+            && self.pods.edge_nodes.contains(node)
+            && self.pods.listing.get(node) == Some(&generation)
+        {
             self.pods.listing.remove(node);
             self.pods.known.insert(node.to_string());
             self.answer_pending_of(node);
@@ -266,6 +315,7 @@ impl Downstream {
         if previous.is_some_and(|p| p.uid == uid && rv != 0 && p.rv > rv) {
             return; // an older copy (a node's pod list answered after a newer watch event)
         }
+        self.pods.recent.put(&key, &uid, rv, &value);
         let op = match previous {
             Some(prev) if prev.uid == uid && prev.fingerprint == fingerprint => {
                 // Status-only change: the edge owns pod status.
@@ -314,6 +364,7 @@ impl Downstream {
     }
 
     fn remove_pod_entry(&mut self, key: &ObjectKey) -> Option<(EdgePod, Released)> {
+        self.pods.recent.remove(key);
         let p = self.pods.pods.remove(key)?;
         let released = self.location.write().remove_pod(key);
         Some((p, released))

@@ -11,7 +11,7 @@
 //! node's queue treats a delete as final for that UID.
 
 use super::configs::stub;
-use super::{ConfigKind, Downstream, Fetch, Fetched, HeldObject};
+use super::{ConfigKind, ConfigWant, Downstream, Fetch, Fetched, HeldObject};
 use crate::controller::location::ObjectKey;
 use crate::controller::rest::Kind;
 use k8s_openapi::api::core::v1::Pod;
@@ -31,13 +31,15 @@ pub(super) enum Held {
 /// Resyncs waiting for a complete view, and the fetches resyncs have under way.
 #[derive(Default)]
 pub(super) struct Resyncs {
-    pending: HashMap<String, Held>,
+    pub(super) pending: HashMap<String, Held>,
     /// node → objects a [`Fetch::Configs`] is getting for it.
     fetching: HashMap<String, HashSet<(ConfigKind, ObjectKey)>>,
     /// node → pods a [`Fetch::Pods`] is getting for it.
     fetching_pods: HashMap<String, HashSet<ObjectKey>>,
     /// Pods fetched again because a list answered from behind the watcher, and how often.
     refetched: HashMap<(String, ObjectKey), u8>,
+    /// node → when its resync was asked for, until everything it needed was sent.
+    started: HashMap<String, std::time::Instant>,
 }
 
 /// Times a pod is fetched again when the apiserver's list is behind the watcher (a consistent
@@ -62,6 +64,8 @@ impl Resyncs {
 #[derive(Default)]
 struct Tally {
     deleted: usize,
+    /// Pods sent from what the watcher delivered lately.
+    sent: usize,
     /// Held objects newer than this cloudcore's view: left alone.
     unsure: usize,
     fetching: usize,
@@ -75,13 +79,36 @@ impl Downstream {
         if !keep_inventory {
             self.resyncs.pending.insert(node.to_string(), held);
         }
+        self.resyncs
+            .started
+            .entry(node.to_string())
+            .or_insert_with(std::time::Instant::now);
         self.answer_pending_of(node);
+    }
+
+    /// A resync whose answer is complete (nothing waiting, nothing being read) is timed.
+    pub(super) fn resync_settled(&mut self, node: &str) {
+        let r = &mut self.resyncs;
+        if r.pending.contains_key(node)
+            || r.fetching.contains_key(node)
+            || r.fetching_pods.contains_key(node)
+        {
+            return;
+        }
+        if let Some(t) = r.started.remove(node)
+            && let Some(h) = &self.resync_duration
+        {
+            h.observe(t.elapsed().as_secs_f64());
+        }
     }
 
     /// A session ended: a resync waiting for it is moot (the next session asks again).
     pub(super) fn forget_session(&mut self, node: &str) {
         if !self.hub.is_connected(node) {
             self.resyncs.pending.remove(node);
+            self.resyncs.started.remove(node);
+            // A new session reports its status anyway.
+            self.pods.told_unknown.remove(node);
         }
     }
 
@@ -96,6 +123,7 @@ impl Downstream {
         }
         if !self.hub.is_connected(node) {
             self.resyncs.pending.remove(node);
+            self.resyncs.started.remove(node);
             return;
         }
         if !self.view_complete(node) {
@@ -212,6 +240,7 @@ impl Downstream {
         if sent > 0 {
             tracing::debug!(node, sent, "sent pods fetched for a resync");
         }
+        self.resync_settled(node);
     }
 
     /// Sends `node` the difference between what it holds and what it should hold.
@@ -266,7 +295,23 @@ impl Downstream {
                 _ => pods_to_send.push(key.clone()),
             }
         }
-        self.fetch_pods(node, pods_to_send, &mut tally);
+        // What the watcher delivered lately is sent as delivered; the rest is read.
+        let mut to_fetch = Vec::new();
+        for key in pods_to_send {
+            let kept = self
+                .pods
+                .pods
+                .get(&key)
+                .and_then(|p| self.pods.recent.get(&key, &p.uid, p.rv));
+            match kept {
+                Some(pod) => {
+                    self.send(node, Operation::Update, "pod", &key.0, &key.1, pod);
+                    tally.sent += 1;
+                }
+                None => to_fetch.push(key),
+            }
+        }
+        self.fetch_pods(node, to_fetch, &mut tally);
         // Pods the node holds but should not.
         let mut pods_unsure = false;
         for h in held.iter().filter(|h| h.resource_type == ResourceType::Pod) {
@@ -329,7 +374,7 @@ impl Downstream {
                     .get(node)
                     .is_some_and(|f| f.contains(&(kind, key.clone())));
                 if !fresh && !under_way {
-                    fetch.push((kind, key));
+                    fetch.push(ConfigWant { kind, key, rv: *rv });
                 }
             }
         }
@@ -339,7 +384,7 @@ impl Downstream {
                 .fetching
                 .entry(node.to_string())
                 .or_default()
-                .extend(fetch.iter().cloned());
+                .extend(fetch.iter().map(|w| (w.kind, w.key.clone())));
             let node = node.to_string();
             if self
                 .fetch
@@ -349,11 +394,12 @@ impl Downstream {
                 tracing::debug!("fetcher gone (shutting down)");
             }
         }
-        if tally.deleted + tally.fetching + tally.unsure > 0 {
+        if tally.deleted + tally.sent + tally.fetching + tally.unsure > 0 {
             tracing::info!(
                 node,
                 held = held.len(),
                 deleted = tally.deleted,
+                sent = tally.sent,
                 fetching = tally.fetching,
                 unsure = tally.unsure,
                 "resynchronised edge node"
@@ -361,5 +407,6 @@ impl Downstream {
         } else {
             tracing::debug!(node, held = held.len(), "edge node up to date");
         }
+        self.resync_settled(node);
     }
 }

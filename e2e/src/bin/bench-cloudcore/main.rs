@@ -18,6 +18,7 @@ mod storm;
 use anyhow::Context;
 use clap::Parser;
 use e2e::apiserver::{ApiServer, Config};
+use e2e::bench::{Scrape, apiserver_requests};
 use e2e::channel::Pki;
 use e2e::procfs::{cpu_ticks, rss_kb};
 use edge::{Counters, EdgeState, Receipts};
@@ -256,17 +257,25 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let rss_idle = rss_kb(pid);
     let c0 = cpu_ticks(pid);
+    let m0 = Scrape::fetch(&cc.monitor).await.unwrap_or_default();
     tokio::time::sleep(Duration::from_secs(10)).await;
     let idle_cpu = (cpu_ticks(pid) - c0) as f64 / 10.0; // ticks/s = % of one core
+    let m1 = Scrape::fetch(&cc.monitor).await.unwrap_or_default();
+    let (idle_requests, idle_by_verb) = apiserver_requests(&m1.since(&m0));
     println!(
         "  cloudcore RSS: {rss_start} KB at start, {rss_idle} KB with {n} idle nodes → {:.1} KB per idle node",
         (rss_idle.saturating_sub(rss_start)) as f64 / n as f64
     );
     println!("  cloudcore CPU while idle (keepalives only): {idle_cpu:.1}% of one core");
+    println!(
+        "  cloudcore → apiserver requests while idle: {:.1}/s over 10 s ({idle_by_verb})",
+        idle_requests / 10.0
+    );
 
     // Pods: pods_per_node per node, as fast as the API takes them.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let total = n * args.pods_per_node;
+    let m0 = Scrape::fetch(&cc.monitor).await.unwrap_or_default();
     let t = Instant::now();
     let sem = Arc::new(Semaphore::new(64));
     let mut tasks = Vec::with_capacity(total);
@@ -294,6 +303,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         created.as_secs_f64(),
         delivered.as_secs_f64(),
         counters.pods_received.load(Ordering::Relaxed)
+    );
+    let m1 = Scrape::fetch(&cc.monitor).await.unwrap_or_default();
+    let (requests, by_verb) = apiserver_requests(&m1.since(&m0));
+    println!(
+        "  cloudcore → apiserver requests while the pods were delivered: {requests:.0} ({by_verb})"
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_pods = rss_kb(pid);

@@ -391,6 +391,12 @@ impl Storm<'_> {
             delta("cloudhub_messages_dropped_total"),
             delta("cloudhub_messages_received_total"),
         );
+        let (requests, by_verb) = e2e::bench::apiserver_requests(
+            &e2e::bench::Scrape::parse(&metrics1).since(&e2e::bench::Scrape::parse(&metrics0)),
+        );
+        println!(
+            "    cloudcore → apiserver requests during the storm: {requests:.0} ({by_verb}) for {n} reconnecting edges"
+        );
         println!(
             "    cloudcore during the storm: peak RSS {peak} KB (from {rss0} KB), CPU {:.0}% of one core over {:.1} s",
             cpu as f64 / wall.as_secs_f64(),

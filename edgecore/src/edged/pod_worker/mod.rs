@@ -82,6 +82,16 @@ pub struct Shared {
     pub resync: watch::Sender<u64>,
     /// Notified when the node has DiskPressure: unused images are removed at once.
     pub image_gc_now: tokio::sync::Notify,
+    /// Notified when the cloud's copy of the Node disagrees with what was reported (the
+    /// cluster marked it Unknown): the status is sent again at once.
+    pub node_status_now: tokio::sync::Notify,
+    /// The cluster marked the node Unknown although the cloud of this link agreed to renew
+    /// its Lease (`cloud-lease`): the cloud's renewals are not getting through (its RBAC, its
+    /// apiserver), so edged renews the Lease itself until the link ends.
+    pub lease_self: std::sync::atomic::AtomicBool,
+    pub lease_self_now: tokio::sync::Notify,
+    /// What the cloud of the current link agreed to (`cloud-lease`: it renews the Lease).
+    pub terms: watch::Receiver<crate::edgehub::CloudTerms>,
     /// Status patches per pod (`/metrics`).
     pub status_reports: Arc<super::status_report::StatusReports>,
     /// Told each pod's state (edgemesh).

@@ -79,6 +79,10 @@ async fn harness(object: Value) -> Harness {
         resync: watch::channel(0).0,
         image_gc_now: Notify::new(),
         pressure: Default::default(),
+        node_status_now: Notify::new(),
+        lease_self: Default::default(),
+        lease_self_now: Notify::new(),
+        terms: tokio::sync::watch::channel(crate::edgehub::CloudTerms::default()).1,
         status_reports: Arc::new(StatusReports::default()),
         observer: None,
         cgroups: crate::edged::cgroups::PodCgroups::new(crate::edged::cgroups::CgroupSettings {
