@@ -6,7 +6,7 @@
 #
 #   bash scripts/fuzz.sh                      # every target, 60 s each
 #   bash scripts/fuzz.sh --seconds 600 dns_query tunnel
-#   bash scripts/fuzz.sh --quick --seconds 5  # CI's pass: a quicker build (opt-level 1)
+#   bash scripts/fuzz.sh --quick --seconds 5  # a short pass: a quicker build (opt-level 1)
 #   bash scripts/fuzz.sh --merge              # also fold new coverage into e2e/fuzz/corpus
 #   bash scripts/fuzz.sh --list
 #
