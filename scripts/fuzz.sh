@@ -71,12 +71,14 @@ for t in "${targets[@]}"; do
     -print_final_stats=1 -artifact_prefix="e2e/fuzz/artifacts/$t/" >"$log" 2>&1
   status=$?
   set -e
+  # (`|| true`: no match is no crash, not a failure of the script.)
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | awk '{print $2}')
-  crash=$(grep -oE "e2e/fuzz/artifacts/$t/[a-z]+-[0-9a-f]+" "$log" | head -1)
+  cov=$( (grep -oE 'cov: [0-9]+' "$log" || true) | tail -1 | awk '{print $2}')
+  crash=$( (grep -oE "e2e/fuzz/artifacts/$t/[a-z]+-[0-9a-f]+" "$log" || true) | head -1)
   if [ "$status" -ne 0 ]; then
     failed+=("$t")
-    grep -E 'panicked at|ERROR: libFuzzer|deadly signal|SUMMARY' "$log" | head -5
+    grep -E 'panicked at|ERROR: libFuzzer|deadly signal|SUMMARY' "$log" | head -5 || true
+    cp "$log" "e2e/fuzz/artifacts/$t/last-run.log"
     echo "    replay: $bin_dir/$t ${crash:-<artifact>}"
     printf '%-20s %12s %6s  CRASH %s\n' "$t" "${runs:-?}" "${cov:-?}" "${crash:-(see log)}" >>"$summary"
   else

@@ -549,6 +549,8 @@ async fn soak() -> anyhow::Result<()> {
             drop(cloud);
             cloud = start_cloud(&cloud_bin, &cloud_config, &cloud_dir)?;
             println!("  {:>6.0} s: cloudcore restarted", now.as_secs_f64());
+            // The next sample once the new cloudcore is up, not while it starts.
+            next_sample = next_sample.max(now + tick * 2);
         }
         for e in &mut s.edges {
             anyhow::ensure!(
