@@ -11,7 +11,7 @@ case "${1:-}" in
 Usage: sudo bash scripts/demo.sh
 
 Runs the local demo: installs the packages it needs (scripts/setup.sh), builds its binaries
-(profile bench-fast: optimised without link-time optimisation, a few minutes on two cores;
+(profile bench-fast: optimised without link-time optimisation, 16 codegen units in parallel;
 the shipped binaries keep the release profile), then starts an in-memory control plane,
 cloudcore, edgecore (node edge-demo) and a private containerd, runs a sample pod and shows kubectl working against it, a Deployment
 scaled to 3 on the edge node, then a Modbus device (modbus-sim) served by modbus-mapper with
@@ -35,7 +35,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 bash scripts/setup.sh
 # bench-fast, not release: fat LTO with one codegen unit takes ~25 minutes on a busy 2-core
-# machine; this takes a few. The shipped binaries (build-cloudcore-image.sh) keep release.
+# machine (issue 23); bench-fast builds in parallel without LTO. The shipped binaries (build-cloudcore-image.sh) keep release.
 echo "[demo] building (profile bench-fast): local-demo, modbus-mapper, modbus-sim..."
 cargo build --profile bench-fast -p e2e --bin local-demo -p modbus-mapper --bins
 echo "[demo] starting local-demo..."
