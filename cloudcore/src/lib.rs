@@ -7,6 +7,8 @@ pub mod cloudhub;
 pub mod cloudstream;
 pub mod config;
 pub mod controller;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod http;
 pub mod join;
 pub mod leader;

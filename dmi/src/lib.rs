@@ -23,6 +23,8 @@ pub mod v1beta1 {
 
 mod any;
 mod convert;
+#[doc(hidden)]
+pub mod fuzz_targets;
 mod uds;
 
 pub use any::{AnyError, any_from_json, json_from_any, type_url};

@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
@@ -92,6 +92,28 @@ pub async fn connect_in_memory_only(
         return Ok(None);
     }
     in_memory(config).await.map(Some)
+}
+
+/// Set (non-empty) on a throwaway cluster: the tests that install KubeEdge's
+/// CRDs cluster-wide (ObjectSync, ClusterObjectSync; they would clash with a real KubeEdge's)
+/// run there too.
+pub const CLUSTER_CRDS_ENV: &str = "E2E_INSTALL_CLUSTER_CRDS";
+
+/// The test cluster for a test that installs KubeEdge's CRDs cluster-wide: the in-memory
+/// server, or the real cluster when [`CLUSTER_CRDS_ENV`] says it may be changed so; `None`
+/// (after printing why the test is skipped) on a real cluster without it.
+pub async fn connect_installing_crds(
+    config: Config,
+    what: &str,
+) -> anyhow::Result<Option<TestCluster>> {
+    if real_cluster_configured() && !env_set(CLUSTER_CRDS_ENV) {
+        println!(
+            "SKIPPED on a real cluster ({KUBECONFIG_ENV} is set): {what} installs KubeEdge's \
+             CRDs cluster-wide; set {CLUSTER_CRDS_ENV}=1 to run it on a throwaway cluster"
+        );
+        return Ok(None);
+    }
+    connect_with(config).await.map(Some)
 }
 
 fn cache_dir() -> PathBuf {
@@ -270,8 +292,9 @@ impl TestCluster {
         })
     }
 
-    /// Creates a namespace `<prefix>-xxxxx` and waits for its `default` ServiceAccount (which a
-    /// real cluster creates asynchronously).
+    /// Creates a namespace `<prefix>-xxxxx` and waits for its `default` ServiceAccount and its
+    /// `kube-root-ca.crt` ConfigMap (which a real cluster's controllers publish a moment
+    /// after the namespace exists; pods need both).
     pub async fn temp_namespace(&self, prefix: &str) -> anyhow::Result<String> {
         let api: Api<Namespace> = Api::all(self.client());
         let mut ns = Namespace::default();
@@ -280,13 +303,18 @@ impl TestCluster {
         let created = api.create(&PostParams::default(), &ns).await?;
         let name = created.metadata.name.context("namespace without a name")?;
         let sas: Api<ServiceAccount> = Api::namespaced(self.client(), &name);
-        for _ in 0..100 {
-            if sas.get_opt("default").await?.is_some() {
+        let cms: Api<ConfigMap> = Api::namespaced(self.client(), &name);
+        for _ in 0..300 {
+            if sas.get_opt("default").await?.is_some()
+                && cms.get_opt("kube-root-ca.crt").await?.is_some()
+            {
                 return Ok(name);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        anyhow::bail!("namespace {name} has no default service account after 10 s")
+        anyhow::bail!(
+            "namespace {name} has no default service account or kube-root-ca.crt after 30 s"
+        )
     }
 
     /// Best-effort namespace deletion (tests call it at the end; on a real cluster it matters).

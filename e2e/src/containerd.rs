@@ -374,6 +374,12 @@ impl Containerd {
             .is_some_and(|r| matches!(r.containerd.try_wait(), Ok(None)))
     }
 
+    /// containerd's process id (0 once it is shut down): for benchmarks sampling it.
+    pub fn pid(&self) -> u32 {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.as_ref().map_or(0, |r| r.containerd.id())
+    }
+
     fn containerd_failure(&self, what: impl Into<String>) -> HarnessError {
         HarnessError::Containerd {
             what: what.into(),

@@ -111,8 +111,12 @@ pub fn workspace_binary(package: &str, name: &str) -> anyhow::Result<PathBuf> {
     if !path.exists() {
         let mut build = Command::new(env!("CARGO"));
         build.args(["build", "-p", package, "--bins"]);
-        if dir.ends_with("release") {
-            build.arg("--release");
+        // The profile the running executable was built with (`target/<profile>/`).
+        match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some(profile) => {
+                build.args(["--profile", profile]);
+            }
         }
         let status = build.status().context("running cargo build")?;
         anyhow::ensure!(status.success(), "cargo build -p {package} failed");

@@ -17,6 +17,17 @@ pub async fn install(client: &kube::Client) -> anyhow::Result<()> {
     .await
 }
 
+/// Whether the cluster serves KubeEdge's ObjectSync records (the Helm chart installs the
+/// CRDs; a bare cluster has none): what cloudcore does for KubeEdge edges depends on it.
+pub async fn installed(client: &kube::Client) -> bool {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    matches!(
+        crds.get_opt("objectsyncs.reliablesyncs.kubeedge.io").await,
+        Ok(Some(_))
+    )
+}
+
 /// One record as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredRecord {

@@ -9,6 +9,8 @@ pub mod edged;
 pub mod edgehub;
 pub mod edgestream;
 pub mod eventbus;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod install;
 pub mod memory;
 pub mod mesh;

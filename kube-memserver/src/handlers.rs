@@ -28,7 +28,7 @@ use super::watch;
 
 pub type Body = BoxBody<Bytes, Infallible>;
 
-fn full(bytes: impl Into<Bytes>) -> Body {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }
 
@@ -92,6 +92,9 @@ pub async fn handle(
         || path.starts_with("/readyz/")
     {
         return respond(StatusCode::OK, "text/plain; charset=utf-8", "ok");
+    }
+    if let Some(failure) = st.faults.failure() {
+        return failure.response();
     }
     let user = match super::authn::authenticate(&st, req.headers()) {
         Ok(u) => Arc::new(u),

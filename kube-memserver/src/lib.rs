@@ -23,6 +23,7 @@ mod certificates;
 mod controllers;
 mod discovery;
 mod endpoints;
+mod faults;
 mod gc;
 mod handlers;
 mod kubelet;
@@ -191,6 +192,19 @@ impl Drop for WatchPause {
         self.state.watch_gate.send_replace(false);
     }
 }
+
+/// The server is unreachable while this lives (see [`ApiServer::outage`]).
+pub struct Outage {
+    state: Arc<State>,
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        self.state.faults.set_outage(false);
+    }
+}
+
+pub use faults::Failure;
 
 /// See [`ApiServer::list_delay`].
 #[derive(Clone)]
@@ -412,6 +426,36 @@ impl ApiServer {
     /// once), as a loaded apiserver answers the lists of different kinds in any order.
     pub fn list_delay(&self) -> ListDelay {
         ListDelay(self.state.list_delay_ms.clone())
+    }
+
+    /// Answers every request but health checks with `failure` (as an overloaded or failing
+    /// apiserver does) until [`ApiServer::heal`]. Open watches go on, as on a real server.
+    pub fn fail_requests(&self, failure: Failure) {
+        self.state.faults.set_failure(Some(failure));
+    }
+
+    /// Makes the server unreachable until the guard is dropped: every open connection (and
+    /// watch) ends and new ones are closed at once, as when the apiserver's host is down.
+    pub fn outage(&self) -> Outage {
+        self.state.faults.set_outage(true);
+        Outage {
+            state: self.state.clone(),
+        }
+    }
+
+    /// Ends every failure (an outage ends with its guard).
+    pub fn heal(&self) {
+        self.state.faults.set_failure(None);
+    }
+
+    /// Every open watch expires at once: they end, and the history they would resume from is
+    /// gone, so every watch client gets 410 Gone and relists (as after a restart of the
+    /// apiserver, whose new watch cache starts at the current resourceVersion).
+    pub fn expire_watches(&self) {
+        self.compact_history();
+        for t in self.state.store.tables() {
+            t.close_watchers();
+        }
     }
 
     /// Open watches across all resources.

@@ -1,5 +1,6 @@
 //! The TLS listener: accepts connections, negotiates HTTP/2 or HTTP/1.1 (ALPN), and serves each
-//! request with the handlers. Everything stops when the cancellation token fires.
+//! request with the handlers. Everything stops when the cancellation token fires; an outage
+//! (`faults.rs`) ends every connection and refuses new ones until it is over.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -36,6 +37,11 @@ pub async fn serve(
                 continue;
             }
         };
+        if st.faults.in_outage() {
+            // Unreachable: the connection ends before TLS, as a reset would end it.
+            drop(tcp);
+            continue;
+        }
         let _ = tcp.set_nodelay(true);
         let tls = tls.clone();
         let st = st.clone();
@@ -53,6 +59,7 @@ pub async fn serve(
                 },
             };
             let conn_cancel = cancel.clone();
+            let faults = st.clone();
             let svc = service_fn(move |req| {
                 let st = st.clone();
                 let cancel = conn_cancel.clone();
@@ -69,6 +76,8 @@ pub async fn serve(
                     }
                 }
                 _ = cancel.cancelled() => {}
+                // An outage ends every connection, open watches included.
+                _ = faults.faults.outage_started() => {}
             }
         });
     }

@@ -26,6 +26,8 @@ pub struct State {
     /// Lists answer after a random delay up to this many milliseconds (a test knob: a loaded
     /// apiserver answers the lists of different kinds in any order).
     pub list_delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Failures and outages on demand (a test knob, `faults.rs`).
+    pub faults: super::faults::Faults,
     next_cluster_ip: AtomicU32,
     next_node_port: AtomicU32,
 }
@@ -53,6 +55,7 @@ impl State {
             config,
             watch_gate: watch::channel(false).0,
             list_delay_ms: Default::default(),
+            faults: Default::default(),
             next_cluster_ip: AtomicU32::new(10),
             next_node_port: AtomicU32::new(30000),
         }

@@ -28,6 +28,8 @@ const WAIT: Duration = Duration::from_secs(20);
 
 #[path = "conformance/certificates.rs"]
 mod certificates;
+#[path = "conformance/faults.rs"]
+mod faults;
 #[path = "conformance/workloads.rs"]
 mod workloads;
 
@@ -47,13 +49,19 @@ fn cm(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
     .expect("configmap")
 }
 
+/// The scheduler of pods that must stay unbound (none runs under this name).
+const UNSCHEDULED: &str = "e2e-kubeedge-rs-unscheduled";
+
 fn pod(name: &str, node: Option<&str>) -> Pod {
     let mut spec = json!({"containers": [
         {"name": "app", "image": "busybox:1.36", "env": [{"name": "A", "value": "1"}]},
         {"name": "side", "image": "busybox:1.36"}
     ]});
-    if let Some(n) = node {
-        spec["nodeName"] = json!(n);
+    match node {
+        Some(n) => spec["nodeName"] = json!(n),
+        // No scheduler has this name: the pod stays unbound and Pending on any cluster, also
+        // one whose nodes could run it.
+        None => spec["schedulerName"] = json!(UNSCHEDULED),
     }
     serde_json::from_value(
         json!({"metadata": {"name": name, "labels": {"app": name}}, "spec": spec}),
@@ -1044,9 +1052,9 @@ async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) {
 
 #[tokio::test]
 async fn custom_resources_are_served_after_their_crd_with_a_status_subresource() {
-    let Some(c) = cluster::connect_in_memory_only(
+    let Some(c) = cluster::connect_installing_crds(
         Config::for_tests(),
-        "installing KubeEdge's CRDs (cluster-wide, shared with a real KubeEdge)",
+        "serving custom resources after their CRD",
     )
     .await
     .unwrap() else {
@@ -1415,6 +1423,7 @@ metadata:
   namespace: {ns}
   labels: {{app: web}}
 spec:
+  schedulerName: {UNSCHEDULED}
   containers:
   - name: main
     image: busybox:1.36

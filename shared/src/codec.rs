@@ -99,6 +99,28 @@ mod tests {
         ));
     }
 
+    /// Found by fuzzing (`e2e/fuzz/regressions/beehive_frame`): without serde_json's exact float
+    /// parsing, a number with more digits than an f64 holds came back one ULP off after a
+    /// decode and an encode, so a relayed object changed value.
+    #[test]
+    fn numbers_keep_their_value_through_a_frame() {
+        let codec = FrameCodec::default();
+        for n in [
+            "1700000022222222222222222222222222222222222222222222222222222222222222222222222222222222222222222222222222222222222200000",
+            "0.30000000000000004441",
+            "2.2250738585072011e-308",
+            "9007199254740993",
+        ] {
+            let frame =
+                format!(r#"{{"header":{{"msg_id":"1"}},"route":{{}},"content":{{"v":{n}}}}}"#);
+            let msg = codec.decode(frame.as_bytes()).unwrap();
+            let again = codec
+                .decode(codec.encode(&msg).unwrap().as_bytes())
+                .unwrap();
+            assert_eq!(again, msg, "{n}");
+        }
+    }
+
     proptest! {
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {

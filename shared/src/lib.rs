@@ -11,6 +11,8 @@ pub mod constants;
 pub mod content;
 pub mod devices;
 pub mod duration;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod inventory;
 pub mod message;
 pub mod names;

@@ -1,8 +1,10 @@
 //! Certificates: the KubeEdge CA, server certificates and edge certificates (protocol §6).
 
+/// The key usages [`go_ext_key_usage`] maps Go's numbers to.
+pub use rcgen::ExtendedKeyUsagePurpose;
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::net::IpAddr;

@@ -179,8 +179,8 @@ async fn handle(
     }
 }
 
-struct Refusal {
-    status: StatusCode,
+pub(crate) struct Refusal {
+    pub(crate) status: StatusCode,
     reason: &'static str,
     message: String,
 }
@@ -209,7 +209,33 @@ async fn edge_cert(
     req: Request<Incoming>,
     client_cert: Option<&CertificateDer<'static>>,
 ) -> Result<(String, Vec<u8>), Refusal> {
-    let headers = req.headers();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let (node, ekus) = authorize(server, req.headers(), client_cert, now)?;
+    let body = Limited::new(req.into_body(), MAX_CSR_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            refusal(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body",
+                format!("cannot read the CSR (at most {MAX_CSR_BYTES} bytes): {e}\n"),
+            )
+        })?
+        .to_bytes();
+    let cert = sign(server, &node, &ekus, &body)?;
+    Ok((node, cert))
+}
+
+/// Who asks for a certificate, and for which key usages: the request's headers checked
+/// against the token or the client certificate (`now` in unix seconds).
+pub(crate) fn authorize(
+    server: &JoinServer,
+    headers: &http::HeaderMap,
+    client_cert: Option<&CertificateDer<'static>>,
+    now: i64,
+) -> Result<(String, Vec<pki::ExtendedKeyUsagePurpose>), Refusal> {
     let node = headers
         .get("NodeName")
         .and_then(|v| v.to_str().ok())
@@ -264,9 +290,6 @@ async fn edge_cert(
                 "missing Authorization: Bearer <token> (or a client certificate)\n",
             ));
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
         if let Err(e) = token::verify_jwt(jwt, &server.ca.key_der, now) {
             let reason = match e {
                 token::TokenError::Expired { .. } => "token_expired",
@@ -310,18 +333,17 @@ async fn edge_cert(
                 .collect::<Result<Vec<_>, _>>()?
         }
     };
-    let body = Limited::new(req.into_body(), MAX_CSR_BYTES)
-        .collect()
-        .await
-        .map_err(|e| {
-            refusal(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body",
-                format!("cannot read the CSR (at most {MAX_CSR_BYTES} bytes): {e}\n"),
-            )
-        })?
-        .to_bytes();
-    let subject = pki::csr_subject(&body).map_err(|e| {
+    Ok((node, ekus))
+}
+
+/// The node's certificate for the DER CSR in `body`.
+pub(crate) fn sign(
+    server: &JoinServer,
+    node: &str,
+    ekus: &[pki::ExtendedKeyUsagePurpose],
+    body: &[u8],
+) -> Result<Vec<u8>, Refusal> {
+    let subject = pki::csr_subject(body).map_err(|e| {
         refusal(
             StatusCode::BAD_REQUEST,
             "bad_csr",
@@ -330,7 +352,7 @@ async fn edge_cert(
     })?;
     let cert = server
         .ca
-        .sign_node_csr(&body, &node, server.signing_days, &ekus)
+        .sign_node_csr(body, node, server.signing_days, ekus)
         .map_err(|e| {
             refusal(
                 StatusCode::BAD_REQUEST,
@@ -346,7 +368,7 @@ async fn edge_cert(
             "CSR subject replaced by the node's identity"
         );
     }
-    Ok((node, cert.to_vec()))
+    Ok(cert.to_vec())
 }
 
 fn cert_subject(cert: &CertificateDer<'_>) -> (Option<String>, Vec<String>) {

@@ -11,8 +11,9 @@
 //! `kill -USR1` stops cloudcore and starts it again (offline autonomy on demand); tears it all
 //! down on Ctrl-C, SIGTERM or SIGHUP (also when its output was closed).
 //!
-//! Run with `bash scripts/demo.sh` (installs the packages, then
-//! `cargo run --release -p e2e --bin local-demo`). Needs root.
+//! Run with `bash scripts/demo.sh` (installs the packages, then builds and runs it with the
+//! `bench-fast` profile). Needs root. One demo runs per machine (`take_demo_lock`); the
+//! terminal shows the walk-through, the components log to files (`init_logs`).
 
 use std::time::{Duration, Instant};
 
@@ -53,23 +54,20 @@ struct Args {}
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                // kube's per-request trace layer reports every failed request at ERROR
-                // without context (also those a shutdown aborts); the callers log failures.
-                .unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
-                }),
-        )
-        .with_target(false)
-        .init();
+    // One demo per machine: it owns its directory, kubeconfig, ports and edgemesh's address.
+    let _demo_lock = take_demo_lock()?;
+    let logs = std::env::temp_dir().join("kubeedge-rs-demo-logs");
+    init_logs(&logs).context("opening the demo's log files")?;
 
     // Signals first, so that a Ctrl-C during start-up still leads to a clean teardown.
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
 
+    say!(
+        "Logs: {dir}/{{apiserver,cloudcore,edgecore,demo}}.log   (tail -f {dir}/edgecore.log)",
+        dir = logs.display()
+    );
     step(1, "container runtime: private containerd + local registry");
     let started = Instant::now();
     let containerd = tokio::task::spawn_blocking(Containerd::start)
@@ -109,6 +107,8 @@ async fn main() -> anyhow::Result<()> {
     // ── Control plane ────────────────────────────────────────────────────────────────────
     step(2, "control plane: in-memory Kubernetes API server");
     let demo_dir = std::env::temp_dir().join("kubeedge-rs-demo");
+    // Left by a demo that was killed: this one holds the lock, nothing else uses it.
+    let _ = std::fs::remove_dir_all(&demo_dir);
     std::fs::create_dir_all(&demo_dir).context("creating the demo directory")?;
     let kubeconfig = demo_dir.join("kubeconfig");
     let api = ApiServer::start(ApiConfig {
@@ -407,6 +407,86 @@ async fn main() -> anyhow::Result<()> {
 
 /// The demo edge's `cgroupRoot` (its pods' cgroups, removed at exit).
 const DEMO_CGROUP_ROOT: &str = "/kubeedge-rs-demo";
+
+/// Where a running demo records itself; `flock`ed while it runs (released when it exits, also
+/// when it is killed).
+fn demo_lock_path() -> std::path::PathBuf {
+    std::env::temp_dir().join("kubeedge-rs-demo.lock")
+}
+
+/// Refuses to start a second demo: it would share the first one's directory, kubeconfig,
+/// MetaServer and router ports, node address and edgemesh address, and tear them down.
+fn take_demo_lock() -> anyhow::Result<std::fs::File> {
+    use std::io::Write as _;
+    let path = demo_lock_path();
+    let lock = e2e::process::try_lock_file(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let Some(mut file) = lock else {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        anyhow::bail!(
+            "another local demo is running (pid {}; also the case while the e2e test \
+             a_demo_with_closed_output_cleans_up_on_sighup runs): it owns {}, its kubeconfig, \
+             127.0.0.1:{METASERVER_PORT}, 127.0.0.1:{ROUTER_PORT} and edgemesh's 169.254.96.16. \
+             Stop it first (Ctrl-C in its terminal, or kill -INT {})",
+            holder.trim(),
+            std::env::temp_dir().join("kubeedge-rs-demo").display(),
+            holder.trim()
+        );
+    };
+    file.set_len(0)?;
+    write!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
+/// The demo's terminal shows the walk-through; the components log to files in `dir`, one per
+/// component (`RUST_LOG` filters them, default `info`), kept after the demo ends.
+fn init_logs(dir: &std::path::Path) -> anyhow::Result<()> {
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::prelude::*;
+    std::fs::create_dir_all(dir)?;
+    const COMPONENTS: [(&str, &[&str]); 3] = [
+        ("apiserver.log", &["kube_memserver"]),
+        ("cloudcore.log", &["cloudcore"]),
+        (
+            "edgecore.log",
+            &["edgecore", "kubeedge_edgemesh", "kubeedge_dmi"],
+        ),
+    ];
+    let of = |target: &str, prefixes: &[&str]| prefixes.iter().any(|p| target.starts_with(p));
+    let mut layers = Vec::new();
+    for (file, prefixes) in COMPONENTS {
+        let writer = std::sync::Mutex::new(std::fs::File::create(dir.join(file))?);
+        layers.push(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(writer)
+                .with_filter(filter_fn(move |m| of(m.target(), prefixes)))
+                .boxed(),
+        );
+    }
+    let rest = std::sync::Mutex::new(std::fs::File::create(dir.join("demo.log"))?);
+    layers.push(
+        tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(rest)
+            .with_filter(filter_fn(move |m| {
+                !COMPONENTS.iter().any(|(_, p)| of(m.target(), p))
+            }))
+            .boxed(),
+    );
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                // kube's per-request trace layer reports every failed request at ERROR
+                // without context (also those a shutdown aborts); the callers log failures.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+                }),
+        )
+        .with(layers)
+        .init();
+    Ok(())
+}
 
 /// The edge's MetaServer port in the demo (KubeEdge's default).
 const METASERVER_PORT: u16 = 10550;

@@ -585,12 +585,10 @@ fn kubeedge_edge_loses_no_update_under_link_faults() {
 }
 
 async fn chaos(logs: LogBuf) {
-    let Some(c) = cluster::connect_in_memory_only(
-        Config::for_tests(),
-        "KubeEdge chaos (installs KubeEdge's CRDs cluster-wide)",
-    )
-    .await
-    .expect("cluster") else {
+    let Some(c) = cluster::connect_installing_crds(Config::for_tests(), "KubeEdge chaos")
+        .await
+        .expect("cluster")
+    else {
         return;
     };
     let (seed, total) = churn::seed_and_length("chaos-kubeedge", 40);

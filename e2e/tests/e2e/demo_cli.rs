@@ -39,8 +39,10 @@ fn demo_script_help_prints_usage_without_root_or_setup() {
     assert!(text.contains("Usage: sudo bash scripts/demo.sh"), "{text}");
 }
 
-/// The demo's output closed (`| head`) and then a SIGHUP (its terminal gone): it still removes
-/// every process, mount, bridge and directory it made.
+/// The demo's terminal shows the walk-through, the components' logs go to the files it names;
+/// a second demo refuses to start while it runs; its output closed (`| head`) and then a
+/// SIGHUP (its terminal gone): it still removes every process, mount, bridge and directory it
+/// made.
 #[test]
 fn a_demo_with_closed_output_cleans_up_on_sighup() {
     use std::io::{BufRead, BufReader};
@@ -49,10 +51,10 @@ fn a_demo_with_closed_output_cleans_up_on_sighup() {
         return;
     }
     let demo_dir = std::env::temp_dir().join("kubeedge-rs-demo");
+    let stderr_file = tempfile::NamedTempFile::new().expect("a temp file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_local-demo"))
-        .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr_file.reopen().expect("reopen"))
         .spawn()
         .expect("local-demo runs");
     let pid = child.id() as i32;
@@ -84,8 +86,9 @@ fn a_demo_with_closed_output_cleans_up_on_sighup() {
                 e2e::process::signal(pid, libc::SIGTERM);
                 let _ = child.wait();
                 panic!(
-                    "the demo did not get ready within 240s:\n{}",
-                    seen.join("\n")
+                    "the demo did not get ready within 240s:\n{}\nstderr:\n{}",
+                    seen.join("\n"),
+                    std::fs::read_to_string(stderr_file.path()).unwrap_or_default()
                 );
             }
         }
@@ -95,6 +98,34 @@ fn a_demo_with_closed_output_cleans_up_on_sighup() {
             .find_map(|l| l.trim().strip_prefix(prefix).map(|r| r.trim().to_string()))
             .unwrap_or_else(|| panic!("no line starting with {prefix:?}:\n{}", seen.join("\n")))
     };
+    // The walk-through only: the components log to the files the first line names.
+    let logs = find("Logs:");
+    let logs_dir = std::path::PathBuf::from(logs.split("/{").next().unwrap_or_default());
+    for line in &seen {
+        assert!(
+            !line.contains(" INFO ") && !line.contains(" WARN "),
+            "a log line in the demo's terminal: {line}"
+        );
+    }
+    for file in ["apiserver.log", "cloudcore.log", "edgecore.log"] {
+        let text = std::fs::read_to_string(logs_dir.join(file))
+            .unwrap_or_else(|e| panic!("{}: {e}", logs_dir.join(file).display()));
+        assert!(text.contains("INFO"), "{file} holds no log lines");
+    }
+    // A second demo refuses at once, saying why; the first is untouched.
+    let second = Command::new(env!("CARGO_BIN_EXE_local-demo"))
+        .output()
+        .expect("a second local-demo runs");
+    assert!(!second.status.success(), "a second demo started");
+    let why = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        why.contains("another local demo is running") && why.contains(&format!("pid {pid}")),
+        "{why}"
+    );
+    assert!(
+        child.try_wait().expect("waiting").is_none(),
+        "the first demo stopped"
+    );
     let endpoint = find("CRI endpoint");
     let containerd_dir = endpoint
         .trim_start_matches("unix://")

@@ -8,6 +8,7 @@ mod chaos_kubeedge;
 mod churn;
 mod cloudcore_image;
 mod containerd_smoke;
+mod control_plane;
 mod controllers;
 mod demo_cli;
 mod devices;

@@ -187,7 +187,9 @@ async fn an_edge_pod_reads_the_metaserver_with_its_service_account_online_and_of
     assert_ne!(rc, 0, "secrets stay forbidden offline: {log}");
     env.link.thaw();
     env.wait_edge_link(true).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Removes the namespace and the Node this edge registered (on a real cluster nothing
+    // else would).
+    env.finish().await;
 }
 
 /// A KubeEdge v1.17+ edge (raw messages as its metaserver certificate manager sends them)

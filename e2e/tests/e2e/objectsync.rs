@@ -22,12 +22,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 async fn cluster(what: &str) -> Option<(TestCluster, String)> {
-    let c = cluster::connect_in_memory_only(
-        Config::for_tests(),
-        &format!("{what} (installs KubeEdge's CRDs cluster-wide)"),
-    )
-    .await
-    .expect("cluster")?;
+    let c = cluster::connect_installing_crds(Config::for_tests(), what)
+        .await
+        .expect("cluster")?;
     let ns = c.temp_namespace("osync").await.expect("namespace");
     Some((c, ns))
 }

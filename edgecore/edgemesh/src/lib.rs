@@ -11,6 +11,8 @@
 
 pub mod catalog;
 pub mod dns;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod mesh;
 pub mod model;
 pub mod proxy;

@@ -22,7 +22,8 @@ pub struct JoinOptions {
     /// cloudcore's certificate port (cloudHub.https).
     #[arg(long, short = 's', default_value_t = 10002)]
     pub certport: u16,
-    /// CRI endpoint (default unix:///run/containerd/containerd.sock).
+    /// CRI endpoint, for the runtime and the image service as keadm join sets them (default
+    /// unix:///run/containerd/containerd.sock).
     #[arg(long = "remote-runtime-endpoint", short = 'p')]
     pub remote_runtime_endpoint: Option<String>,
     /// Do not install the systemd unit edgecore.service (by default it is written, and
@@ -69,7 +70,9 @@ pub fn join_config(opts: &JoinOptions, base: EdgeCoreConfig) -> Result<EdgeCoreC
         c.modules.edged.hostname_override = name.clone();
     }
     if let Some(ep) = &opts.remote_runtime_endpoint {
+        // As keadm join: the image service is the runtime's own.
         c.modules.edged.remote_runtime_endpoint = ep.clone();
+        c.modules.edged.remote_image_endpoint = ep.clone();
     }
     c.validate()
         .map_err(|e| JoinError::Invalid(e.to_string()))?;
@@ -131,6 +134,19 @@ mod tests {
         assert_eq!(c.modules.edge_hub.token, "aa.bb.cc.dd");
         assert_eq!(c.modules.edge_stream.server, "10.1.2.3:10004");
         assert_eq!(c.node_name(), "edge-9");
+        let mut crio = opts();
+        crio.remote_runtime_endpoint = Some("unix:///var/run/crio/crio.sock".into());
+        let c = join_config(&crio, EdgeCoreConfig::default_config()).unwrap();
+        assert_eq!(
+            (
+                c.modules.edged.remote_runtime_endpoint.as_str(),
+                c.modules.edged.remote_image_endpoint.as_str()
+            ),
+            (
+                "unix:///var/run/crio/crio.sock",
+                "unix:///var/run/crio/crio.sock"
+            )
+        );
         let mut bad = opts();
         bad.cloudcore_ipport = "10.1.2.3".into();
         assert!(matches!(

@@ -463,6 +463,12 @@ async fn report_status(
     let mut ticks: u32 = 0;
     let node_ref = ObjectRef::node(&config.node_name);
     let mut known_conditions = HashMap::new();
+    // Asks every pod worker to report its status again (as after a reconnect), without this
+    // loop treating its own request as a reconnect.
+    let resend_pods = |resync: &mut tokio::sync::watch::Receiver<u64>| {
+        shared.resync.send_modify(|n| *n += 1);
+        resync.mark_unchanged();
+    };
     shared.events.record(
         &node_ref,
         EventType::Normal,
@@ -490,8 +496,9 @@ async fn report_status(
             }
             match read {
                 Ok(node) if conditions_differ(&node, &previous_conditions) => {
-                    tracing::info!(node = %config.node_name, "the cloud's node conditions differ from what this node reported; reporting again");
+                    tracing::info!(node = %config.node_name, "the cloud's node conditions differ from what this node reported; reporting again, the pods too");
                     last = None;
+                    resend_pods(&mut resync);
                 }
                 Ok(_) => {}
                 Err(MetaError::NotFound { .. }) => {
@@ -719,6 +726,12 @@ async fn renew_lease(
             .lease_self
             .store(false, std::sync::atomic::Ordering::Release);
     };
+    // A renewal failed since the last one that worked: the cloud's node lifecycle controller
+    // may have marked the node Unknown and its pods not Ready meanwhile (it does when the
+    // lease stops, e.g. while the apiserver fails cloudcore's requests), and only this node's
+    // own reports undo that. The next renewal that works asks the node status and every pod
+    // status to be sent again, as a reconnect does.
+    let mut lapsed = false;
     loop {
         if terms.borrow_and_update().cloud_lease && !renew_self() {
             // The cloud renews it while this link lasts; read it afresh afterwards.
@@ -766,6 +779,10 @@ async fn renew_lease(
                     match meta.update_lease(lease).await {
                         Ok(l) => {
                             current = Some(l);
+                            if std::mem::take(&mut lapsed) {
+                                tracing::info!(node = %config.node_name, "node lease renewed again; node and pod statuses are sent again");
+                                shared.resync.send_modify(|n| *n += 1);
+                            }
                             interval
                         }
                         Err(e) => {
@@ -777,6 +794,8 @@ async fn renew_lease(
                 }
             }
         };
+        // Every failure above leaves no current lease.
+        lapsed |= current.is_none();
         if wait.is_zero() {
             continue;
         }

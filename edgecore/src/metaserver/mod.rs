@@ -26,7 +26,7 @@ pub mod informer;
 mod keys;
 mod kinds;
 mod remote;
-mod request;
+pub(crate) mod request;
 #[cfg(test)]
 mod secure_tests;
 mod serve;

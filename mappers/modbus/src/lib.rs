@@ -6,6 +6,8 @@
 
 pub mod config;
 pub mod devices;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod modbus;
 mod poll;
 mod register;

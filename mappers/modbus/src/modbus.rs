@@ -15,7 +15,8 @@
 
 use std::time::Duration;
 
-use tokio_modbus::client::{Context, Reader as _, Writer as _};
+use tokio_modbus::client::{Client as _, Context, Writer as _};
+use tokio_modbus::{Request, Response};
 
 /// edgecore rejects longer twin values.
 pub const MAX_VALUE_LEN: usize = 512;
@@ -77,6 +78,9 @@ pub enum IoError {
     /// The device answered with a Modbus exception (e.g. illegal data address).
     #[error("device answered {0}")]
     Exception(tokio_modbus::ExceptionCode),
+    /// The device's answer does not fit the request (another count of registers).
+    #[error("device answered {0}")]
+    Answer(String),
     #[error("{0}")]
     Value(#[from] ValueError),
 }
@@ -103,22 +107,32 @@ pub enum ValueError {
     TooLong(usize),
 }
 
-/// Reads the property's registers and returns the value in its reported form.
+/// Reads the property's registers and returns the value in its reported form. A device that
+/// answers with another number of registers or coils than asked is a property error.
 pub async fn read(ctx: &mut Context, v: &Visitor) -> Result<String, IoError> {
     let (addr, cnt) = (v.offset, v.limit);
-    let value = match v.kind {
-        RegisterKind::Coil => format_bits(&flatten(ctx.read_coils(addr, cnt)).await?),
-        RegisterKind::DiscreteInput => {
-            format_bits(&flatten(ctx.read_discrete_inputs(addr, cnt)).await?)
+    let request = match v.kind {
+        RegisterKind::Coil => Request::ReadCoils(addr, cnt),
+        RegisterKind::DiscreteInput => Request::ReadDiscreteInputs(addr, cnt),
+        RegisterKind::Holding => Request::ReadHoldingRegisters(addr, cnt),
+        RegisterKind::Input => Request::ReadInputRegisters(addr, cnt),
+    };
+    // `Client::call`, not the `Reader` methods: those only debug-assert the count (a device
+    // answering two registers for six panicked the mapper's debug build, found by fuzzing).
+    let value = match flatten(ctx.call(request)).await? {
+        Response::ReadCoils(mut bits) | Response::ReadDiscreteInputs(mut bits)
+            if bits.len() >= usize::from(cnt) =>
+        {
+            // Coils come in whole bytes: the padding bits are not the device's.
+            bits.truncate(usize::from(cnt));
+            format_bits(&bits)
         }
-        RegisterKind::Holding => format_words(
-            &flatten(ctx.read_holding_registers(addr, cnt)).await?,
-            v.scale,
-        ),
-        RegisterKind::Input => format_words(
-            &flatten(ctx.read_input_registers(addr, cnt)).await?,
-            v.scale,
-        ),
+        Response::ReadHoldingRegisters(words) | Response::ReadInputRegisters(words)
+            if words.len() == usize::from(cnt) =>
+        {
+            format_words(&words, v.scale)
+        }
+        other => return Err(IoError::Answer(format!("{other:?} for {cnt} items"))),
     };
     if value.len() > MAX_VALUE_LEN {
         return Err(ValueError::TooLong(value.len()).into());

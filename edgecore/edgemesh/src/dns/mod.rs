@@ -19,10 +19,10 @@
 //!
 //! [`Snapshot`]: crate::catalog::Snapshot
 
-mod forward;
+pub(crate) mod forward;
 mod metrics;
 mod name;
-mod respond;
+pub(crate) mod respond;
 mod server;
 pub mod wire;
 mod zone;
