@@ -65,6 +65,24 @@ async fn finished(client: &kube::Client, name: &str) -> Value {
     }
 }
 
+/// An edge Node `name` that reports Ready (node tasks go only to ready edge nodes).
+async fn ready_edge_node(cluster: &e2e::cluster::TestCluster, name: &str) {
+    use k8s_openapi::api::core::v1::Node;
+    e2e::sim_edge::edge_node(cluster, name).await;
+    Api::<Node>::all(cluster.client())
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+                "reason": "EdgeReady", "lastHeartbeatTime": "2026-11-27T12:00:00Z",
+                "lastTransitionTime": "2026-11-27T12:00:00Z"}]}}),
+            ),
+        )
+        .await
+        .expect("node ready");
+}
+
 fn node_status<'a>(job: &'a Value, node: &str) -> &'a Value {
     job["status"]["nodeStatus"]
         .as_array()
@@ -194,8 +212,7 @@ async fn image_pre_pull_jobs_pull_on_the_edge_and_report_per_node_and_image() {
 /// The messages a KubeEdge edge sees for an ImagePrePullJob, and its reports written back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kubeedge_edge_runs_our_image_pre_pull_job_in_kubeedges_shapes() {
-    use e2e::sim_edge::{delete_node, edge_node};
-    use k8s_openapi::api::core::v1::Node;
+    use e2e::sim_edge::delete_node;
     init_logs();
     let cluster = e2e::cluster::connect().await.expect("test cluster");
     let client = cluster.client();
@@ -205,19 +222,7 @@ async fn a_kubeedge_edge_runs_our_image_pre_pull_job_in_kubeedges_shapes() {
         .await
         .expect("cloudcore starts");
     let node = node_name("ke-prepull");
-    edge_node(&cluster, &node).await;
-    Api::<Node>::all(client.clone())
-        .patch_status(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"status": {"conditions": [{"type": "Ready", "status": "True",
-                "reason": "EdgeReady", "lastHeartbeatTime": "2026-11-27T12:00:00Z",
-                "lastTransitionTime": "2026-11-27T12:00:00Z"}]}}),
-            ),
-        )
-        .await
-        .expect("node ready");
+    ready_edge_node(&cluster, &node).await;
     let tls = pki.edge_tls(&pki.node_cert(&node).unwrap()).unwrap();
     let mut edge = RawEdge::connect(cloud.hub.local_addr(), &node, tls)
         .await
@@ -320,8 +325,7 @@ fn config_jobs(client: &kube::Client) -> Api<DynamicObject> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn config_update_jobs_change_edgecore_yaml_and_roll_back_when_the_cloud_is_lost() {
     use e2e::process::LoggedProcess;
-    use e2e::sim_edge::{delete_node, edge_node};
-    use k8s_openapi::api::core::v1::Node;
+    use e2e::sim_edge::delete_node;
     init_logs();
     let cluster = e2e::cluster::connect().await.expect("test cluster");
     let client = cluster.client();
@@ -340,19 +344,7 @@ async fn config_update_jobs_change_edgecore_yaml_and_roll_back_when_the_cloud_is
         .await
         .expect("cloudcore starts");
     let node = node_name("cfg-update");
-    edge_node(&cluster, &node).await;
-    Api::<Node>::all(client.clone())
-        .patch_status(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"status": {"conditions": [{"type": "Ready", "status": "True",
-                "reason": "EdgeReady", "lastHeartbeatTime": "2026-11-27T12:00:00Z",
-                "lastTransitionTime": "2026-11-27T12:00:00Z"}]}}),
-            ),
-        )
-        .await
-        .expect("node ready");
+    ready_edge_node(&cluster, &node).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
     let cert = pki.node_cert(&node).expect("edge certificate");
