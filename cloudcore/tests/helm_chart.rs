@@ -518,6 +518,16 @@ const NEEDED: &[(&str, &str, &[&str])] = &[
     ),
     (
         "operations.kubeedge.io",
+        "nodeupgradejobs",
+        &["get", "list", "watch"],
+    ),
+    (
+        "operations.kubeedge.io",
+        "nodeupgradejobs/status",
+        &["patch"],
+    ),
+    (
+        "operations.kubeedge.io",
         "configupdatejobs",
         &["get", "list", "watch"],
     ),
@@ -593,6 +603,7 @@ fn chart_ships_the_crds_unchanged() {
             "operations-crds.yaml",
             &[
                 "imageprepulljobs.operations.kubeedge.io",
+                "nodeupgradejobs.operations.kubeedge.io",
                 "configupdatejobs.operations.kubeedge.io",
             ],
         ),

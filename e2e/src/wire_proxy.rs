@@ -58,6 +58,7 @@ pub struct CountingProxy {
     pub addr: SocketAddr,
     ledger: Arc<Mutex<Ledger>>,
     stop: CancellationToken,
+    refuse: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl CountingProxy {
@@ -66,13 +67,18 @@ impl CountingProxy {
         let addr = listener.local_addr()?;
         let ledger = Arc::new(Mutex::new(Ledger::default()));
         let stop = CancellationToken::new();
-        let (l, s) = (ledger.clone(), stop.clone());
+        let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l, s, r) = (ledger.clone(), stop.clone(), refuse.clone());
         tokio::spawn(async move {
             loop {
                 let (client, _) = tokio::select! {
                     _ = s.cancelled() => break,
                     r = listener.accept() => match r { Ok(c) => c, Err(_) => continue },
                 };
+                if r.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
@@ -82,7 +88,18 @@ impl CountingProxy {
                 tokio::spawn(relay(client, server, l.clone(), s.clone()));
             }
         });
-        Ok(CountingProxy { addr, ledger, stop })
+        Ok(CountingProxy {
+            addr,
+            ledger,
+            stop,
+            refuse,
+        })
+    }
+
+    /// While on, new connections are closed at once; open ones keep flowing (a peer that
+    /// restarts cannot come back).
+    pub fn refuse_new(&self, on: bool) {
+        self.refuse.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Everything so far: closed connections and the open ones as of now.

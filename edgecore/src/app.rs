@@ -97,6 +97,7 @@ impl EdgeCore {
     ) -> Result<(EdgeCore, Arc<crate::taskmanager::Supervisor>), StartError> {
         let supervisor = Arc::new(crate::taskmanager::Supervisor {
             config_path: Some(config_path.to_path_buf()),
+            exe: std::env::current_exe().ok(),
             ..Default::default()
         });
         let edged = config
@@ -168,11 +169,16 @@ impl EdgeCore {
         if tasks_on {
             routes.tasks = Some(task_tx);
         }
+        let (confirm_hook, confirms) = match supervisor.as_deref().filter(|_| tasks_on) {
+            Some(sup) => crate::taskmanager::confirmations(sup).unzip(),
+            None => (None, None),
+        };
         // Before the metamanager writes anything, so that the watch history misses nothing.
         let metaserver = match crate::metaserver::MetaServerConfig::from_edgecore(config)
             .map_err(StartError::Unsupported)
         {
-            Ok(Some(ms)) => {
+            Ok(Some(mut ms)) => {
+                ms.confirm_upgrade = confirm_hook.map(crate::metaserver::ConfirmHook);
                 match crate::metaserver::MetaServer::start(ms, store.clone(), hub.clone()).await {
                     Ok(s) => Some(s),
                     Err(e) => {
@@ -249,6 +255,7 @@ impl EdgeCore {
                     supervisor: supervisor.clone(),
                 },
                 task_rx,
+                confirms,
                 hub.clone(),
                 client.clone(),
             )

@@ -40,6 +40,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    EXE.get_or_init(|| std::env::current_exe().ok());
     let args = Args::parse();
     if args.defaultconfig || args.minconfig {
         let rendered = if args.defaultconfig {
@@ -74,7 +75,7 @@ fn main() -> ExitCode {
     let config = match EdgeCoreConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
-            if edgecore::taskmanager::config_update::roll_back_after_failed_start(&args.config) {
+            if edgecore::taskmanager::roll_back_after_failed_start(&args.config) {
                 eprintln!("edgecore: {e}; the configuration before the update is back");
                 return restart_self();
             }
@@ -105,7 +106,7 @@ fn main() -> ExitCode {
         )
         .await
         {
-            if edgecore::taskmanager::config_update::roll_back_after_failed_start(&args.config) {
+            if edgecore::taskmanager::roll_back_after_failed_start(&args.config) {
                 eprintln!("edgecore: {e}; the configuration before the update is back");
                 return Ok(true);
             }
@@ -116,8 +117,7 @@ fn main() -> ExitCode {
             Err(e) => {
                 // A configuration a node task put in place that cannot even start: the
                 // previous one goes back and this process starts again with it.
-                if edgecore::taskmanager::config_update::roll_back_after_failed_start(&args.config)
-                {
+                if edgecore::taskmanager::roll_back_after_failed_start(&args.config) {
                     eprintln!("edgecore: {e}; the configuration before the update is back");
                     return Ok(true);
                 }
@@ -295,16 +295,18 @@ fn reset(config_path: &std::path::Path, yes: bool) -> ExitCode {
     }
 }
 
-/// Replaces this process with a fresh run of the same binary and arguments (same process ID,
-/// so a service manager sees no exit). Returns only when that fails.
+/// The binary's path as it was when this process started: a node upgrade renames a new file
+/// over it, after which the kernel's link names a deleted file.
+static EXE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+
+/// Replaces this process with a fresh run of the binary at its path (a new one after an
+/// upgrade) with the same arguments (same process ID, so a service manager sees no exit).
+/// Returns only when that fails.
 fn restart_self() -> ExitCode {
     use std::os::unix::process::CommandExt;
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("edgecore: cannot restart: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(exe) = EXE.get_or_init(|| std::env::current_exe().ok()).clone() else {
+        eprintln!("edgecore: cannot restart: the path of this binary is unknown");
+        return ExitCode::FAILURE;
     };
     let err = std::process::Command::new(&exe)
         .args(std::env::args_os().skip(1))

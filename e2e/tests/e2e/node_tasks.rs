@@ -67,16 +67,26 @@ async fn finished(client: &kube::Client, name: &str) -> Value {
 
 /// An edge Node `name` that reports Ready (node tasks go only to ready edge nodes).
 async fn ready_edge_node(cluster: &e2e::cluster::TestCluster, name: &str) {
-    use k8s_openapi::api::core::v1::Node;
     e2e::sim_edge::edge_node(cluster, name).await;
-    Api::<Node>::all(cluster.client())
+    mark_ready(&cluster.client(), name).await;
+}
+
+/// Node `name` Ready as of now (an edge without edged sends no node status of its own).
+async fn mark_ready(client: &kube::Client, name: &str) {
+    use k8s_openapi::api::core::v1::Node;
+    // Now: a heartbeat from the past would be a lapsed node to the cloud's node lifecycle.
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now())
+        .to_string();
+    Api::<Node>::all(client.clone())
         .patch_status(
             name,
             &PatchParams::default(),
             &Patch::Merge(
                 json!({"status": {"conditions": [{"type": "Ready", "status": "True",
-                "reason": "EdgeReady", "lastHeartbeatTime": "2026-11-27T12:00:00Z",
-                "lastTransitionTime": "2026-11-27T12:00:00Z"}]}}),
+                "reason": "EdgeReady", "lastHeartbeatTime": now,
+                "lastTransitionTime": now}]}}),
             ),
         )
         .await
@@ -466,6 +476,376 @@ async fn config_update_jobs_change_edgecore_yaml_and_roll_back_when_the_cloud_is
 
     for name in [ok, bad, lost] {
         let _ = config_jobs(&client)
+            .delete(&name, &DeleteParams::default())
+            .await;
+    }
+    drop(edge);
+    delete_node(&cluster, &node).await;
+}
+
+fn upgrade_jobs(client: &kube::Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &cloudcore::controller::nodetask::node_upgrade_resource(),
+    )
+}
+
+/// `POST path` to the edge's MetaServer (plain HTTP on loopback): status and body.
+async fn post_metaserver(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(WAIT, tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("MetaServer answers in time")
+        .expect("MetaServer reachable");
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("request sent");
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
+        .await
+        .expect("MetaServer answer in time")
+        .expect("MetaServer answer");
+    let text = String::from_utf8_lossy(&out).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+/// NodeUpgradeJobs against the real edgecore binary, run from a copy in a temporary directory:
+/// a new build taken from an image in the harness registry, swapped in and re-executed; job
+/// fields built to reach a shell and a wrong digest refused at the check; and an upgrade that
+/// waits for its confirmation through the MetaServer and is rolled back when the new binary
+/// cannot reach the cloud.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn node_upgrade_jobs_swap_the_binary_and_roll_back_when_the_cloud_is_lost() {
+    use e2e::process::LoggedProcess;
+    use e2e::sim_edge::delete_node;
+    use edgecore::taskmanager::config_update::digest;
+    init_logs();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let registry = match e2e::registry::Registry::start(&d.join("registry")) {
+        Ok(r) => r,
+        Err(e2e::registry::RegistryError::NotInstalled) => {
+            eprintln!(
+                "skipped: {} is missing (scripts/setup.sh installs docker-registry)",
+                e2e::registry::REGISTRY_BINARY
+            );
+            return;
+        }
+        Err(e) => panic!("registry: {e}"),
+    };
+    let cluster = e2e::cluster::connect().await.expect("test cluster");
+    let client = cluster.client();
+    e2e::crds::install(
+        &client,
+        CRDS_YAML,
+        &[cloudcore::controller::nodetask::node_upgrade_resource()],
+    )
+    .await
+    .expect("operations CRDs");
+    let pki = Pki::new().expect("test PKI");
+    let cloud = CloudFixture::start(client.clone(), &pki)
+        .await
+        .expect("cloudcore starts");
+    let proxy = e2e::wire_proxy::CountingProxy::start(cloud.hub.local_addr())
+        .await
+        .expect("link proxy");
+    let node = node_name("upgrade");
+
+    // Three builds of edgecore: the one running, and two "new" ones (the same program with a
+    // different trailer, which the ELF loader ignores: other files, other digests).
+    let original = std::fs::read(
+        e2e::devices::workspace_binary("edgecore", "edgecore").expect("edgecore binary"),
+    )
+    .expect("edgecore readable");
+    let build = |n: u8| {
+        let mut b = original.clone();
+        b.extend_from_slice(format!("\nkubeedge-rs e2e upgrade build {n}\n").as_bytes());
+        b
+    };
+    let (build2, build3) = (build(2), build(3));
+    let repository = "kubeedge-rs/edgecore-package";
+    for (bin, tag) in [(&build2, "v9.9.2"), (&build3, "v9.9.3")] {
+        let mut layer = LayerBuilder::new();
+        layer
+            .dir("usr", 0o755)
+            .and_then(|l| l.dir("usr/local", 0o755))
+            .and_then(|l| l.dir("usr/local/bin", 0o755))
+            .and_then(|l| l.file("usr/local/bin/edgecore", 0o755, bin))
+            .expect("layer entries");
+        let image = OciImage::from_layers(
+            vec![layer.finish().expect("layer")],
+            &["/usr/local/bin/edgecore"],
+            &[],
+        );
+        tokio::task::block_in_place(|| registry.push(&image, repository, tag)).expect("push");
+    }
+    let image = format!("{}/{repository}", registry.host());
+
+    let bin_dir = d.join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let exe = bin_dir.join("edgecore");
+    std::fs::write(&exe, &original).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let cert = pki.node_cert(&node).expect("edge certificate");
+    std::fs::write(d.join("ca.crt"), &pki.ca.cert.cert_pem).unwrap();
+    std::fs::write(d.join("edge.crt"), &cert.cert_pem).unwrap();
+    std::fs::write(d.join("edge.key"), &cert.key_pem).unwrap();
+    let meta_addr = std::net::SocketAddr::from(([127, 0, 0, 1], e2e::router::free_port()));
+    let yaml = format!(
+        "apiVersion: edgecore.config.kubeedge.io/v1alpha2\nkind: EdgeCore\n\
+         database:\n  dataSource: {d}/edgecore.db\n\
+         modules:\n  edgeHub:\n    heartbeat: 1\n    tlsCaFile: {d}/ca.crt\n    tlsCertFile: {d}/edge.crt\n    tlsPrivateKeyFile: {d}/edge.key\n\
+         \x20   websocket:\n      server: {server}\n\
+         \x20 edged:\n    enable: false\n    hostnameOverride: {node}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {d}\n\
+         \x20 metaManager:\n    metaServer:\n      enable: true\n      server: {meta_addr}\n\
+         \x20 taskManager:\n    enable: true\n",
+        d = d.display(),
+        server = proxy.addr,
+    );
+    let config = d.join("edgecore.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    ready_edge_node(&cluster, &node).await;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("--config").arg(&config).env("RUST_LOG", "info");
+    let mut edge = LoggedProcess::spawn("edgecore", cmd, d).expect("edgecore runs");
+    wait_for("the edge connected", WAIT, || async {
+        cloud.hub.is_connected(&node).then_some(())
+    })
+    .await;
+    let exe_digest = || digest(&std::fs::read(&exe).unwrap_or_default());
+
+    let suffix = format!("{:08x}", rand::random::<u32>());
+    let create = |name: String, spec: Value| {
+        let api = upgrade_jobs(&client);
+        let (client, node) = (client.clone(), node.clone());
+        async move {
+            mark_ready(&client, &node).await;
+            let mut spec = spec;
+            spec["nodeNames"] = json!([node]);
+            let job: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "operations.kubeedge.io/v1alpha2", "kind": "NodeUpgradeJob",
+                "metadata": {"name": name, "labels": {"e2e.kubeedge-rs/test": "true"}},
+                "spec": spec
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &job)
+                .await
+                .expect("create NodeUpgradeJob");
+        }
+    };
+    let get = |name: String| {
+        let api = upgrade_jobs(&client);
+        async move { serde_json::to_value(api.get(&name).await.expect("job")).unwrap() }
+    };
+    let finished_upgrade = |name: String| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let j = get(name.clone()).await;
+            if matches!(j["status"]["phase"].as_str(), Some("Completed" | "Failure")) {
+                return j;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "job {name}: {j}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let flow = |job: &Value| -> Vec<String> {
+        node_status(job, &node)["actionFlow"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| {
+                Some(format!(
+                    "{}={}",
+                    s["action"].as_str()?,
+                    s["status"].as_str()?
+                ))
+            })
+            .collect()
+    };
+
+    // 1. An upgrade: the new build in place, re-executed, back with the cloud.
+    let up = format!("upgrade-ok-{suffix}");
+    create(
+        up.clone(),
+        json!({"version": "v9.9.2", "image": image, "timeoutSeconds": 120}),
+    )
+    .await;
+    let done = finished_upgrade(up.clone()).await;
+    assert_eq!(done["status"]["phase"], "Completed", "{done}");
+    assert_eq!(
+        flow(&done),
+        [
+            "Check=True",
+            "WaitingConfirmation=True",
+            "BackUp=True",
+            "Upgrade=True"
+        ],
+        "{done}"
+    );
+    assert_eq!(
+        node_status(&done, &node)["currentVersion"],
+        "v9.9.2",
+        "{done}"
+    );
+    // The version the running binary reports of itself.
+    let running = node_status(&done, &node)["historicVersion"].clone();
+    assert!(
+        running.as_str().is_some_and(|v| v.starts_with('v')),
+        "{done}"
+    );
+    assert_eq!(exe_digest(), digest(&build2), "the new build is in place");
+    assert_eq!(
+        std::fs::read(d.join("upgrade-backup/edgecore")).unwrap_or_default(),
+        original,
+        "the previous build is kept"
+    );
+    assert!(cloud.hub.is_connected(&node));
+    assert!(edge.is_running(), "the same process, re-executed");
+
+    // 2. Refused at the check, nothing changed: a shell payload in the version, an image
+    //    reference built to reach a shell, a digest that is not the image's.
+    let pwned = "/tmp/kubeedge-rs-upgrade-pwned";
+    for (n, spec, why) in [
+        (
+            "ver",
+            json!({"version": format!("v9.9.3;touch${{IFS}}{pwned}"), "image": image}),
+            "invalid version",
+        ),
+        (
+            "img",
+            json!({"version": "v9.9.3", "image": format!("$(touch {pwned})/x")}),
+            "invalid image repo",
+        ),
+        (
+            "dig",
+            json!({"version": "v9.9.3", "image": image, "imageDigestGatter": {
+                "amd64": format!("sha256:{}", "0".repeat(64)),
+                "arm64": format!("sha256:{}", "0".repeat(64))}}),
+            "digest",
+        ),
+    ] {
+        let name = format!("upgrade-bad-{n}-{suffix}");
+        create(name.clone(), spec).await;
+        let done = finished_upgrade(name).await;
+        assert_eq!(done["status"]["phase"], "Failure", "{done}");
+        assert_eq!(flow(&done), ["Check=False"], "{done}");
+        assert!(
+            node_status(&done, &node)["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(why),
+            "{why}: {done}"
+        );
+    }
+    assert!(!std::path::Path::new(pwned).exists());
+    assert_eq!(exe_digest(), digest(&build2), "nothing changed");
+
+    // 3. Nothing waits for confirmation: KubeEdge's 400.
+    let (code, body) = post_metaserver(meta_addr, "/api/v1/taskupgrade/confirm-upgrade").await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("no valid upgrade tasks"), "{body}");
+
+    // 4. An upgrade that waits for its confirmation, confirmed while the cloud cannot be
+    //    reached by a new connection: the new build does not get through, the previous one
+    //    comes back and reports the failure and the roll-back.
+    let lost = format!("upgrade-lost-{suffix}");
+    create(
+        lost.clone(),
+        json!({"version": "v9.9.3", "image": image, "requireConfirmation": true, "timeoutSeconds": 40}),
+    )
+    .await;
+    wait_for(
+        "the upgrade waits for its confirmation",
+        Duration::from_secs(120),
+        || {
+            let lost = lost.clone();
+            async move {
+                let j = get(lost).await;
+                let started = j["status"]["nodeStatus"][0]["phase"] == "InProgress";
+                (started && flow(&j).len() == 2).then_some(())
+            }
+        },
+    )
+    .await;
+    let j = get(lost.clone()).await;
+    assert_eq!(flow(&j), ["Check=True", "WaitingConfirmation=True"], "{j}");
+    assert_eq!(
+        exe_digest(),
+        digest(&build2),
+        "nothing before the confirmation"
+    );
+    proxy.refuse_new(true);
+    let (code, body) = post_metaserver(meta_addr, "/api/v1/taskupgrade/confirm-upgrade").await;
+    assert_eq!(code, 200, "{body}");
+    wait_for(
+        "the new build in place",
+        Duration::from_secs(60),
+        || async { (exe_digest() == digest(&build3)).then_some(()) },
+    )
+    .await;
+    wait_for(
+        "the previous build back",
+        Duration::from_secs(90),
+        || async { (exe_digest() == digest(&build2)).then_some(()) },
+    )
+    .await;
+    proxy.refuse_new(false);
+    let done = finished_upgrade(lost.clone()).await;
+    assert_eq!(done["status"]["phase"], "Failure", "{done}");
+    assert_eq!(
+        flow(&done),
+        [
+            "Check=True",
+            "WaitingConfirmation=True",
+            "BackUp=True",
+            "Upgrade=False",
+            "RollBack=True"
+        ],
+        "{done}"
+    );
+    assert!(
+        node_status(&done, &node)["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("did not reach the cloud"),
+        "{done}"
+    );
+    assert_eq!(
+        node_status(&done, &node)["currentVersion"],
+        running,
+        "{done}"
+    );
+    assert_eq!(
+        node_status(&done, &node)["historicVersion"],
+        "v9.9.3",
+        "{done}"
+    );
+    wait_for("the edge back", WAIT, || async {
+        cloud.hub.is_connected(&node).then_some(())
+    })
+    .await;
+    assert!(edge.is_running(), "the same process, re-executed twice");
+
+    for name in upgrade_jobs(&client)
+        .list(&kube::api::ListParams::default().labels("e2e.kubeedge-rs/test=true"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|j| j.metadata.name)
+        .filter(|n| n.ends_with(&suffix))
+    {
+        let _ = upgrade_jobs(&client)
             .delete(&name, &DeleteParams::default())
             .await;
     }

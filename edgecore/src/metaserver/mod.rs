@@ -66,6 +66,19 @@ pub struct MetaServerConfig {
     /// Kinds kept registered at the cloud for in-process readers, whatever HTTP clients
     /// watch (edgemesh: Services and EndpointSlices).
     pub standing: Vec<StandingWatch>,
+    /// Called on `POST /api/v1/taskupgrade/confirm-upgrade` (`keadm ctl confirm`): the task
+    /// manager's, when node tasks are on.
+    pub confirm_upgrade: Option<ConfirmHook>,
+}
+
+/// What confirms a node upgrade waiting for it: `Err` says why there is none.
+#[derive(Clone)]
+pub struct ConfirmHook(pub Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for ConfirmHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConfirmHook")
+    }
 }
 
 /// A cluster-wide watch this edge keeps at the cloud, so that the kind's objects and their
@@ -231,6 +244,7 @@ impl MetaServerConfig {
             secure,
             serve: ms.enable,
             standing,
+            confirm_upgrade: None,
         }))
     }
 }

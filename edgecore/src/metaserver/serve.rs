@@ -94,6 +94,9 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
             }
         }
     };
+    if method == http::Method::POST && path.trim_end_matches('/') == CONFIRM_UPGRADE_PATH {
+        return confirm_upgrade(&sh, user.as_ref()).await;
+    }
     let target = match request::resolve(&method, &path, opts.watch) {
         Ok(t) => t,
         Err(PathError::NotFound) => return not_found_resource(),
@@ -161,6 +164,49 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
             let kind = kinds::find(&kinds, &r.group, &r.version, &r.resource).cloned();
             resource(sh, r, kind, opts, repr, req).await
         }
+    }
+}
+
+/// `keadm ctl confirm`'s request (KubeEdge v1.20+): a node upgrade waiting for it goes on.
+const CONFIRM_UPGRADE_PATH: &str = "/api/v1/taskupgrade/confirm-upgrade";
+
+/// Confirms a waiting node upgrade: authorized as `create` of `taskupgrade` (the resource
+/// KubeEdge's path names) when authorization is on.
+async fn confirm_upgrade<L: CloudLink>(
+    sh: &Shared<L>,
+    user: Option<&super::authz::UserInfo>,
+) -> Response<Body> {
+    if sh.auth.is_some() {
+        let target = Target::Resource(ResourceRequest {
+            verb: Verb::Create,
+            group: String::new(),
+            version: "v1".into(),
+            resource: "taskupgrade".into(),
+            namespace: None,
+            name: Some("confirm-upgrade".into()),
+            subresource: String::new(),
+        });
+        if let Err(refused) = auth::authorize(&sh.store, user, &target, CONFIRM_UPGRADE_PATH).await
+        {
+            return json_response(StatusCode::FORBIDDEN, &refused);
+        }
+    }
+    let Some(hook) = &sh.config.confirm_upgrade else {
+        return status(
+            400,
+            "BadRequest",
+            "node tasks are off on this edge (modules.taskManager.enable): there is no upgrade to confirm",
+        );
+    };
+    match (hook.0)() {
+        Ok(()) => {
+            tracing::info!("node upgrade confirmed through the MetaServer");
+            json_response(
+                StatusCode::OK,
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
+            )
+        }
+        Err(why) => status(400, "BadRequest", why),
     }
 }
 

@@ -78,6 +78,7 @@ async fn rig(connected: bool, limits: Limits) -> Rig {
         secure: None,
         serve: true,
         standing: Vec::new(),
+        confirm_upgrade: None,
     };
     let server = MetaServer::start(config, store.clone(), link.clone())
         .await

@@ -3,14 +3,18 @@
 //! `kubeedge_shared::nodetask`); each action is reported to the cloud as
 //! `UpdateNodeActionStatus`. ImagePrePullJob runs here (`prepull.rs`, checks in `checks.rs`),
 //! ConfigUpdateJob as typed edits of `edgecore.yaml` with a restart and a roll-back
-//! (`config_update.rs`; needs the binary's [`Supervisor`]). NodeUpgradeJob is answered with a
-//! failure saying so: this edgecore is upgraded by its package.
+//! (`config_update.rs`), and NodeUpgradeJob as a new binary taken from an image, swapped in
+//! and re-executed, rolled back when it does not reach the cloud (`upgrade.rs`, `registry.rs`);
+//! both need the binary's [`Supervisor`].
 //!
-//! Nothing from a job reaches a shell or a command line: images go to CRI as typed requests.
+//! Nothing from a job reaches a shell or a command line: images go to CRI as typed requests,
+//! upgrade images are read from the registry by this process.
 
 pub mod checks;
 pub mod config_update;
 pub mod prepull;
+pub mod registry;
+pub mod upgrade;
 
 use crate::cri::CriClient;
 use crate::cri::runtime::Runtime;
@@ -43,6 +47,8 @@ pub struct TaskSettings {
 #[derive(Debug, Default)]
 pub struct Supervisor {
     pub config_path: Option<PathBuf>,
+    /// The running binary's path, taken at start (a node upgrade replaces the file there).
+    pub exe: Option<PathBuf>,
     pub restart: tokio::sync::Notify,
     /// One configuration update at a time, up to its restart.
     pub updating: tokio::sync::Mutex<()>,
@@ -58,16 +64,62 @@ impl Supervisor {
 const REPORT_RETRY: Duration = Duration::from_secs(5);
 const REPORT_TRIES: u32 = 120;
 
-/// Runs the task manager on `rx` (messages of group `taskmanager`) until it closes.
+/// What the MetaServer calls on `POST /api/v1/taskupgrade/confirm-upgrade`.
+pub type ConfirmUpgrade = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// The confirmation hook for the MetaServer and its receiving end for [`spawn`]: `Err` at once
+/// when no upgrade waits (KubeEdge's 400 message).
+pub fn confirmations(supervisor: &Supervisor) -> Option<(ConfirmUpgrade, mpsc::Receiver<()>)> {
+    let paths = upgrade::Paths {
+        exe: supervisor.exe.clone()?,
+        config: supervisor.config_path.clone()?,
+    };
+    let (tx, rx) = mpsc::channel(1);
+    let hook: ConfirmUpgrade = Arc::new(move || {
+        if upgrade::read_pending(&paths).is_none() {
+            return Err("there are no valid upgrade tasks to execute".into());
+        }
+        // One confirmation in flight is enough; a second one while it runs is the same.
+        let _ = tx.try_send(());
+        Ok(())
+    });
+    Some((hook, rx))
+}
+
+/// Runs the task manager on `rx` (messages of group `taskmanager`) until it closes; upgrade
+/// confirmations arrive on `confirms`.
 pub fn spawn(
     settings: TaskSettings,
     mut rx: mpsc::Receiver<Message>,
+    mut confirms: Option<mpsc::Receiver<()>>,
     hub: EdgeHub,
     client: MetaClient,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let running: Arc<Mutex<HashSet<String>>> = Arc::default();
-        while let Some(msg) = rx.recv().await {
+        loop {
+            let confirmed = async {
+                match confirms.as_mut() {
+                    Some(c) => c.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let msg = tokio::select! {
+                m = rx.recv() => match m { Some(m) => m, None => return },
+                c = confirmed => {
+                    if c.is_none() {
+                        confirms = None;
+                    } else {
+                        let (settings, hub) = (settings.clone(), hub.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = upgrade::run_confirmed(&settings, &hub).await {
+                                tracing::warn!(error = %e, "upgrade confirmation not applied");
+                            }
+                        });
+                    }
+                    continue;
+                }
+            };
             let Some(task) = TaskResource::parse(&msg.route.resource) else {
                 tracing::warn!(resource = %msg.route.resource, "node task with a resource this edge cannot read; dropped");
                 continue;
@@ -111,21 +163,7 @@ async fn run(
     match task.kind {
         JobKind::ImagePrePull => prepull_job(settings, hub, client, task, msg).await,
         JobKind::ConfigUpdate => config_update_job(settings, hub, task, msg).await,
-        JobKind::NodeUpgrade => {
-            let action = msg.route.operation.to_string();
-            tracing::warn!(task = %task, "node upgrade/config update jobs are not run by this edgecore");
-            report(
-                hub,
-                task,
-                ActionStatus {
-                    action,
-                    succ: false,
-                    reason: "nodeupgradejob is not supported by kubeedge-rs edgecore: upgrade it with its package (no job field is ever run as a command)".into(),
-                    ..Default::default()
-                },
-            )
-            .await;
-        }
+        JobKind::NodeUpgrade => upgrade::run_job(settings, hub, task, &msg.content).await,
     }
 }
 
@@ -351,9 +389,19 @@ async fn config_update_job(
     sup.request_restart();
 }
 
-/// Finishes a configuration update a previous run started (whether or not the task manager
-/// is enabled now).
+/// edgecore could not start with what a node task put in place (configuration or binary):
+/// the previous one is back and the caller restarts. `true` when something was rolled back.
+pub fn roll_back_after_failed_start(config: &std::path::Path) -> bool {
+    config_update::roll_back_after_failed_start(config)
+        || upgrade::roll_back_after_failed_start(config)
+}
+
+/// Finishes a configuration update or an upgrade a previous run started (whether or not the
+/// task manager is enabled now).
 pub fn resume_pending(supervisor: Option<&Arc<Supervisor>>, hub: &EdgeHub) {
+    if let Some(sup) = supervisor {
+        upgrade::resume(sup, hub);
+    }
     if let Some(sup) = supervisor
         && let Some(path) = sup.config_path.clone()
         && let Some(marker) = config_update::read_marker(&path)

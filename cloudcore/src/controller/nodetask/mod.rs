@@ -1,5 +1,6 @@
 //! Node tasks in the cloud (`operations.kubeedge.io/v1alpha2`, KubeEdge's taskmanager plus the
-//! node-task part of its controller-manager): ImagePrePullJobs and ConfigUpdateJobs. A job's
+//! node-task part of its controller-manager): ImagePrePullJobs, NodeUpgradeJobs and
+//! ConfigUpdateJobs. A job's
 //! nodes are chosen
 //! (`nodeNames` or `labelSelector`; ready edge nodes only), its spec is sent to at most
 //! `concurrency` of them at a time — those connected to this replica; another replica sends to
@@ -52,16 +53,29 @@ pub fn config_update_resource() -> ApiResource {
     }
 }
 
+/// `operations.kubeedge.io/v1alpha2` `NodeUpgradeJob` (cluster-scoped, status subresource).
+pub fn node_upgrade_resource() -> ApiResource {
+    ApiResource {
+        kind: "NodeUpgradeJob".into(),
+        plural: "nodeupgradejobs".into(),
+        ..image_prepull_resource()
+    }
+}
+
 fn resource_of(kind: JobKind) -> Option<ApiResource> {
     match kind {
         JobKind::ImagePrePull => Some(image_prepull_resource()),
         JobKind::ConfigUpdate => Some(config_update_resource()),
-        JobKind::NodeUpgrade => None,
+        JobKind::NodeUpgrade => Some(node_upgrade_resource()),
     }
 }
 
 /// The job kinds this cloud runs.
-const KINDS: [JobKind; 2] = [JobKind::ImagePrePull, JobKind::ConfigUpdate];
+const KINDS: [JobKind; 3] = [
+    JobKind::ImagePrePull,
+    JobKind::NodeUpgrade,
+    JobKind::ConfigUpdate,
+];
 
 /// Whether an upstream message is a node task report.
 pub fn is_report(msg: &Message) -> bool {

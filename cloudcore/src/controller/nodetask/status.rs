@@ -1,4 +1,4 @@
-//! A node task's status (ImagePrePullJob, ConfigUpdateJob) as KubeEdge v1.23 keeps it (its controller-manager and its
+//! A node task's status (ImagePrePullJob, NodeUpgradeJob, ConfigUpdateJob) as KubeEdge v1.23 keeps it (its controller-manager and its
 //! cloudcore's taskmanager together): the nodes chosen, each node's phase and action flow, the
 //! images' results, and the job's phase from the failure tolerance. Pure functions of the job
 //! object; the actor (`mod.rs`) reads and writes.
@@ -161,6 +161,16 @@ pub fn apply_report(kind: JobKind, status: &mut Value, node: &str, report: &Acti
         && let Ok(images) = serde_json::from_str::<Vec<ImageStatus>>(&report.extend)
     {
         entry["imageStatus"] = serde_json::to_value(images).unwrap_or_default();
+    }
+    // Upgrades: `<from>,<to>` (KubeEdge's extend) → historicVersion, currentVersion.
+    if kind == JobKind::NodeUpgrade
+        && let Some((from, to)) = report.extend.split_once(',')
+        && !to.contains(',')
+        && from.len() <= 128
+        && to.len() <= 128
+    {
+        entry["historicVersion"] = from.into();
+        entry["currentVersion"] = to.into();
     }
     true
 }
@@ -374,5 +384,44 @@ mod tests {
             template(k, &json!({"spec": {"concurrency": 2}}))["concurrency"],
             2
         );
+    }
+}
+
+#[cfg(test)]
+mod upgrade_tests {
+    use super::*;
+
+    fn step(action: &str, succ: bool, extend: &str) -> ActionStatus {
+        ActionStatus {
+            action: action.into(),
+            succ,
+            extend: extend.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn upgrades_record_versions_and_wait_for_confirmation_in_progress() {
+        let mut status = json!({"phase": INIT, "nodeStatus": [node_entry("a", None)]});
+        let k = JobKind::NodeUpgrade;
+        apply_report(k, &mut status, "a", &step("Check", true, ""));
+        apply_report(k, &mut status, "a", &step("WaitingConfirmation", true, ""));
+        assert_eq!(status["nodeStatus"][0]["phase"], IN_PROGRESS, "waits");
+        apply_report(k, &mut status, "a", &step("BackUp", true, "v1.0.0,v1.1.0"));
+        assert_eq!(status["nodeStatus"][0]["historicVersion"], "v1.0.0");
+        assert_eq!(status["nodeStatus"][0]["currentVersion"], "v1.1.0");
+        apply_report(k, &mut status, "a", &step("Upgrade", false, ""));
+        assert_eq!(status["nodeStatus"][0]["phase"], IN_PROGRESS, "rolls back");
+        apply_report(
+            k,
+            &mut status,
+            "a",
+            &step("RollBack", true, "v1.1.0,v1.0.0"),
+        );
+        assert_eq!(status["nodeStatus"][0]["phase"], FAILURE);
+        assert_eq!(status["nodeStatus"][0]["currentVersion"], "v1.0.0");
+        // An extend that is not `<from>,<to>` changes no version.
+        apply_report(k, &mut status, "a", &step("Upgrade", true, "a,b,c"));
+        assert_eq!(status["nodeStatus"][0]["currentVersion"], "v1.0.0");
     }
 }
