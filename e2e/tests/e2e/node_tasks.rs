@@ -1,7 +1,7 @@
-//! KubeEdge's node tasks (`operations.kubeedge.io/v1alpha2` ImagePrePullJob) end to end:
-//! cloudcore's task manager and edgecore's on real containerd — images pulled through CRI,
-//! per-node and per-image results in the job's status, KubeEdge's refusals (a node that does
-//! not exist, images that cannot be pulled, a reference built to reach a shell) — and a
+//! KubeEdge's node tasks (`operations.kubeedge.io/v1alpha2`) end to end: cloudcore's task
+//! manager and edgecore's — ImagePrePullJobs on real containerd (per-node and per-image results,
+//! KubeEdge's refusals), ConfigUpdateJobs and NodeUpgradeJobs against the edgecore binary
+//! (restarts, roll-backs, confirmation through the MetaServer, shell payloads refused) — and a
 //! KubeEdge-shaped raw edge against our cloud, in KubeEdge v1.23's message shapes.
 
 use e2e::channel::{Pki, RawEdge};
@@ -27,7 +27,10 @@ async fn install(client: &kube::Client) {
     e2e::crds::install(
         client,
         CRDS_YAML,
-        &[cloudcore::controller::nodetask::image_prepull_resource()],
+        &[
+            cloudcore::controller::nodetask::image_prepull_resource(),
+            cloudcore::controller::nodetask::node_upgrade_resource(),
+        ],
     )
     .await
     .expect("operations CRDs");
@@ -221,7 +224,7 @@ async fn image_pre_pull_jobs_pull_on_the_edge_and_report_per_node_and_image() {
 
 /// The messages a KubeEdge edge sees for an ImagePrePullJob, and its reports written back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_kubeedge_edge_runs_our_image_pre_pull_job_in_kubeedges_shapes() {
+async fn a_kubeedge_edge_runs_our_pre_pull_and_upgrade_jobs_in_kubeedges_shapes() {
     use e2e::sim_edge::delete_node;
     init_logs();
     let cluster = e2e::cluster::connect().await.expect("test cluster");
@@ -319,6 +322,71 @@ async fn a_kubeedge_edge_runs_our_image_pre_pull_job_in_kubeedges_shapes() {
     let still = serde_json::to_value(jobs(&client).get(&name).await.unwrap()).unwrap();
     assert_eq!(still["status"], done["status"]);
     let _ = jobs(&client).delete(&name, &DeleteParams::default()).await;
+
+    // A NodeUpgradeJob in KubeEdge's shapes: the spec as sent, v1.23's reports (no finishTime
+    // in some), versions from `extend`.
+    mark_ready(&client, &node).await;
+    let upgrades = upgrade_jobs(&client);
+    let up = format!("ke-upgrade-{:08x}", rand::random::<u32>());
+    let job: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "operations.kubeedge.io/v1alpha2", "kind": "NodeUpgradeJob",
+        "metadata": {"name": up, "labels": {"e2e.kubeedge-rs/test": "true"}},
+        "spec": {"version": "v1.23.1", "image": "kubeedge/installation-package",
+                 "nodeNames": [node], "requireConfirmation": true, "timeoutSeconds": 300}
+    }))
+    .unwrap();
+    upgrades
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create NodeUpgradeJob");
+    let resource = format!("operations.kubeedge.io/v1alpha2/nodeupgradejob/{up}/node/{node}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let task = loop {
+        assert!(tokio::time::Instant::now() < deadline, "no upgrade task");
+        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
+            if m.route.resource == resource {
+                break m;
+            }
+            if m.route.group == Group::Resource && m.route.operation != Operation::Response {
+                edge.ack(&m).await.unwrap();
+            }
+        }
+    };
+    assert_eq!(task.route.operation.to_string(), "Check");
+    assert_eq!(task.content["version"], "v1.23.1");
+    assert_eq!(task.content["requireConfirmation"], true);
+    let step = |action: &str, extend: &str| {
+        Message::new(
+            "websocket",
+            Group::Hub,
+            Operation::from("UpdateNodeActionStatus"),
+            resource.clone(),
+            json!({"action": action, "succ": true, "reason": "", "extend": extend}),
+        )
+    };
+    for (action, extend) in [
+        ("Check", ""),
+        ("WaitingConfirmation", ""),
+        ("BackUp", "v1.22.1,v1.23.1"),
+        ("Upgrade", "v1.22.1,v1.23.1"),
+    ] {
+        edge.send(&step(action, extend)).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let done = loop {
+        let j = serde_json::to_value(upgrades.get(&up).await.unwrap()).unwrap();
+        if j["status"]["phase"] == "Completed" {
+            break j;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{j}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let n = node_status(&done, &node);
+    assert_eq!(n["phase"], "Successful", "{done}");
+    assert_eq!(n["currentVersion"], "v1.23.1", "{done}");
+    assert_eq!(n["historicVersion"], "v1.22.1", "{done}");
+    assert_eq!(n["actionFlow"].as_array().map(Vec::len), Some(4), "{done}");
+    let _ = upgrades.delete(&up, &DeleteParams::default()).await;
     drop(edge);
     delete_node(&cluster, &node).await;
 }
