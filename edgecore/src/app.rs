@@ -168,11 +168,14 @@ impl EdgeCore {
         if tasks_on {
             routes.tasks = Some(task_tx);
         }
+        // The MetaServer's `unhold-upgrade` releases the pods edged holds.
+        let (releaser, releases) = crate::edged::hold::channel();
         // Before the metamanager writes anything, so that the watch history misses nothing.
         let metaserver = match crate::metaserver::MetaServerConfig::from_edgecore(config)
             .map_err(StartError::Unsupported)
         {
-            Ok(Some(ms)) => {
+            Ok(Some(mut ms)) => {
+                ms.held_pods = edged.is_some().then_some(releaser);
                 match crate::metaserver::MetaServer::start(ms, store.clone(), hub.clone()).await {
                     Ok(s) => Some(s),
                     Err(e) => {
@@ -283,6 +286,7 @@ impl EdgeCore {
                     }),
                     status_reports,
                     observer,
+                    releases,
                 ) {
                     Ok(running) => (None, Some(running)),
                     Err(err) => {

@@ -147,6 +147,7 @@ async fn pods_reach_it_over_https_with_their_token_and_rbac_decides() {
         }),
         serve: true,
         standing: Vec::new(),
+        held_pods: None,
     };
     let server = MetaServer::start(config.clone(), store.clone(), link.clone())
         .await
