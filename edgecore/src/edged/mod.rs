@@ -28,6 +28,8 @@ pub mod events;
 pub mod eviction;
 pub mod gc;
 pub mod hold;
+#[cfg(test)]
+mod hold_dispatch_tests;
 pub mod hooks;
 pub mod image_gc;
 pub mod lifecycle;
