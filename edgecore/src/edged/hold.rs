@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 pub const ANNOTATION: &str = "edge.kubeedge.io/hold-upgrade";
 pub const CONDITION: &str = "HeldUpgrade";
@@ -220,10 +221,15 @@ impl HeldPods {
 }
 
 /// Sends the pod's `HeldUpgrade` condition to the API server (the status patch every pod
-/// status takes: merged by type, other conditions untouched). A patch that could not be
-/// sent is tried again when the cloud link comes back, or after [`REPORT_RETRY`]; one the
-/// API server refused, or for a pod it no longer has, is not.
-pub async fn report(shared: Arc<Shared>, pod: Value, condition: Condition) {
+/// status takes: merged by type, other conditions untouched). A patch that could not reach
+/// the API server (link down, conflict, throttled) is tried again when the cloud link comes
+/// back or after [`REPORT_RETRY`], until `cancel`; other failures end it.
+pub async fn report(
+    shared: Arc<Shared>,
+    pod: Value,
+    condition: Condition,
+    cancel: CancellationToken,
+) {
     let (namespace, name, uid) = (
         pod.pointer("/metadata/namespace")
             .and_then(Value::as_str)
@@ -246,21 +252,27 @@ pub async fn report(shared: Arc<Shared>, pod: Value, condition: Condition) {
             Err(_) => Outcome::Failed,
         };
         shared.status_reports.record(namespace, name, outcome);
+        let pod_key = format!("{namespace}/{name}");
         match result {
             Ok(_) => {
-                tracing::info!(pod = %format!("{namespace}/{name}"), ?condition, "HeldUpgrade condition sent");
+                tracing::info!(pod = %pod_key, ?condition, "HeldUpgrade condition sent");
                 return;
             }
             Err(MetaError::NotFound { .. }) => return,
-            Err(MetaError::Api(e)) => {
-                tracing::warn!(pod = %format!("{namespace}/{name}"), code = e.err_status.code, message = %e.err_status.message, "the API server refused the HeldUpgrade condition");
+            Err(MetaError::Api(e)) if !matches!(e.err_status.code, 409 | 429) => {
+                tracing::warn!(pod = %pod_key, code = e.err_status.code, message = %e.err_status.message, "the API server refused the HeldUpgrade condition");
+                return;
+            }
+            Err(e) if !e.is_link_failure() && !matches!(e, MetaError::Api(_)) => {
+                tracing::warn!(pod = %pod_key, error = %e, "HeldUpgrade condition not sent");
                 return;
             }
             Err(e) => {
-                tracing::info!(pod = %format!("{namespace}/{name}"), error = %e, "HeldUpgrade condition not sent; will retry");
+                tracing::info!(pod = %pod_key, error = %e, "HeldUpgrade condition not sent; will retry");
             }
         }
         tokio::select! {
+            _ = cancel.cancelled() => return,
             changed = resync.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(REPORT_RETRY) => {}
         }

@@ -553,6 +553,7 @@ impl Dispatcher {
     fn hold(&mut self, key: String, uid: String, pod: Value) {
         let report = !hold::Condition::Held.shown(&pod);
         let copy = report.then(|| pod.clone());
+        let first = !self.held.is_held(&key);
         match self.held.hold(&key, &uid, pod) {
             hold::Kept::Stale => return,
             hold::Kept::Held { replaced } => {
@@ -561,7 +562,9 @@ impl Dispatcher {
                 }
             }
         }
-        tracing::info!(pod = %key, held = self.held.len(), "pod upgrade held ({} annotation); waiting for unhold-upgrade", hold::ANNOTATION);
+        if first {
+            tracing::info!(pod = %key, held = self.held.len(), "pod upgrade held ({} annotation); waiting for unhold-upgrade", hold::ANNOTATION);
+        }
         if let Some(pod) = copy
             && !self.held.reporting(&key)
         {
@@ -569,6 +572,7 @@ impl Dispatcher {
                 self.shared.clone(),
                 pod,
                 hold::Condition::Held,
+                self.cancel.child_token(),
             ));
             self.held.set_report(&key, task);
         }
@@ -593,6 +597,7 @@ impl Dispatcher {
                 self.shared.clone(),
                 pod.clone(),
                 hold::Condition::Released,
+                self.cancel.child_token(),
             ));
             self.upsert_as(pod, Admission::Released);
             keys.push(key);
