@@ -169,6 +169,8 @@ impl EdgeCore {
         if tasks_on {
             routes.tasks = Some(task_tx);
         }
+        // The MetaServer's `unhold-upgrade` releases the pods edged holds.
+        let (releaser, releases) = crate::edged::hold::channel();
         let (confirm_hook, confirms) = match supervisor.as_deref().filter(|_| tasks_on) {
             Some(sup) => crate::taskmanager::confirmations(sup).unzip(),
             None => (None, None),
@@ -178,6 +180,7 @@ impl EdgeCore {
             .map_err(StartError::Unsupported)
         {
             Ok(Some(mut ms)) => {
+                ms.held_pods = edged.is_some().then_some(releaser);
                 ms.confirm_upgrade = confirm_hook.map(crate::metaserver::ConfirmHook);
                 match crate::metaserver::MetaServer::start(ms, store.clone(), hub.clone()).await {
                     Ok(s) => Some(s),
@@ -290,6 +293,7 @@ impl EdgeCore {
                     }),
                     status_reports,
                     observer,
+                    releases,
                 ) {
                     Ok(running) => (None, Some(running)),
                     Err(err) => {

@@ -97,6 +97,7 @@ async fn in_process(objects: usize) -> anyhow::Result<()> {
             secure: None,
             serve: true,
             standing: Vec::new(),
+            held_pods: None,
             confirm_upgrade: None,
         },
         store.clone(),

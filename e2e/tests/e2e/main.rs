@@ -17,6 +17,7 @@ mod eventbus;
 mod events;
 mod eviction;
 mod fleet;
+mod hold_upgrade;
 mod image_gc;
 mod join;
 mod kubeedge_cloud;

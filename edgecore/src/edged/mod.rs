@@ -16,6 +16,8 @@
 //!   their volumes use changed, and lists the runtime every `relist_period` to wake the
 //!   workers whose containers changed state.
 //! * [`node`] registers the Node, reports its status and renews its Lease.
+//! * Pods annotated `edge.kubeedge.io/hold-upgrade: "true"` wait, `Pending`, until the
+//!   MetaServer's `unhold-upgrade` releases them ([`hold`]).
 //! * On shutdown workers stop and containers keep running.
 
 pub mod backoff;
@@ -25,6 +27,9 @@ pub mod env;
 pub mod events;
 pub mod eviction;
 pub mod gc;
+pub mod hold;
+#[cfg(test)]
+mod hold_dispatch_tests;
 pub mod hooks;
 pub mod image_gc;
 pub mod lifecycle;
@@ -103,6 +108,7 @@ impl Edged {
     ///
     /// `link` (edgehub's link events and terms) lets edged send pod and node status again
     /// after the cloud link comes back, and leave the Lease to a cloud that renews it.
+    /// `releases` are the MetaServer's `unhold-upgrade` requests for held pods.
     pub fn start(
         config: EdgedConfig,
         meta: MetaClient,
@@ -110,6 +116,7 @@ impl Edged {
         link: Option<EdgedLink>,
         status_reports: Arc<status_report::StatusReports>,
         observer: Option<Arc<dyn PodObserver>>,
+        releases: hold::ReleaseRequests,
     ) -> Result<Edged, EdgedError> {
         let cri = CriClient::connect_lazy(&config.runtime_endpoint)?;
         let machine = node::Machine::detect(&config.root_directory);
@@ -155,7 +162,14 @@ impl Edged {
             status_reports,
             observer,
         });
-        let task = tokio::spawn(run(shared, machine, changes, events_rx, cancel.clone()));
+        let task = tokio::spawn(run(
+            shared,
+            machine,
+            changes,
+            releases,
+            events_rx,
+            cancel.clone(),
+        ));
         Ok(Edged { cancel, task })
     }
 
@@ -170,6 +184,7 @@ async fn run(
     shared: Arc<Shared>,
     machine: node::Machine,
     mut changes: mpsc::Receiver<ObjectChange>,
+    mut releases: hold::ReleaseRequests,
     link: Option<broadcast::Receiver<LinkEvent>>,
     cancel: CancellationToken,
 ) {
@@ -183,6 +198,7 @@ async fn run(
         statics: static_pods::StaticPods::default(),
         mirrors: None,
         eviction: Some(eviction::check::State::new(&shared)),
+        held: hold::HeldPods::default(),
     };
     if let Some(mut link) = link {
         let shared = shared.clone();
@@ -204,7 +220,7 @@ async fn run(
         });
     }
     if dispatcher.start_up(&cancel).await {
-        dispatcher.serve(&mut changes).await;
+        dispatcher.serve(&mut changes, &mut releases).await;
     }
     cancel.cancel();
     let handles: Vec<_> = dispatcher.workers.drain().map(|(_, w)| w.task).collect();
@@ -235,6 +251,17 @@ struct Dispatcher {
     mirrors: Option<JoinHandle<()>>,
     /// Node-pressure and local-storage eviction.
     eviction: Option<eviction::check::State>,
+    /// Pods not started until the MetaServer's `unhold-upgrade` releases them.
+    held: hold::HeldPods,
+}
+
+/// Whether [`Dispatcher::upsert_as`] may hold a pod back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admission {
+    /// A pod from the cloud or the database: held when it asks for it.
+    Check,
+    /// A held pod the MetaServer released: started.
+    Released,
 }
 
 impl Dispatcher {
@@ -286,7 +313,11 @@ impl Dispatcher {
         true
     }
 
-    async fn serve(&mut self, changes: &mut mpsc::Receiver<ObjectChange>) {
+    async fn serve(
+        &mut self,
+        changes: &mut mpsc::Receiver<ObjectChange>,
+        releases: &mut hold::ReleaseRequests,
+    ) {
         let config = self.shared.config.clone();
         let mut relist = tokio::time::interval(config.relist_period);
         relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -302,6 +333,7 @@ impl Dispatcher {
         log_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rotation: Option<JoinHandle<()>> = None;
         let mut changes_open = true;
+        let mut releases_open = true;
         loop {
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
@@ -311,6 +343,14 @@ impl Dispatcher {
                         tracing::info!("metamanager closed its channel; edged keeps its pods running");
                         changes_open = false;
                     }
+                },
+                request = releases.recv(), if releases_open => match request {
+                    Some(r) => {
+                        let released = self.release(r.what);
+                        let _ = r.reply.send(released);
+                    }
+                    // No MetaServer: nothing releases held pods.
+                    None => releases_open = false,
                 },
                 _ = relist.tick() => self.relist().await,
                 _ = static_check.tick() => {
@@ -341,7 +381,13 @@ impl Dispatcher {
         match (change.kind, change.action) {
             (ObjectKind::Pod, ChangeAction::Upsert) => self.upsert(change.object),
             (ObjectKind::Pod, ChangeAction::Delete) => {
-                let Some(uid) = change.object["metadata"]["uid"].as_str() else {
+                let key = format!("{}/{}", change.namespace, change.name);
+                let deleted_uid = change.object["metadata"]["uid"].as_str();
+                if let Some(uid) = self.held.forget(&key, deleted_uid) {
+                    tracing::info!(pod = %key, "held pod deleted; forgotten");
+                    self.unknown(&uid);
+                }
+                let Some(uid) = deleted_uid else {
                     return;
                 };
                 self.reap();
@@ -401,6 +447,10 @@ impl Dispatcher {
     }
 
     fn upsert(&mut self, pod: Value) {
+        self.upsert_as(pod, Admission::Check);
+    }
+
+    fn upsert_as(&mut self, pod: Value, admission: Admission) {
         let node = &self.shared.config.node_name;
         if pod["spec"]["nodeName"].as_str() != Some(node.as_str()) {
             return;
@@ -459,6 +509,16 @@ impl Dispatcher {
         for w in self.workers.values().filter(|w| w.key == key) {
             w.intent.send_modify(|i| i.deleted = true);
         }
+        if admission == Admission::Check && hold::holds(&pod) {
+            self.hold(key, uid, pod);
+            return;
+        }
+        if let Some(old) = self.held.forget(&key, None) {
+            tracing::info!(pod = %key, "pod no longer asks to be held (annotation removed, deleting, or past Pending); starting it");
+            if old != uid {
+                self.unknown(&old);
+            }
+        }
         if let Ok(mut known) = self.shared.known_pods.lock() {
             known.insert(uid.clone());
         }
@@ -487,6 +547,72 @@ impl Dispatcher {
                 task,
             },
         );
+    }
+
+    /// Keeps a pod that asks to be held from starting, and tells the cloud it is held.
+    fn hold(&mut self, key: String, uid: String, pod: Value) {
+        let report = !hold::Condition::Held.shown(&pod);
+        let copy = report.then(|| pod.clone());
+        let first = !self.held.is_held(&key);
+        match self.held.hold(&key, &uid, pod) {
+            hold::Kept::Stale => return,
+            hold::Kept::Held { replaced } => {
+                if let Some(old) = replaced.filter(|old| *old != uid) {
+                    self.unknown(&old);
+                }
+            }
+        }
+        if first {
+            tracing::info!(pod = %key, held = self.held.len(), "pod upgrade held ({} annotation); waiting for unhold-upgrade", hold::ANNOTATION);
+        }
+        if let Some(pod) = copy
+            && !self.held.reporting(&key)
+        {
+            let task = tokio::spawn(hold::report(
+                self.shared.clone(),
+                pod,
+                hold::Condition::Held,
+                self.cancel.child_token(),
+            ));
+            self.held.set_report(&key, task);
+        }
+    }
+
+    /// Starts the held pods `what` names; their `namespace/name`.
+    fn release(&mut self, what: hold::Release) -> Vec<String> {
+        let released = match what {
+            hold::Release::Pod { namespace, name } => {
+                let key = format!("{namespace}/{name}");
+                self.held
+                    .release(&key)
+                    .map(|pod| vec![(key, pod)])
+                    .unwrap_or_default()
+            }
+            hold::Release::All => self.held.release_all(),
+        };
+        let mut keys = Vec::with_capacity(released.len());
+        for (key, pod) in released {
+            tracing::info!(pod = %key, "held pod upgrade released; starting it");
+            tokio::spawn(hold::report(
+                self.shared.clone(),
+                pod.clone(),
+                hold::Condition::Released,
+                self.cancel.child_token(),
+            ));
+            self.upsert_as(pod, Admission::Released);
+            keys.push(key);
+        }
+        keys
+    }
+
+    /// A pod UID no worker runs any more: what the runtime has of it is garbage.
+    fn unknown(&self, uid: &str) {
+        if self.workers.contains_key(uid) {
+            return;
+        }
+        if let Ok(mut known) = self.shared.known_pods.lock() {
+            known.remove(uid);
+        }
     }
 
     /// Forgets workers that finished (their pod was removed).

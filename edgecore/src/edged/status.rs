@@ -129,7 +129,7 @@ fn container_status(
     (s, ready)
 }
 
-fn condition(
+pub(super) fn condition(
     previous: &Value,
     now: &str,
     ty: &str,

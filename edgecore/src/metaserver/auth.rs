@@ -7,7 +7,7 @@
 //! (`ServiceAccountAccess`, `authz.rs`), so decisions hold offline too.
 
 use super::authz::{self, Attributes, UserInfo};
-use super::request::{ResourceRequest, Target};
+use super::request::{ResourceRequest, Target, Unhold};
 use crate::metamanager::MetaStore;
 use crate::metamanager::tokens;
 use base64::Engine;
@@ -191,8 +191,9 @@ pub async fn authorize(
     target: &Target,
     path: &str,
 ) -> Result<(), Value> {
-    let Target::Resource(r) = target else {
-        return Ok(());
+    let r = match target {
+        Target::Resource(r) | Target::Unhold(Unhold { request: r, .. }) => r,
+        _ => return Ok(()),
     };
     let attrs = attributes(r, path);
     let anonymous = UserInfo {

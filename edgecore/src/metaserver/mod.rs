@@ -13,6 +13,8 @@
 //!   objects and their changes to this edge only; registrations are sent again on every
 //!   connect, with a relist that removes what was deleted meanwhile.
 //! * Writes go to the cloud (node restriction decides there) and are refused while offline.
+//! * `POST /api/v1/pods/unhold-upgrade` and `/api/v1/nodes/unhold-upgrade` (KubeEdge v1.22+)
+//!   release the pod upgrades edged holds, at the edge, also offline (`unhold.rs`).
 //! * With `featureGates.requireAuthorization` (KubeEdge v1.17+): HTTPS on `server` and on
 //!   `dummyServer` (a dummy interface pods reach as `KUBERNETES_SERVICE_HOST`) with a
 //!   certificate the cluster's CA signs (`serving.rs`), pods' service-account tokens as
@@ -34,6 +36,9 @@ mod serving;
 mod table;
 #[cfg(test)]
 mod tests;
+mod unhold;
+#[cfg(test)]
+mod unhold_tests;
 
 pub use feed::Limits;
 
@@ -66,6 +71,8 @@ pub struct MetaServerConfig {
     /// Kinds kept registered at the cloud for in-process readers, whatever HTTP clients
     /// watch (edgemesh: Services and EndpointSlices).
     pub standing: Vec<StandingWatch>,
+    /// edged's held pods, which `unhold-upgrade` releases; `None` without edged.
+    pub held_pods: Option<crate::edged::hold::Releaser>,
     /// Called on `POST /api/v1/taskupgrade/confirm-upgrade` (`keadm ctl confirm`): the task
     /// manager's, when node tasks are on.
     pub confirm_upgrade: Option<ConfirmHook>,
@@ -244,6 +251,7 @@ impl MetaServerConfig {
             secure,
             serve: ms.enable,
             standing,
+            held_pods: None,
             confirm_upgrade: None,
         }))
     }

@@ -82,10 +82,52 @@ impl ResourceRequest {
     }
 }
 
+/// The name KubeEdge's `unhold-upgrade` endpoints take in a create request's path.
+pub const UNHOLD_UPGRADE: &str = "unhold-upgrade";
+
+/// `POST /api/v1/pods/unhold-upgrade` or `/api/v1/nodes/unhold-upgrade` (KubeEdge v1.22+):
+/// release pod upgrades edged holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhold {
+    pub of: UnholdOf,
+    /// The request as RBAC sees it: create `<resource>` named `unhold-upgrade`.
+    pub request: ResourceRequest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnholdOf {
+    /// One pod, named `<namespace>/<name>` by the body.
+    Pod,
+    /// Every held pod of the node the body names.
+    Node,
+    /// Another resource: refused.
+    Unsupported,
+}
+
+impl Unhold {
+    /// A create of `<resource>/unhold-upgrade` (no subresource) is an unhold; other
+    /// requests are what they name.
+    fn target(r: ResourceRequest) -> Target {
+        if r.verb != Verb::Create
+            || r.name.as_deref() != Some(UNHOLD_UPGRADE)
+            || !r.subresource.is_empty()
+        {
+            return Target::Resource(r);
+        }
+        let of = match (r.group.as_str(), r.version.as_str(), r.resource.as_str()) {
+            ("", "v1", "pods") => UnholdOf::Pod,
+            ("", "v1", "nodes") if r.namespace.is_none() => UnholdOf::Node,
+            _ => UnholdOf::Unsupported,
+        };
+        Target::Unhold(Unhold { of, request: r })
+    }
+}
+
 /// What a path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Resource(ResourceRequest),
+    Unhold(Unhold),
     /// `/api`.
     CoreVersions,
     /// `/apis`.
@@ -181,7 +223,7 @@ fn resource(
     if legacy_watch && method != Method::GET {
         return Err(PathError::MethodNotAllowed);
     }
-    Ok(Target::Resource(ResourceRequest {
+    let r = ResourceRequest {
         verb,
         group: group.to_string(),
         version: version.to_string(),
@@ -189,7 +231,8 @@ fn resource(
         namespace,
         name,
         subresource,
-    }))
+    };
+    Ok(Unhold::target(r))
 }
 
 /// The query options of get, list and watch that the MetaServer honours.
@@ -336,6 +379,47 @@ mod tests {
             resolve(&Method::GET, "/api//v1", false),
             Err(PathError::NotFound)
         );
+    }
+
+    #[test]
+    fn unhold_upgrade_paths_resolve_to_their_own_target() {
+        let unhold = |path: &str| match resolve(&Method::POST, path, false) {
+            Ok(Target::Unhold(u)) => Some(u.of),
+            _ => None,
+        };
+        assert_eq!(unhold("/api/v1/pods/unhold-upgrade"), Some(UnholdOf::Pod));
+        assert_eq!(
+            unhold("/api/v1/namespaces/ns/pods/unhold-upgrade"),
+            Some(UnholdOf::Pod)
+        );
+        assert_eq!(unhold("/api/v1/nodes/unhold-upgrade"), Some(UnholdOf::Node));
+        assert_eq!(
+            unhold("/api/v1/configmaps/unhold-upgrade"),
+            Some(UnholdOf::Unsupported)
+        );
+        assert_eq!(
+            unhold("/apis/apps/v1/deployments/unhold-upgrade"),
+            Some(UnholdOf::Unsupported)
+        );
+        // RBAC sees a create of pods named unhold-upgrade.
+        match resolve(&Method::POST, "/api/v1/pods/unhold-upgrade", false) {
+            Ok(Target::Unhold(u)) => {
+                assert_eq!(u.request.verb, Verb::Create);
+                assert_eq!(u.request.resource, "pods");
+                assert_eq!(u.request.name.as_deref(), Some(UNHOLD_UPGRADE));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Not the endpoint: other verbs, a subresource of a pod of that name, other names.
+        assert_eq!(
+            res(Method::GET, "/api/v1/namespaces/ns/pods/unhold-upgrade").verb,
+            Verb::Get
+        );
+        assert_eq!(
+            unhold("/api/v1/namespaces/ns/pods/unhold-upgrade/eviction"),
+            None
+        );
+        assert_eq!(unhold("/api/v1/pods/web"), None);
     }
 
     #[test]

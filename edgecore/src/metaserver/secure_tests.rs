@@ -82,8 +82,20 @@ fn jwt(ns: &str, sa: &str, pod: &str, uid: &str) -> String {
     format!("{}.{}.c2ln", e(&json!({"alg": "RS256"})), e(&claims))
 }
 
-/// One HTTPS/1.1 request trusting `ca_pem`, to `addr` by IP; the whole response as text.
+/// One HTTPS/1.1 GET trusting `ca_pem`, to `addr` by IP; the whole response as text.
 async fn https(addr: SocketAddr, ca_pem: &str, path: &str, token: Option<&str>) -> String {
+    https_request(addr, ca_pem, "GET", path, token, "").await
+}
+
+/// One HTTPS/1.1 request trusting `ca_pem`, to `addr` by IP; the whole response as text.
+async fn https_request(
+    addr: SocketAddr,
+    ca_pem: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> String {
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
         let c: rustls_pki_types::CertificateDer<'static> = c.unwrap();
@@ -103,7 +115,10 @@ async fn https(addr: SocketAddr, ca_pem: &str, path: &str, token: Option<&str>) 
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\r\n");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{auth}\r\n{body}",
+        body.len()
+    );
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
@@ -147,6 +162,7 @@ async fn pods_reach_it_over_https_with_their_token_and_rbac_decides() {
         }),
         serve: true,
         standing: Vec::new(),
+        held_pods: None,
         confirm_upgrade: None,
     };
     let server = MetaServer::start(config.clone(), store.clone(), link.clone())
@@ -226,6 +242,38 @@ async fn pods_reach_it_over_https_with_their_token_and_rbac_decides() {
     assert_eq!(code(&r), 403, "{r}");
     let r = https(addr, &ca_pem, "/api/v1/namespaces/other/pods", Some(&token)).await;
     assert_eq!(code(&r), 403, "{r}");
+    // unhold-upgrade is a create of pods named `unhold-upgrade`: RBAC decides it too.
+    let unhold = "/api/v1/namespaces/ns/pods/unhold-upgrade";
+    let r = https_request(addr, &ca_pem, "POST", unhold, None, "ns/app").await;
+    assert_eq!(code(&r), 403, "{r}");
+    let r = https_request(addr, &ca_pem, "POST", unhold, Some(&token), "ns/app").await;
+    assert_eq!(code(&r), 403, "{r}");
+    assert!(
+        r.contains(r#"cannot create resource \"pods\" in API group \"\" in the namespace \"ns\""#),
+        "{r}"
+    );
+    let mut unholder = saa.clone();
+    unholder["spec"]["accessRoleBinding"][0]["rules"]
+        .as_array_mut()
+        .unwrap()
+        .push(
+            json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["create"],
+                     "resourceNames": ["unhold-upgrade"]}),
+        );
+    store
+        .upsert(MetaRecord::new(
+            "ns/serviceaccountaccess/reader",
+            "serviceaccountaccess",
+            unholder.to_string(),
+        ))
+        .await
+        .unwrap();
+    let r = https_request(addr, &ca_pem, "POST", unhold, Some(&token), "ns/app").await;
+    assert_eq!(code(&r), 400, "allowed, then checked: {r}");
+    assert!(
+        r.contains("is not marked with the edge.kubeedge.io/hold-upgrade"),
+        "{r}"
+    );
     // A token this edge did not obtain.
     let stranger = jwt("ns", "reader", "app", "other-uid");
     let r = https(addr, &ca_pem, "/api/v1/namespaces/ns/pods", Some(&stranger)).await;

@@ -32,7 +32,7 @@ fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed_unsync()
 }
 
-fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
+pub(super) fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
     let mut r = Response::new(full(serde_json::to_vec(v).unwrap_or_default()));
     *r.status_mut() = code;
     r.headers_mut().insert(
@@ -48,7 +48,7 @@ pub fn status_value(code: u16, reason: &str, message: &str) -> Value {
            "message": message, "reason": reason, "code": code})
 }
 
-fn status(code: u16, reason: &str, message: impl AsRef<str>) -> Response<Body> {
+pub(super) fn status(code: u16, reason: &str, message: impl AsRef<str>) -> Response<Body> {
     json_response(
         StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         &status_value(code, reason, message.as_ref()),
@@ -159,6 +159,7 @@ pub async fn handle<L: CloudLink>(sh: Arc<Shared<L>>, req: Request<Incoming>) ->
                 None => not_found_resource(),
             }
         }
+        Target::Unhold(u) => super::unhold::serve(&sh, u, req).await,
         Target::Resource(r) => {
             let kinds = known_kinds(&sh).await;
             let kind = kinds::find(&kinds, &r.group, &r.version, &r.resource).cloned();

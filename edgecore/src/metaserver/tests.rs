@@ -78,6 +78,7 @@ async fn rig(connected: bool, limits: Limits) -> Rig {
         secure: None,
         serve: true,
         standing: Vec::new(),
+        held_pods: None,
         confirm_upgrade: None,
     };
     let server = MetaServer::start(config, store.clone(), link.clone())
@@ -104,7 +105,13 @@ fn pod(name: &str, rv: u64, app: &str) -> MetaRecord {
 }
 
 /// One HTTP/1.1 request; the whole response (status line, headers, body) as text.
-async fn http(addr: SocketAddr, method: &str, path: &str, headers: &str, body: &str) -> String {
+pub(super) async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{headers}\r\n{body}",
@@ -119,7 +126,7 @@ async fn http(addr: SocketAddr, method: &str, path: &str, headers: &str, body: &
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn body_json(resp: &str) -> Value {
+pub(super) fn body_json(resp: &str) -> Value {
     let body = resp.split("\r\n\r\n").nth(1).unwrap_or_default();
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {resp}"))
 }

@@ -38,16 +38,54 @@ fn app(image: &str) -> Value {
     json!([{"name": "app", "image": image}])
 }
 
+impl Shared {
+    /// edged of node `edge-1` with its directories under `root`, on `runtime`, its cloud side
+    /// `meta` (tests).
+    pub(crate) fn for_tests(root: &std::path::Path, runtime: Runtime, meta: MetaClient) -> Shared {
+        let mut config = EdgedConfig::from_edgecore(&EdgeCoreConfig::default());
+        config.node_name = "edge-1".into();
+        config.node_ip = "10.254.254.1".into();
+        config.root_directory = root.join("kubelet");
+        config.pod_logs_directory = root.join("pods");
+        config.static_pod_path = None;
+        let (events, _) = Recorder::new(256);
+        Shared {
+            objects: ObjectCache::new(meta.clone(), Duration::from_secs(5)),
+            meta,
+            runtime,
+            events,
+            runtime_name: OnceLock::new(),
+            allocatable: Allocatable::default(),
+            known_pods: Mutex::new(HashSet::new()),
+            pull_lock: tokio::sync::Mutex::new(()),
+            resync: watch::channel(0).0,
+            image_gc_now: Notify::new(),
+            pressure: Default::default(),
+            node_status_now: Notify::new(),
+            lease_self: Default::default(),
+            lease_self_now: Notify::new(),
+            terms: tokio::sync::watch::channel(crate::edgehub::CloudTerms::default()).1,
+            status_reports: Arc::new(StatusReports::default()),
+            observer: None,
+            cgroups: crate::edged::cgroups::PodCgroups::new(
+                crate::edged::cgroups::CgroupSettings {
+                    per_qos: false,
+                    ..Default::default()
+                },
+            ),
+            config,
+        }
+    }
+}
+
 async fn harness(object: Value) -> Harness {
     let root = tempfile::tempdir().expect("temporary directory");
     let edgecore = EdgeCoreConfig::default();
-    let mut config = EdgedConfig::from_edgecore(&edgecore);
-    config.node_name = "edge-1".into();
-    config.node_ip = "10.254.254.1".into();
-    config.root_directory = root.path().join("kubelet");
-    config.pod_logs_directory = root.path().join("pods");
     let fake = FakeCri::start();
-    let runtime = Runtime::new(fake.client().await, config.runtime_request_timeout);
+    let runtime = Runtime::new(
+        fake.client().await,
+        EdgedConfig::from_edgecore(&edgecore).runtime_request_timeout,
+    );
 
     let (requests, mut rx) = tokio::sync::mpsc::channel::<EdgedRequest>(16);
     let patches: Arc<Mutex<Vec<Value>>> = Arc::default();
@@ -68,28 +106,8 @@ async fn harness(object: Value) -> Harness {
     let meta = MetaClient::new(requests, &MetaManagerConfig::from_edgecore(&edgecore));
     let (events, occurrences) = Recorder::new(256);
     let shared = Arc::new(Shared {
-        objects: ObjectCache::new(meta.clone(), Duration::from_secs(5)),
-        meta,
-        runtime,
         events,
-        runtime_name: OnceLock::new(),
-        allocatable: Allocatable::default(),
-        known_pods: Mutex::new(HashSet::new()),
-        pull_lock: tokio::sync::Mutex::new(()),
-        resync: watch::channel(0).0,
-        image_gc_now: Notify::new(),
-        pressure: Default::default(),
-        node_status_now: Notify::new(),
-        lease_self: Default::default(),
-        lease_self_now: Notify::new(),
-        terms: tokio::sync::watch::channel(crate::edgehub::CloudTerms::default()).1,
-        status_reports: Arc::new(StatusReports::default()),
-        observer: None,
-        cgroups: crate::edged::cgroups::PodCgroups::new(crate::edged::cgroups::CgroupSettings {
-            per_qos: false,
-            ..Default::default()
-        }),
-        config,
+        ..Shared::for_tests(root.path(), runtime, meta)
     });
     let (intent, rx) = watch::channel(PodIntent {
         object: Arc::new(object),
