@@ -56,6 +56,7 @@ async fn rig(held: Option<Vec<&str>>) -> Rig {
         serve: true,
         standing: Vec::new(),
         held_pods,
+        confirm_upgrade: None,
     };
     let server = MetaServer::start(config, store.clone(), FakeLink::new(false))
         .await
