@@ -5,6 +5,7 @@
 //! `docs/kubeedge-protocol.md` §1–§3 (cited as "protocol §N" throughout).
 
 pub mod application;
+pub mod backoff;
 pub mod codec;
 pub mod config;
 pub mod constants;

@@ -368,10 +368,9 @@ impl NodeQueue {
         if tries < l.retries_before_backoff {
             return l.retry_interval;
         }
-        let exp = (tries - l.retries_before_backoff + 1).min(16);
-        l.retry_interval
-            .saturating_mul(1u32 << exp)
-            .min(l.max_backoff)
+        // Then doubling: twice the interval after the first retry beyond the linear ones.
+        kubeedge_shared::backoff::Backoff::new(l.retry_interval, l.max_backoff)
+            .delay_after(tries - l.retries_before_backoff + 2)
     }
 
     /// Matches an ACK (`parent_msg_id`). Returns what was acknowledged, or `None` for an ACK

@@ -6,6 +6,7 @@
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GetParams, Patch, PatchParams};
 use kube::api::{PostParams, Resource};
 use kubeedge_shared::StatusError;
+use kubeedge_shared::backoff::Backoff;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -263,7 +264,7 @@ pub async fn call_retrying(
     req: Result<ApiRequest, kube::Error>,
 ) -> Result<Value, kube::Error> {
     let req = req?;
-    let mut delay = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(800));
     let mut attempt = 0;
     loop {
         match call(client, copy(&req)).await {
@@ -271,8 +272,7 @@ pub async fn call_retrying(
                 attempt += 1;
                 let path = req.uri().path();
                 tracing::debug!(%path, error = %e, attempt, "apiserver call failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
+                tokio::time::sleep(backoff.next_delay()).await;
             }
             other => return other,
         }

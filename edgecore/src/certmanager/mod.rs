@@ -16,6 +16,7 @@ use crate::config::EdgeCoreConfig;
 use crate::edgehub::EdgeHub;
 use client::ClientError;
 use http::StatusCode;
+use kubeedge_shared::backoff::Backoff;
 use kubeedge_shared::{pki, tls, token};
 use rustls_pki_types::CertificateDer;
 use std::path::Path;
@@ -133,14 +134,16 @@ pub async fn bootstrap_if_needed(
     tracing::info!(reason = %why, server = %paths.http_server, node = %paths.node_name,
         "no usable edge certificate; joining with the token");
     let give_up = tokio::time::Instant::now() + deadline;
-    let mut backoff = Duration::from_secs(2);
+    let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(32));
     loop {
         match bootstrap(&paths, token).await {
             Ok(()) => break,
-            Err(e) if e.is_transient() && tokio::time::Instant::now() + backoff < give_up => {
-                tracing::warn!(error = %e, retry_in = ?backoff, "certificate bootstrap failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(32));
+            Err(e)
+                if e.is_transient() && tokio::time::Instant::now() + backoff.peek() < give_up =>
+            {
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %e, retry_in = ?delay, "certificate bootstrap failed; retrying");
+                tokio::time::sleep(delay).await;
             }
             Err(e) => return Err(e),
         }
@@ -366,17 +369,17 @@ pub fn spawn_rotation(config: &EdgeCoreConfig, hub: EdgeHub, shutdown: Cancellat
                 _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.cancelled() => return,
             }
-            let mut backoff = Duration::from_secs(2);
+            let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(32));
             loop {
                 match rotate(&paths).await {
                     Ok(()) => break,
                     Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "edge certificate rotation failed");
+                        let delay = backoff.next_delay();
+                        tracing::warn!(error = %e, retry_in = ?delay, "edge certificate rotation failed");
                         tokio::select! {
-                            _ = tokio::time::sleep(backoff) => {}
+                            _ = tokio::time::sleep(delay) => {}
                             _ = shutdown.cancelled() => return,
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(32));
                     }
                 }
             }

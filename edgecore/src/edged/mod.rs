@@ -56,6 +56,7 @@ use crate::cri::runtime::{LABEL_NODE, LABEL_POD_UID, Runtime};
 use crate::cri::{CriClient, CriError};
 use crate::edgehub::{CloudTerms, LinkEvent};
 use crate::metamanager::{ChangeAction, MetaClient, ObjectChange, ObjectKind};
+use kubeedge_shared::backoff::Backoff;
 use pod_worker::{PodIntent, PodWorker, Shared};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
@@ -700,7 +701,7 @@ impl Dispatcher {
 /// Waits for the runtime, then pulls the sandbox image if needed and collects what no pod
 /// of this node owns.
 async fn runtime_ready(shared: Arc<Shared>, cancel: CancellationToken) {
-    let mut wait = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         match shared.runtime.version().await {
             Ok(v) => {
@@ -714,9 +715,8 @@ async fn runtime_ready(shared: Arc<Shared>, cancel: CancellationToken) {
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
         }
-        wait = (wait * 2).min(Duration::from_secs(5));
     }
     tokio::spawn(ensure_sandbox_image(shared.clone()));
     tokio::spawn(image_gc::run(shared.clone(), cancel.clone()));

@@ -18,6 +18,7 @@ use super::settings::EdgedConfig;
 use super::stats::host;
 use super::time;
 use crate::metamanager::MetaError;
+use kubeedge_shared::backoff::Backoff;
 use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -456,7 +457,7 @@ async fn report_status(
     let config = &shared.config;
     let meta = &shared.meta;
     let mut registered = !config.register_node;
-    let mut retry = Duration::from_millis(200);
+    let mut retry = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
     let mut last: Option<(Value, Instant)> = None;
     let mut previous_conditions: Vec<Value> = Vec::new();
     let mut resync = shared.resync.subscribe();
@@ -541,12 +542,11 @@ async fn report_status(
                     tracing::info!(node = %config.node_name, "node registered");
                     node_uid.send_replace(uid);
                     registered = true;
-                    retry = Duration::from_millis(200);
+                    retry.reset();
                 }
                 Err(e) => {
                     tracing::info!(node = %config.node_name, error = %e, "node registration failed; will retry");
-                    wait = retry;
-                    retry = (retry * 2).min(Duration::from_secs(7));
+                    wait = retry.next_delay();
                 }
             }
         }

@@ -4,8 +4,8 @@ use super::dial::{Ws, dial};
 use super::{CloudTerms, LinkEvent, Shared};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
+use kubeedge_shared::backoff::Backoff;
 use kubeedge_shared::{FrameCodec, Message};
-use rand::Rng;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -21,6 +21,7 @@ pub(super) async fn connect_loop(
 ) {
     let cfg = shared.config.clone();
     let mut failures: u32 = 0;
+    let mut backoff = Backoff::new(cfg.reconnect_initial, cfg.reconnect_max).jittered();
     while !shared.shutdown.is_cancelled() {
         let attempt = tokio::select! {
             _ = shared.shutdown.cancelled() => break,
@@ -29,6 +30,7 @@ pub(super) async fn connect_loop(
         match attempt {
             Ok(Ok((ws, offered))) => {
                 failures = 0;
+                backoff.reset();
                 let recycle = CancellationToken::new();
                 *shared.recycle.lock().unwrap_or_else(|e| e.into_inner()) = recycle.clone();
                 let terms = CloudTerms::agreed(&cfg.capabilities, &offered);
@@ -55,21 +57,13 @@ pub(super) async fn connect_loop(
                 tracing::warn!(server = %cfg.server, timeout = ?cfg.handshake_timeout, "cloudhub handshake timed out");
             }
         }
-        let delay = backoff(cfg.reconnect_initial, cfg.reconnect_max, failures);
+        let delay = backoff.next_delay();
         tracing::debug!(?delay, "reconnecting after delay");
         tokio::select! {
             _ = shared.shutdown.cancelled() => break,
             _ = tokio::time::sleep(delay) => {}
         }
     }
-}
-
-/// Full-jitter exponential backoff: uniformly in [base/2, base], base = initial·2^failures.
-pub(super) fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
-    let base = initial.saturating_mul(1u32 << failures.min(16)).min(max);
-    let lo = base / 2;
-    let span = base.saturating_sub(lo).as_millis() as u64;
-    lo + Duration::from_millis(rand::rng().random_range(0..=span))
 }
 
 /// Link state shared by the reader and writer of one connection.
@@ -247,23 +241,4 @@ async fn write_loop(
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
     end
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_with_jitter_and_caps() {
-        let i = Duration::from_secs(1);
-        let m = Duration::from_secs(30);
-        for _ in 0..50 {
-            let d0 = backoff(i, m, 0);
-            assert!(d0 >= Duration::from_millis(500) && d0 <= i);
-            let d3 = backoff(i, m, 3);
-            assert!(d3 >= Duration::from_secs(4) && d3 <= Duration::from_secs(8));
-            let big = backoff(i, m, 40);
-            assert!(big >= Duration::from_secs(15) && big <= m);
-        }
-    }
 }

@@ -48,6 +48,7 @@ use feed::Feed;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use kubeedge_shared::backoff::Backoff;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -493,7 +494,7 @@ async fn resync_on_connect<L: CloudLink>(sh: Arc<Shared<L>>) {
             Ok(LinkEvent::Connected) => {
                 // Registrations the cloud could not make (it was starting, the apiserver
                 // refused) are sent again with back-off while the link stays up.
-                let mut delay = Duration::from_secs(2);
+                let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
                 while sh
                     .regs
                     .sync(&sh.link)
@@ -503,9 +504,8 @@ async fn resync_on_connect<L: CloudLink>(sh: Arc<Shared<L>>) {
                 {
                     tokio::select! {
                         _ = sh.cancel.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    delay = (delay * 2).min(Duration::from_secs(60));
                 }
                 serve::relist_watched(&sh).await;
             }

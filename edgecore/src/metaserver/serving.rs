@@ -12,6 +12,7 @@
 use crate::edgehub::LinkEvent;
 use crate::metamanager::CloudLink;
 use base64::Engine;
+use kubeedge_shared::backoff::Backoff;
 use kubeedge_shared::operation::source;
 use kubeedge_shared::{Group, Message, Operation, content, pki};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -144,7 +145,7 @@ pub async fn run<L: CloudLink>(
     ips: Vec<IpAddr>,
     cancel: CancellationToken,
 ) {
-    let mut backoff = Duration::from_secs(5);
+    let mut backoff = Backoff::new(Duration::from_secs(5), Duration::from_secs(300));
     loop {
         let wait = (sc.renew_at() - now()).max(0) as u64;
         if wait > 0 {
@@ -162,15 +163,15 @@ pub async fn run<L: CloudLink>(
             r = attempt => r,
         };
         match result {
-            Ok(()) => backoff = Duration::from_secs(5),
+            Ok(()) => backoff.reset(),
             Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?backoff,
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %e, retry_in = ?delay,
                     "no MetaServer serving certificate yet; HTTPS clients are refused until one is issued");
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(delay) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(300));
             }
         }
     }

@@ -14,6 +14,7 @@ use crate::controller::location::ObjectKey;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+use kubeedge_shared::backoff::Backoff;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -181,14 +182,14 @@ impl Lister<'_> {
             Some(n) => ListParams::default().fields(&format!("spec.nodeName={n}")),
             None => ListParams::default(),
         };
-        let mut delay = RETRY_FIRST;
+        let mut backoff = Backoff::new(RETRY_FIRST, RETRY_MAX);
         loop {
             match self.api.list(&lp).await {
                 Ok(list) => return list.items,
                 Err(e) => {
+                    let delay = backoff.next_delay();
                     tracing::warn!(?node, error = %e, retry_in = ?delay, "listing the pods of an edge node failed; retrying");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(RETRY_MAX);
                 }
             }
         }
@@ -200,7 +201,7 @@ impl Lister<'_> {
             all_of,
             keys: mut wanted,
         } = round;
-        let mut delay = RETRY_FIRST;
+        let mut backoff = Backoff::new(RETRY_FIRST, RETRY_MAX);
         let mut token: Option<String> = None;
         let mut pages = 0usize;
         loop {
@@ -211,9 +212,9 @@ impl Lister<'_> {
                 Err(e) => {
                     // Start over (an expired continue token cannot be resumed); what was
                     // answered stays answered, a pod sent twice is applied once.
+                    let delay = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?delay, "listing all pods for resyncs failed; starting over");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(RETRY_MAX);
                     pages = 0;
                     continue;
                 }

@@ -8,6 +8,7 @@ use futures_util::StreamExt;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use kube::runtime::watcher::Event;
 use kube::{Resource, ResourceExt};
+use kubeedge_shared::backoff::Backoff;
 use std::fmt::Debug;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -42,14 +43,14 @@ where
     /// Lists and watches until `shutdown` or until the actor is gone.
     pub async fn run(self, tx: mpsc::Sender<Input>, shutdown: CancellationToken) {
         let what = watched_name(self.watched);
-        let mut delay = BACKOFF_FIRST;
+        let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
         let mut rv: Option<String> = None;
         loop {
             let outcome = match &rv {
                 None => match self.list(&tx).await {
                     Ok(Some(listed)) => {
                         rv = Some(listed);
-                        delay = BACKOFF_FIRST;
+                        backoff.reset();
                         continue;
                     }
                     Ok(None) => return,
@@ -57,7 +58,7 @@ where
                 },
                 Some(from) => {
                     let mut from = from.clone();
-                    let outcome = self.watch(&mut from, &tx, &mut delay).await;
+                    let outcome = self.watch(&mut from, &tx, &mut backoff).await;
                     rv = Some(from);
                     match outcome {
                         Some(o) => o,
@@ -74,9 +75,8 @@ where
                     }
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    delay = (delay * 2).min(BACKOFF_MAX);
                 }
             }
         }
@@ -128,7 +128,7 @@ where
         &self,
         rv: &mut String,
         tx: &mpsc::Sender<Input>,
-        delay: &mut Duration,
+        backoff: &mut Backoff,
     ) -> Option<Outcome> {
         let mut wp = WatchParams::default();
         if let Some(l) = self.labels {
@@ -162,7 +162,7 @@ where
                 Ok(WatchEvent::Error(s)) => return Some(Outcome::Retry(s.message.clone())),
                 Err(e) => return Some(Outcome::Retry(e.to_string())),
             };
-            *delay = BACKOFF_FIRST;
+            backoff.reset();
             if tx.send(input).await.is_err() {
                 return None;
             }

@@ -15,6 +15,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kubeedge_shared::ResourceType;
+use kubeedge_shared::backoff::Backoff;
 use serde_json::json;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -278,8 +279,7 @@ impl RecordWriter {
                     self.schedule(key);
                     return None;
                 }
-                let exp = (n - 1).min(16);
-                Some(FIRST_RETRY.saturating_mul(1 << exp).min(MAX_RETRY))
+                Some(Backoff::new(FIRST_RETRY, MAX_RETRY).delay_after(n))
             }
         }
     }

@@ -2,6 +2,7 @@
 //! API server refused it.
 
 use super::*;
+use kubeedge_shared::backoff::Backoff;
 
 /// First and longest wait before a status the API server refused is sent again.
 const STATUS_REFUSED_FIRST: Duration = Duration::from_secs(1);
@@ -17,7 +18,7 @@ fn refused(code: i32) -> bool {
 pub(super) struct RefusedStatus {
     status: Value,
     reason: String,
-    delay: Duration,
+    backoff: Backoff,
     retry_at: Instant,
     /// How the refused patch stated the IP lists.
     form: ListForm,
@@ -90,9 +91,11 @@ impl PodWorker {
             }
             Err(MetaError::Api(e)) if refused(e.err_status.code) => {
                 let reason = format!("{} {}", e.err_status.code, e.err_status.message);
-                let delay = self.refused.as_ref().map_or(STATUS_REFUSED_FIRST, |r| {
-                    (r.delay * 2).min(STATUS_REFUSED_MAX)
-                });
+                let mut backoff = self.refused.as_ref().map_or_else(
+                    || Backoff::new(STATUS_REFUSED_FIRST, STATUS_REFUSED_MAX),
+                    |r| r.backoff.clone(),
+                );
+                let delay = backoff.next_delay();
                 if self.refused.as_ref().is_none_or(|r| r.reason != reason) {
                     tracing::warn!(
                         pod = %self.key(),
@@ -106,7 +109,7 @@ impl PodWorker {
                 self.refused = Some(RefusedStatus {
                     status,
                     reason,
-                    delay,
+                    backoff,
                     retry_at: Instant::now() + delay,
                     form,
                 });
