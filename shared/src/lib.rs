@@ -6,6 +6,7 @@
 
 pub mod application;
 pub mod backoff;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod constants;

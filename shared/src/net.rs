@@ -37,3 +37,38 @@ mod tests {
         assert!(!local_ip().is_unspecified());
     }
 }
+
+/// Splits `host:port` (optionally `wss://host:port`, `https://…`, `[v6]:port`, a trailing `/`)
+/// into host and port; `None` when it is not one.
+pub fn split_server(server: &str) -> Option<(String, u16)> {
+    let s = server
+        .strip_prefix("wss://")
+        .or_else(|| server.strip_prefix("https://"))
+        .unwrap_or(server)
+        .trim_end_matches('/');
+    let (host, port) = s.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port: u16 = port.parse().ok()?;
+    (!host.is_empty()).then(|| (host.to_string(), port))
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_server;
+
+    #[test]
+    fn servers_split_into_host_and_port() {
+        assert_eq!(
+            split_server("10.0.0.1:10000"),
+            Some(("10.0.0.1".into(), 10000))
+        );
+        assert_eq!(
+            split_server("wss://cloud.example:443/"),
+            Some(("cloud.example".into(), 443))
+        );
+        assert_eq!(split_server("[::1]:10000"), Some(("::1".into(), 10000)));
+        for bad in ["nocolon", ":10000", "h:notaport", "h:70000", ""] {
+            assert_eq!(split_server(bad), None, "{bad}");
+        }
+    }
+}

@@ -8,6 +8,9 @@ pub(crate) mod handshake;
 pub mod queue;
 mod server;
 mod session;
+mod sink;
+
+pub use sink::HubSink;
 
 use crate::metrics::{HubMetrics, ReasonLabel};
 use dashmap::DashMap;

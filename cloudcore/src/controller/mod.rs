@@ -226,8 +226,5 @@ pub fn parse_inventory(up: &Upstream) -> Result<Vec<HeldObject>, String> {
 
 /// Now, RFC 3339 in whole seconds (as the apiserver writes times).
 pub(crate) fn now_rfc3339() -> String {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string()
+    kubeedge_shared::clock::now()
 }

@@ -27,8 +27,8 @@ pub mod status;
 pub mod table;
 pub mod target;
 
+use crate::cloudhub::HubSink;
 use crate::cloudhub::{ByteBudget, CloudHub, NodeEvent};
-use crate::controller::downstream::HubSink;
 use calls::Calls;
 use kubeedge_shared::config::ConfigError;
 use kubeedge_shared::servicebus::max_body_for_frame;

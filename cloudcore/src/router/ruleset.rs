@@ -13,7 +13,7 @@ use super::metrics::{OperationLabel, RouterMetrics};
 use super::rules::{ObjKey, Rule, RuleEndpointSpec, rule_endpoint_resource, rule_resource};
 use super::status::StatusTally;
 use super::table::{Registration, RouteTable};
-use crate::controller::downstream::HubSink;
+use crate::cloudhub::HubSink;
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt;

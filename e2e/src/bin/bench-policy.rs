@@ -15,9 +15,9 @@
 //!   nodes and the messages it sends (only the nodes using that account);
 //! - one ClusterRole changed (every account): time and messages.
 
+use cloudcore::cloudhub::HubSink;
 use cloudcore::cloudhub::queue::Enqueued;
 use cloudcore::cloudhub::{Capabilities, SendError};
-use cloudcore::controller::downstream::HubSink;
 use cloudcore::controller::policy::{Change, Input, Kind, PodRef, Policy};
 use e2e::bench::env_usize;
 use e2e::procfs::rss_kb;

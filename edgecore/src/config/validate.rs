@@ -105,8 +105,11 @@ impl EdgeCoreConfig {
             );
             problems.positive("modules.edgeHub.websocket.writeDeadline", ws.write_deadline);
             problems.non_negative("modules.edgeHub.websocket.readDeadline", ws.read_deadline);
-            if let Err(e) = crate::edgehub::dial::split_server(&ws.server) {
-                problems.bad("modules.edgeHub.websocket.server", e.to_string());
+            if kubeedge_shared::net::split_server(&ws.server).is_none() {
+                problems.bad(
+                    "modules.edgeHub.websocket.server",
+                    format!("{:?} is not host:port (e.g. 192.168.1.10:10000)", ws.server),
+                );
             }
             if hub.project_id.is_empty() {
                 problems.bad("modules.edgeHub.projectID", "must not be empty");

@@ -18,8 +18,9 @@ mod tests;
 pub mod topics;
 pub mod twin;
 
+use crate::edgehub::CloudLink;
 use crate::edgehub::LinkEvent;
-use crate::metamanager::{ChangeAction, CloudLink, DeviceObject, MetaStore, StoreError, ToTwin};
+use crate::metamanager::{ChangeAction, DeviceObject, MetaStore, StoreError, ToTwin};
 use kubeedge_shared::devices::{
     DeviceCondition, DeviceState, DeviceStateMsg, DeviceTwinUpdate, ErrorResult, MAPPER_READY,
     MemberDevice, MembershipUpdate, MsgTwin, decode_content,

@@ -22,8 +22,8 @@
 //! event the API server refuses is forgotten.
 
 use super::spec::ObjectMeta;
-use super::time;
 use crate::metamanager::MetaClient;
+use kubeedge_shared::clock as time;
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};

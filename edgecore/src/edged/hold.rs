@@ -243,7 +243,7 @@ pub async fn report(
     );
     let mut resync = shared.resync.subscribe();
     loop {
-        let status = json!({"conditions": [condition.value(&pod["status"], &super::time::now())]});
+        let status = json!({"conditions": [condition.value(&pod["status"], &kubeedge_shared::clock::now())]});
         let patch = status_patch(uid, &status, &Value::Null, ListForm::AsKnown);
         let result = shared.meta.patch_pod_status(namespace, name, &patch).await;
         let outcome = match &result {

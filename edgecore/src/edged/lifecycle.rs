@@ -235,8 +235,8 @@ fn is_running(c: &ContainerInfo) -> bool {
 }
 
 fn finished_at(c: &ContainerInfo) -> SystemTime {
-    super::time::from_unix_nanos(c.finished_at)
-        .or_else(|| super::time::from_unix_nanos(c.created_at))
+    kubeedge_shared::clock::from_unix_nanos(c.finished_at)
+        .or_else(|| kubeedge_shared::clock::from_unix_nanos(c.created_at))
         .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 

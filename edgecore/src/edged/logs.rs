@@ -132,7 +132,7 @@ fn remove_excess(log: &Path, keep: usize) {
 /// `20240501-120000.123456789`: sortable, unique enough for one container.
 fn stamp() -> String {
     let now = SystemTime::now();
-    let text = super::time::rfc3339(now);
+    let text = kubeedge_shared::clock::rfc3339(now);
     let nanos = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

@@ -47,7 +47,6 @@ pub mod static_pods;
 pub mod stats;
 pub mod status;
 pub mod status_report;
-pub mod time;
 pub mod volumes;
 
 pub use settings::EdgedConfig;

@@ -131,7 +131,7 @@ impl Probes {
                 continue;
             };
             running.insert(info.id.clone());
-            let since_start = super::time::from_unix_nanos(info.started_at)
+            let since_start = kubeedge_shared::clock::from_unix_nanos(info.started_at)
                 .and_then(|t| SystemTime::now().duration_since(t).ok())
                 .unwrap_or_default();
             let host = if pod.spec.host_network {

@@ -255,7 +255,7 @@ pub fn from_manifest(path: &Path, bytes: &[u8], node: &str) -> Result<Value, Str
         .ok_or("metadata.annotations is not an object")?;
     annotations.insert(ANNOTATION_SOURCE.into(), json!(SOURCE_FILE));
     annotations.insert(ANNOTATION_HASH.into(), json!(hex));
-    annotations.insert(ANNOTATION_SEEN.into(), json!(crate::edged::time::now()));
+    annotations.insert(ANNOTATION_SEEN.into(), json!(kubeedge_shared::clock::now()));
     annotations.remove(ANNOTATION_MIRROR);
     pod["spec"]["nodeName"] = json!(node);
     if let Some(o) = pod.as_object_mut() {

@@ -5,9 +5,9 @@
 
 use super::lifecycle::{Phase, Waiting, WaitingReason, current, initialized};
 use super::spec::{Container, Pod};
-use super::time;
 use crate::cri::api::ContainerState;
 use crate::cri::runtime::{ContainerInfo, PodRuntime};
+use kubeedge_shared::clock as time;
 use serde_json::{Map, Value, json};
 use std::collections::{HashMap, HashSet};
 

@@ -5,7 +5,7 @@
 
 use super::env::{ConfigError, ObjectSource, PodContext, field_value, format_map, resource_value};
 use super::spec::{DownwardApiVolumeSource, KeyToPath, Pod, VolumeKind};
-use super::time;
+use kubeedge_shared::clock as time;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;

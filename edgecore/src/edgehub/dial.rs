@@ -40,21 +40,10 @@ pub enum DialError {
     Header(&'static str),
 }
 
-/// Splits `host:port` (optionally `wss://host:port`, `[v6]:port`) into host and port.
+/// `host:port` of edgeHub's server (`wss://`, `[v6]:port` accepted).
 pub fn split_server(server: &str) -> Result<(String, u16), DialError> {
-    let bad = || DialError::BadAddress(server.to_string());
-    let s = server
-        .strip_prefix("wss://")
-        .or_else(|| server.strip_prefix("https://"))
-        .unwrap_or(server)
-        .trim_end_matches('/');
-    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port: u16 = port.parse().map_err(|_| bad())?;
-    if host.is_empty() {
-        return Err(bad());
-    }
-    Ok((host.to_string(), port))
+    kubeedge_shared::net::split_server(server)
+        .ok_or_else(|| DialError::BadAddress(server.to_string()))
 }
 
 /// A connected link and the capabilities the cloud advertised in its answer.

@@ -7,9 +7,11 @@
 
 mod connection;
 pub mod dial;
+mod link;
 pub mod ratelimit;
 
 use kubeedge_shared::{Message, Operation};
+pub use link::CloudLink;
 use ratelimit::TokenBucket;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

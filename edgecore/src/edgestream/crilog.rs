@@ -3,7 +3,7 @@
 //! and partial ones (`P`) joined to the next, optionally prefixed with their timestamp, and
 //! limited by `tailLines`, `sinceSeconds`/`sinceTime` and `limitBytes`.
 
-use crate::edged::time::parse_rfc3339;
+use kubeedge_shared::clock::parse_rfc3339;
 use kubeedge_shared::stream::parse_query;
 use std::time::{Duration, SystemTime};
 

@@ -22,13 +22,12 @@ pub use changes::{ChangeSink, V2Change};
 pub use client::{MetaClient, MetaError};
 pub use store::{DeleteOutcome, MetaRecord, MetaStore, StoreError, UpsertOutcome};
 
-use crate::edgehub::{EdgeHub, HubError, LinkEvent};
+use crate::edgehub::CloudLink;
 use kubeedge_shared::{Message, ResourceType};
 use serde_json::Value;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -175,48 +174,6 @@ pub struct Routes {
     pub servicebus: Option<mpsc::Sender<Message>>,
     /// taskmanager: group `taskmanager` (node tasks).
     pub tasks: Option<mpsc::Sender<Message>>,
-}
-
-/// What the metamanager needs from the cloud link; [`EdgeHub`] is the real one.
-pub trait CloudLink: Clone + Send + Sync + 'static {
-    fn is_connected(&self) -> bool;
-    fn send(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send;
-    /// Sends a message that may wait behind everything else (events).
-    fn send_background(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send {
-        self.send(msg)
-    }
-    fn request(
-        &self,
-        msg: Message,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Message, HubError>> + Send;
-    fn subscribe(&self) -> broadcast::Receiver<LinkEvent>;
-}
-
-impl CloudLink for EdgeHub {
-    fn is_connected(&self) -> bool {
-        EdgeHub::is_connected(self)
-    }
-
-    fn send(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send {
-        EdgeHub::send(self, msg)
-    }
-
-    fn send_background(&self, msg: Message) -> impl Future<Output = Result<(), HubError>> + Send {
-        EdgeHub::send_background(self, msg)
-    }
-
-    fn request(
-        &self,
-        msg: Message,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Message, HubError>> + Send {
-        EdgeHub::request(self, msg, timeout)
-    }
-
-    fn subscribe(&self) -> broadcast::Receiver<LinkEvent> {
-        EdgeHub::subscribe(self)
-    }
 }
 
 /// A request from edged: the message KubeEdge's kubelet bridge would send to metamanager

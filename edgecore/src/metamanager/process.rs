@@ -4,10 +4,10 @@
 use super::client::MetaError;
 use super::store::{MetaRecord, MetaStore, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
-    ChangeAction, CloudLink, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig,
-    ObjectChange, ObjectKind, Routes, ToTwin, is_remote_query_type,
+    ChangeAction, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig, ObjectChange,
+    ObjectKind, Routes, ToTwin, is_remote_query_type,
 };
-use crate::edgehub::LinkEvent;
+use crate::edgehub::{CloudLink, LinkEvent};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesOrdered;

@@ -31,7 +31,7 @@ fn key(namespace: &str, token: &str) -> String {
     format!("{namespace}/{TOKEN_TYPE}/{}", digest(token))
 }
 
-use crate::edged::time::{parse_rfc3339, unix, unix_now as now};
+use kubeedge_shared::clock::{parse_rfc3339, unix, unix_now as now};
 
 /// The record for a `TokenRequest` answer (`status.token` set), if it is one.
 pub fn record_of(namespace: &str, service_account: &str, answer: &Value) -> Option<MetaRecord> {

@@ -33,7 +33,7 @@ pub enum Refusal {
     Unauthenticated(String),
 }
 
-use crate::edged::time::unix_now as now;
+use kubeedge_shared::clock::unix_now as now;
 
 /// The claims part of a JWT.
 fn claims(token: &str) -> Result<Value, String> {

@@ -42,8 +42,9 @@ mod unhold_tests;
 
 pub use feed::Limits;
 
+use crate::edgehub::CloudLink;
 use crate::edgehub::LinkEvent;
-use crate::metamanager::{CloudLink, MetaStore, StoreError};
+use crate::metamanager::{MetaStore, StoreError};
 use feed::Feed;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;

@@ -1,8 +1,8 @@
 //! Requests the MetaServer sends the cloud's dynamic controller (KubeEdge's Application,
 //! `kubeedge_shared::application`), and the watch registrations it keeps there.
 
+use crate::edgehub::CloudLink;
 use crate::edgehub::HubError;
-use crate::metamanager::CloudLink;
 use kubeedge_shared::application::{Application, status, watch_sync_request};
 use serde_json::Value;
 use std::collections::HashMap;

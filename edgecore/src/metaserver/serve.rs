@@ -6,7 +6,7 @@ use super::kinds::{self, Kind};
 use super::remote::{self, Answer, RemoteError};
 use super::request::{self, Options, PathError, Representation, ResourceRequest, Target, Verb};
 use super::{Shared, auth, table};
-use crate::metamanager::CloudLink;
+use crate::edgehub::CloudLink;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{Request, Response, StatusCode, header};

@@ -9,8 +9,8 @@
 //! store keeps them) and are loaded at start, so an edge that restarts offline serves at
 //! once; a new certificate is requested when 80 % of the lifetime has passed.
 
+use crate::edgehub::CloudLink;
 use crate::edgehub::LinkEvent;
-use crate::metamanager::CloudLink;
 use base64::Engine;
 use kubeedge_shared::backoff::Backoff;
 use kubeedge_shared::operation::source;
@@ -47,7 +47,7 @@ impl ResolvesServerCert for ServingCert {
     }
 }
 
-use crate::edged::time::unix_now as now;
+use kubeedge_shared::clock::unix_now as now;
 
 impl ServingCert {
     /// Loads `<dir>/metaserver-current.pem` when it holds a usable, unexpired pair; one that

@@ -14,7 +14,7 @@ use super::request::{ResourceRequest, Unhold, UnholdOf, Verb};
 use super::serve::{Body, json_response, status};
 use crate::edged::hold::{self, Release, ReleaseError};
 use crate::edged::spec::is_path_element;
-use crate::metamanager::CloudLink;
+use crate::edgehub::CloudLink;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;

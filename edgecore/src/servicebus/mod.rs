@@ -20,7 +20,7 @@ pub mod target_urls;
 pub use config::ServiceBusConfig;
 pub use metrics::ServiceBusMetrics;
 
-use crate::metamanager::CloudLink;
+use crate::edgehub::CloudLink;
 use crate::metamanager::store::{MetaStore, StoreError};
 use call::CallFailure;
 use kubeedge_shared::operation::source;

@@ -7,7 +7,7 @@
 //! allowed, as KubeEdge's does.
 
 use super::config::ServiceBusConfig;
-use crate::metamanager::CloudLink;
+use crate::edgehub::CloudLink;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};

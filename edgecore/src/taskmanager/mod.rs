@@ -486,7 +486,7 @@ async fn report(hub: &EdgeHub, task: &TaskResource, status: ActionStatus) {
 /// Sends an action's status (stamped now), waiting for the link for up to ten minutes;
 /// `false` when it could not be sent.
 async fn send_report(hub: &EdgeHub, task: &TaskResource, mut status: ActionStatus) -> bool {
-    status.finish_time = crate::edged::time::rfc3339(SystemTime::now());
+    status.finish_time = kubeedge_shared::clock::rfc3339(SystemTime::now());
     let content = serde_json::to_value(&status).unwrap_or_default();
     for _ in 0..REPORT_TRIES {
         let msg = Message::new(

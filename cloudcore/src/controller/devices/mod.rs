@@ -25,7 +25,7 @@ mod watch;
 pub use messages::{IdForm, device_id};
 pub use status::{StatusWrite, device_resource, device_status_resource, model_resource};
 
-use super::downstream::HubSink;
+use crate::cloudhub::HubSink;
 use crate::cloudhub::NodeEvent;
 use crate::controller::now_rfc3339;
 use kubeedge_shared::devices::{

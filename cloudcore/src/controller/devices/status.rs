@@ -9,7 +9,7 @@
 //! which is created — owned by the Device, so it goes with it — when it does not exist.
 
 use super::{Input, ObjKey};
-use crate::controller::downstream::HubSink;
+use crate::cloudhub::HubSink;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kubeedge_shared::Message;
 use serde_json::{Value, json};

@@ -36,8 +36,8 @@ pub use kubeedge_shared::inventory::HeldObject;
 
 use super::location::{ObjectKey, SharedLocation};
 use super::objectsync::SyncRecords;
-use crate::cloudhub::queue::Enqueued;
-use crate::cloudhub::{Capabilities, CloudHub, NodeEvent, SendError};
+use crate::cloudhub::HubSink;
+use crate::cloudhub::{Capabilities, NodeEvent};
 use crate::http::Readiness;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::Api;
@@ -52,33 +52,6 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 pub use kubeedge_shared::constants::EDGE_NODE_LABEL;
-
-/// Where downstream messages go: the cloudhub, or a recorder in tests.
-pub trait HubSink: Send + Sync {
-    fn send(&self, node: &str, msg: Message) -> Result<Enqueued, SendError>;
-    fn is_connected(&self, node: &str) -> bool;
-    fn connected_nodes(&self) -> Vec<String>;
-    fn capabilities(&self, node: &str) -> Option<Capabilities>;
-    fn disconnect(&self, node: &str) -> bool;
-}
-
-impl HubSink for CloudHub {
-    fn send(&self, node: &str, msg: Message) -> Result<Enqueued, SendError> {
-        CloudHub::send(self, node, msg)
-    }
-    fn is_connected(&self, node: &str) -> bool {
-        CloudHub::is_connected(self, node)
-    }
-    fn connected_nodes(&self) -> Vec<String> {
-        CloudHub::connected_nodes(self)
-    }
-    fn capabilities(&self, node: &str) -> Option<Capabilities> {
-        CloudHub::capabilities(self, node)
-    }
-    fn disconnect(&self, node: &str) -> bool {
-        CloudHub::disconnect(self, node)
-    }
-}
 
 // Values are moved once through a channel; boxing would only add allocations.
 #[allow(clippy::large_enum_variant)]

@@ -4,7 +4,8 @@
 //! delete as final for its UID: a pod deleted in error and sent again later is lost.
 
 use super::*;
-use crate::cloudhub::Capabilities;
+use crate::cloudhub::queue::Enqueued;
+use crate::cloudhub::{Capabilities, SendError};
 use kube::api::ObjectMeta;
 use kubeedge_shared::ResourcePath;
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! edges), each change sent to the edges whose registration it matches — only to them.
 
 use super::{Served, normalise};
-use crate::controller::downstream::HubSink;
+use crate::cloudhub::HubSink;
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};

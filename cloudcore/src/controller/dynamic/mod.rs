@@ -10,8 +10,8 @@
 mod access;
 mod listeners;
 
-use super::downstream::HubSink;
 use super::rest::{self, ApiRequest};
+use crate::cloudhub::HubSink;
 use access::{Access, Decision};
 use kubeedge_shared::application::{self, AppKey, Application};
 use kubeedge_shared::{Message, StatusError};

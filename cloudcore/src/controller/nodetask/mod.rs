@@ -13,7 +13,7 @@
 
 pub mod status;
 
-use crate::controller::downstream::HubSink;
+use crate::cloudhub::HubSink;
 use futures_util::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;

@@ -26,7 +26,7 @@ mod watch;
 pub use messages::resource;
 pub use state::Policy;
 
-use super::downstream::HubSink;
+use crate::cloudhub::HubSink;
 use crate::cloudhub::NodeEvent;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};

@@ -4,7 +4,7 @@
 
 use super::rbac::{ObjKey, Rbac};
 use super::{Change, Input, Keyed, Kind, PodRef, messages};
-use crate::controller::downstream::HubSink;
+use crate::cloudhub::HubSink;
 use kubeedge_shared::inventory::HeldObject;
 use kubeedge_shared::{Operation, ResourceType};
 use serde_json::Value;

@@ -155,7 +155,8 @@ impl StatsProvider {
             seen.push(id.to_string());
         }
         Some(Cpu {
-            time: super::time::from_unix_nanos(c.timestamp).unwrap_or_else(SystemTime::now),
+            time: kubeedge_shared::clock::from_unix_nanos(c.timestamp)
+                .unwrap_or_else(SystemTime::now),
             usage_core_nanos: usage,
             usage_nano_cores: rate,
         })
@@ -226,7 +227,7 @@ impl StatsProvider {
                 } else {
                     meta.uid
                 },
-                start: super::time::from_unix_nanos(sb.created_at)
+                start: kubeedge_shared::clock::from_unix_nanos(sb.created_at)
                     .unwrap_or(SystemTime::UNIX_EPOCH),
                 containers: Vec::new(),
                 cpu: None,
@@ -244,14 +245,14 @@ impl StatsProvider {
                 let s = by_id.get(c.id.as_str());
                 pod.containers.push(ContainerSample {
                     name: container_name(c),
-                    start: super::time::from_unix_nanos(c.created_at)
+                    start: kubeedge_shared::clock::from_unix_nanos(c.created_at)
                         .unwrap_or(SystemTime::UNIX_EPOCH),
                     cpu: s.and_then(|s| self.cpu(&c.id, &s.cpu, &mut seen)),
                     memory: s.and_then(|s| memory(&s.memory)),
                     rootfs: s.and_then(|s| {
                         let w = s.writable_layer.as_ref()?;
                         Some((
-                            super::time::from_unix_nanos(w.timestamp)
+                            kubeedge_shared::clock::from_unix_nanos(w.timestamp)
                                 .unwrap_or_else(SystemTime::now),
                             value(&w.used_bytes)?,
                             value(&w.inodes_used),
@@ -291,7 +292,7 @@ fn container_name(c: &api::Container) -> String {
 fn memory(m: &Option<api::MemoryUsage>) -> Option<Memory> {
     let m = m.as_ref()?;
     Some(Memory {
-        time: super::time::from_unix_nanos(m.timestamp).unwrap_or_else(SystemTime::now),
+        time: kubeedge_shared::clock::from_unix_nanos(m.timestamp).unwrap_or_else(SystemTime::now),
         working_set: value(&m.working_set_bytes),
         usage: value(&m.usage_bytes),
         available: value(&m.available_bytes),

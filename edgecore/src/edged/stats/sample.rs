@@ -3,7 +3,7 @@
 
 use super::host::FsUsage;
 use super::summary;
-use crate::edged::time::rfc3339;
+use kubeedge_shared::clock::rfc3339;
 use std::time::SystemTime;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
