@@ -97,9 +97,7 @@ pub fn dmi_report(data: &[u8]) {
         return;
     };
     let update = crate::devicetwin::dmi::twin_update_of(&report);
-    if let Ok(update) = decode_content::<DeviceTwinUpdate>(&update) {
-        let _ = twin::apply_rest(&device(), &update, 1_700_000_000_000);
-    }
+    let _ = twin::apply_rest(&device(), &update, 1_700_000_000_000);
 }
 
 /// The bytes an MQTT client sends to the embedded broker, read packet by packet as its

@@ -195,18 +195,135 @@ pub fn decode_content<T: serde::de::DeserializeOwned>(content: &Value) -> Result
     }
 }
 
+/// What an edge reports about one of its devices (an upstream `twin` message), read once.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceReport {
+    /// `device/<id>/twin/edge_updated`: twin values.
+    Twin(DeviceTwinUpdate),
+    /// `device/<id>/state/update`: online/offline.
+    State(DeviceStateMsg),
+    /// `device/<id>/condition/update`: a condition from the mapper (kubeedge-rs).
+    Condition(DeviceCondition),
+}
+
+/// The kinds of [`DeviceReport`], by the resource suffix that names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportKind {
+    Twin,
+    State,
+    Condition,
+}
+
+impl ReportKind {
+    pub const ALL: [ReportKind; 3] = [ReportKind::Twin, ReportKind::State, ReportKind::Condition];
+
+    /// `twin/edge_updated`, `state/update`, `condition/update`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            ReportKind::Twin => "twin/edge_updated",
+            ReportKind::State => "state/update",
+            ReportKind::Condition => "condition/update",
+        }
+    }
+}
+
+impl DeviceReport {
+    pub fn kind(&self) -> ReportKind {
+        match self {
+            DeviceReport::Twin(_) => ReportKind::Twin,
+            DeviceReport::State(_) => ReportKind::State,
+            DeviceReport::Condition(_) => ReportKind::Condition,
+        }
+    }
+
+    /// The resource of this report about device `id` (`<name>` or `<namespace>/<name>`).
+    pub fn resource(&self, id: &str) -> String {
+        format!("device/{id}/{}", self.kind().suffix())
+    }
+
+    /// The message content (serialised once, here).
+    pub fn content(&self) -> Value {
+        let v = match self {
+            DeviceReport::Twin(u) => serde_json::to_value(u),
+            DeviceReport::State(s) => serde_json::to_value(s),
+            DeviceReport::Condition(c) => serde_json::to_value(c),
+        };
+        v.unwrap_or(Value::Null)
+    }
+
+    /// The upstream message carrying this report about device `id`: source `twin`, group
+    /// `resource`, operation `update`; a state report's content is its JSON text (as KubeEdge's
+    /// edge sends it), the others' an object.
+    pub fn to_message(&self, id: &str) -> crate::Message {
+        let content = match self {
+            DeviceReport::State(s) => Value::String(serde_json::to_string(s).unwrap_or_default()),
+            _ => self.content(),
+        };
+        crate::Message::new(
+            crate::operation::source::TWIN,
+            crate::Group::Resource,
+            crate::Operation::Update,
+            self.resource(id),
+            content,
+        )
+    }
+
+    /// Decodes the content of a report of `kind` (an object, or its JSON text).
+    pub fn decode(kind: ReportKind, content: &Value) -> Result<DeviceReport, String> {
+        Ok(match kind {
+            ReportKind::Twin => DeviceReport::Twin(decode_content(content)?),
+            ReportKind::State => DeviceReport::State(decode_content(content)?),
+            ReportKind::Condition => DeviceReport::Condition(decode_content(content)?),
+        })
+    }
+}
+
+/// An upstream `twin` message, classified once by the cloud.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TwinUpstream<'a> {
+    /// `…membership/detail`: the edge asks for its device list.
+    MembershipDetail,
+    /// A report about device `device` (ID tokens: `[name]` or `[namespace, name]`).
+    Report {
+        device: Vec<&'a str>,
+        report: DeviceReport,
+    },
+    /// A resource no device controller handles.
+    Unknown,
+}
+
+impl<'a> TwinUpstream<'a> {
+    /// Classifies `resource` and decodes `content`; `Err` for a known report that does not
+    /// decode.
+    pub fn classify(resource: &'a str, content: &Value) -> Result<TwinUpstream<'a>, String> {
+        if resource.contains("membership/detail") {
+            return Ok(TwinUpstream::MembershipDetail);
+        }
+        let Some((device, kind)) = split_device_resource(resource) else {
+            return Ok(TwinUpstream::Unknown);
+        };
+        Ok(TwinUpstream::Report {
+            device,
+            report: DeviceReport::decode(kind, content)?,
+        })
+    }
+}
+
 /// The device ID a cloud resource names, upstream: `device/<id>/<rest…>` where `<id>` is
 /// `<name>` (v1.15 edges) or `<namespace>/<name>` (v1.17+). Returns the ID tokens and the
-/// rest (`twin/edge_updated`, `state/update`).
-pub fn split_device_resource(resource: &str) -> Option<(Vec<&str>, &str)> {
+/// report's kind.
+pub fn split_device_resource(resource: &str) -> Option<(Vec<&str>, ReportKind)> {
     let rest = resource.strip_prefix("device/")?;
-    for suffix in ["/twin/edge_updated", "/state/update", "/condition/update"] {
-        if let Some(id) = rest.strip_suffix(suffix) {
+    for kind in ReportKind::ALL {
+        if let Some(id) = rest
+            .strip_suffix(kind.suffix())
+            .and_then(|r| r.strip_suffix('/'))
+        {
             let tokens: Vec<&str> = id.split('/').collect();
             if tokens.is_empty() || tokens.len() > 2 || tokens.iter().any(|t| t.is_empty()) {
                 return None;
             }
-            return Some((tokens, &suffix[1..]));
+            return Some((tokens, kind));
         }
     }
     None
@@ -267,20 +384,69 @@ mod tests {
     fn device_resources_name_the_device_in_either_form() {
         assert_eq!(
             split_device_resource("device/thermo-1/twin/edge_updated"),
-            Some((vec!["thermo-1"], "twin/edge_updated"))
+            Some((vec!["thermo-1"], ReportKind::Twin))
         );
         assert_eq!(
             split_device_resource("device/default/thermo-1/state/update"),
-            Some((vec!["default", "thermo-1"], "state/update"))
+            Some((vec!["default", "thermo-1"], ReportKind::State))
+        );
+        assert_eq!(
+            split_device_resource("device/d/condition/update"),
+            Some((vec!["d"], ReportKind::Condition))
         );
         for bad in [
             "device//twin/edge_updated",
             "device/a/b/c/twin/edge_updated",
             "membership/detail",
             "device/x/twin/other",
+            "device/xtwin/edge_updated",
         ] {
             assert_eq!(split_device_resource(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn upstream_twin_messages_are_classified_once_and_reports_round_trip() {
+        let update = DeviceTwinUpdate {
+            event_id: "e".into(),
+            timestamp: 7,
+            twin: Some(BTreeMap::from([(
+                "temperature".to_string(),
+                Some(MsgTwin {
+                    actual: Some(TwinValue {
+                        value: Some("23".into()),
+                        metadata: None,
+                    }),
+                    ..Default::default()
+                }),
+            )])),
+        };
+        let report = DeviceReport::Twin(update);
+        let resource = report.resource("default/thermo-1");
+        assert_eq!(resource, "device/default/thermo-1/twin/edge_updated");
+        assert_eq!(
+            report.content(),
+            json!({"event_id": "e", "timestamp": 7, "twin": {"temperature": {"actual": {"value": "23"}}}})
+        );
+        match TwinUpstream::classify(&resource, &report.content()).unwrap() {
+            TwinUpstream::Report {
+                device,
+                report: back,
+            } => {
+                assert_eq!(device, ["default", "thermo-1"]);
+                assert_eq!(back, report);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            TwinUpstream::classify("node/n/membership/detail", &Value::Null).unwrap(),
+            TwinUpstream::MembershipDetail
+        );
+        assert_eq!(
+            TwinUpstream::classify("device/d/twin/cloud_updated", &Value::Null).unwrap(),
+            TwinUpstream::Unknown
+        );
+        assert!(TwinUpstream::classify("device/d/state/update", &json!("not json")).is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod queue;
 mod server;
 mod session;
 mod sink;
+pub mod upstream;
 
 pub use sink::HubSink;
 

@@ -18,6 +18,7 @@ pub mod services;
 pub mod serving_certs;
 pub mod upstream;
 
+use crate::cloudhub::upstream::UpstreamClass;
 use crate::cloudhub::{CloudHub, Upstream};
 use crate::http::Readiness;
 use downstream::{Downstream, HeldObject, Input};
@@ -144,26 +145,29 @@ pub async fn run_with(
             _ = shutdown.cancelled() => break,
             m = upstream.recv() => match m { Some(m) => m, None => break },
         };
-        if kubeedge_shared::application::Application::is_request(&up.message) {
-            dynamic.dispatch(up.node, up.message);
-            continue;
-        }
-        if nodetask::is_report(&up.message) {
-            match &node_tasks {
-                Some((tasks, _)) => tasks.report(up.node, up.message).await,
-                None => {
-                    tracing::debug!(node = %up.node, "node task report while modules.taskManager is off; dropped")
-                }
+        match UpstreamClass::of(&up.message) {
+            UpstreamClass::Application => {
+                dynamic.dispatch(up.node, up.message);
+                continue;
             }
-            continue;
-        }
-        if up.message.route.source == kubeedge_shared::operation::source::TWIN {
-            devices.report(up.node, up.message).await;
-            continue;
-        }
-        if !Inventory::is_inventory(&up.message) {
-            handler.dispatch(up);
-            continue;
+            UpstreamClass::NodeTaskReport => {
+                match &node_tasks {
+                    Some((tasks, _)) => tasks.report(up.node, up.message).await,
+                    None => {
+                        tracing::debug!(node = %up.node, "node task report while modules.taskManager is off; dropped")
+                    }
+                }
+                continue;
+            }
+            UpstreamClass::Twin => {
+                devices.report(up.node, up.message).await;
+                continue;
+            }
+            UpstreamClass::Resource => {
+                handler.dispatch(up);
+                continue;
+            }
+            UpstreamClass::Inventory => {}
         }
         // The inventory of a reconnecting edge goes to the downstream actor.
         {

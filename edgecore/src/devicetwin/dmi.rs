@@ -12,7 +12,7 @@
 
 use kubeedge_dmi::v1beta1 as pb;
 use kubeedge_dmi::{DeviceManagerService, DeviceMapperServiceClient};
-use serde_json::Value;
+use kubeedge_shared::devices::{DeviceTwinUpdate, MsgTwin, TwinValue};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -128,28 +128,34 @@ pub fn socket_path(configured: &str) -> PathBuf {
     }
 }
 
-/// The twin update a mapper's status report makes (as KubeEdge's edge builds it).
-pub fn twin_update_of(report: &pb::ReportDeviceStatusRequest) -> Value {
-    let mut twins = serde_json::Map::new();
-    for t in report
+/// The twin update a mapper's status report makes (as KubeEdge's edge builds it), straight
+/// from the proto.
+pub fn twin_update_of(report: &pb::ReportDeviceStatusRequest) -> DeviceTwinUpdate {
+    let value = |v: &str| TwinValue {
+        value: Some(v.to_string()),
+        metadata: None,
+    };
+    let twins = report
         .reported_device
         .as_ref()
         .map(|d| d.twins.as_slice())
         .unwrap_or_default()
-    {
-        if t.property_name.is_empty() {
-            continue;
-        }
-        let mut twin = serde_json::Map::new();
-        if let Some(d) = &t.observed_desired {
-            twin.insert("expected".into(), serde_json::json!({"value": d.value}));
-        }
-        if let Some(r) = &t.reported {
-            twin.insert("actual".into(), serde_json::json!({"value": r.value}));
-        }
-        twins.insert(t.property_name.clone(), Value::Object(twin));
+        .iter()
+        .filter(|t| !t.property_name.is_empty())
+        .map(|t| {
+            let twin = MsgTwin {
+                expected: t.observed_desired.as_ref().map(|d| value(&d.value)),
+                actual: t.reported.as_ref().map(|r| value(&r.value)),
+                ..Default::default()
+            };
+            (t.property_name.clone(), Some(twin))
+        })
+        .collect();
+    DeviceTwinUpdate {
+        event_id: String::new(),
+        timestamp: kubeedge_shared::message::now_millis(),
+        twin: Some(twins),
     }
-    serde_json::json!({"event_id": "", "timestamp": kubeedge_shared::message::now_millis(), "twin": twins})
 }
 
 /// One call to a mapper.
@@ -255,7 +261,7 @@ mod tests {
                 ..Default::default()
             }),
         };
-        let v = twin_update_of(&r);
+        let v = serde_json::to_value(twin_update_of(&r)).unwrap();
         assert_eq!(
             v["twin"],
             serde_json::json!({"temperature": {"actual": {"value": "23"}}})

@@ -22,12 +22,11 @@ use crate::edgehub::CloudLink;
 use crate::edgehub::LinkEvent;
 use crate::metamanager::{ChangeAction, DeviceObject, MetaStore, StoreError, ToTwin};
 use kubeedge_shared::devices::{
-    DeviceCondition, DeviceState, DeviceStateMsg, DeviceTwinUpdate, ErrorResult, MAPPER_READY,
-    MemberDevice, MembershipUpdate, MsgTwin, decode_content,
+    DeviceCondition, DeviceReport, DeviceState, DeviceStateMsg, DeviceTwinUpdate, ErrorResult,
+    MAPPER_READY, MemberDevice, MembershipUpdate, MsgTwin, decode_content,
 };
 use kubeedge_shared::message::{new_message_id, now_millis};
-use kubeedge_shared::operation::source;
-use kubeedge_shared::{Group, Message, Operation, ResourceType};
+use kubeedge_shared::{Message, ResourceType};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -614,13 +613,7 @@ impl<L: CloudLink> State<L> {
             return;
         }
         let id = self.id_of(&key.1, &key.0).unwrap_or_else(|| key.1.clone());
-        let msg = Message::new(
-            source::TWIN,
-            Group::Resource,
-            Operation::Update,
-            format!("device/{id}/condition/update"),
-            serde_json::to_value(cond).unwrap_or_default(),
-        );
+        let msg = DeviceReport::Condition(cond.clone()).to_message(&id);
         if let Err(e) = self.link.send(msg).await {
             tracing::debug!(device = %id, error = %e, "device condition not sent; sent when the link is up");
         }
@@ -707,13 +700,7 @@ impl<L: CloudLink> State<L> {
                 "mapper reported a device this edge does not have; ignored");
             return None;
         };
-        match decode_content::<DeviceTwinUpdate>(&dmi::twin_update_of(s)) {
-            Ok(u) => Some((id, u)),
-            Err(e) => {
-                tracing::warn!(device = %id, error = %e, "mapper report not usable");
-                None
-            }
-        }
+        Some((id, dmi::twin_update_of(s)))
     }
 
     async fn register_mapper(
@@ -1030,14 +1017,7 @@ impl<L: CloudLink> State<L> {
         };
         self.publish(topics::device(id, "state/update/result"), &msg);
         if self.link.is_connected() {
-            let text = serde_json::to_string(&msg).unwrap_or_default();
-            let up = Message::new(
-                source::TWIN,
-                Group::Resource,
-                Operation::Update,
-                format!("device/{id}/state/update"),
-                Value::String(text),
-            );
+            let up = DeviceReport::State(msg).to_message(id);
             if let Err(e) = self.link.send(up).await {
                 tracing::debug!(device = id, error = %e, "state not sent to the cloud");
             }
@@ -1051,20 +1031,17 @@ impl<L: CloudLink> State<L> {
         let Some(d) = self.devices.get(id) else {
             return;
         };
-        let twins: BTreeMap<&String, MsgTwin> = d
+        let twins = d
             .twins
             .iter()
-            .map(|(n, r)| (n, twin::msg_twin(r, true)))
+            .map(|(n, r)| (n.clone(), Some(twin::msg_twin(r, true))))
             .collect();
-        let content =
-            json!({"event_id": new_message_id(), "timestamp": now_millis(), "twin": twins});
-        let msg = Message::new(
-            source::TWIN,
-            Group::Resource,
-            Operation::Update,
-            format!("device/{id}/twin/edge_updated"),
-            content,
-        );
+        let msg = DeviceReport::Twin(DeviceTwinUpdate {
+            event_id: new_message_id(),
+            timestamp: now_millis(),
+            twin: Some(twins),
+        })
+        .to_message(id);
         self.metrics.reports_sent.inc();
         self.metrics.unreported.set(self.unreported.len() as i64);
         let generation = self.generation.get(id).copied().unwrap_or(0);

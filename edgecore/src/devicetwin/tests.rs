@@ -1,5 +1,7 @@
 use super::*;
 use crate::edgehub::HubError;
+use kubeedge_shared::operation::source;
+use kubeedge_shared::{Group, Operation};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -28,9 +28,7 @@ pub use status::{StatusWrite, device_resource, device_status_resource, model_res
 use crate::cloudhub::HubSink;
 use crate::cloudhub::NodeEvent;
 use crate::controller::now_rfc3339;
-use kubeedge_shared::devices::{
-    DeviceCondition, DeviceStateMsg, DeviceTwinUpdate, decode_content, split_device_resource,
-};
+use kubeedge_shared::devices::{DeviceReport, TwinUpstream};
 use kubeedge_shared::inventory::HeldObject;
 use kubeedge_shared::{Message, Operation, ResourceType};
 use serde_json::{Value, json};
@@ -560,29 +558,29 @@ impl Devices {
 
     fn report(&mut self, node: &str, msg: Message) {
         let resource = msg.route.resource.clone();
-        if resource.contains("membership/detail") {
-            // KubeEdge's cloud ignores it and its edge resends it forever; an answer stops
-            // that. The edge already has its devices (`connected`).
-            self.send(node, messages::report_ok(&msg));
-            return;
-        }
-        let Some((id, what)) = split_device_resource(&resource) else {
-            tracing::debug!(node, %resource, "twin message the device controller does not handle; dropped");
-            return;
+        let (id, report) = match TwinUpstream::classify(&resource, &msg.content) {
+            Ok(TwinUpstream::MembershipDetail) => {
+                // KubeEdge's cloud ignores it and its edge resends it forever; an answer stops
+                // that. The edge already has its devices (`connected`).
+                self.send(node, messages::report_ok(&msg));
+                return;
+            }
+            Ok(TwinUpstream::Unknown) => {
+                tracing::debug!(node, %resource, "twin message the device controller does not handle; dropped");
+                return;
+            }
+            Ok(TwinUpstream::Report { device, report }) => (device, report),
+            Err(e) => {
+                tracing::warn!(node, %resource, error = %e, "malformed device report; dropped");
+                return;
+            }
         };
         let Some(key) = self.find_device(node, &id) else {
             tracing::warn!(node, %resource, "report for a device not bound to this node; dropped");
             return;
         };
-        let patch = match what {
-            "twin/edge_updated" => {
-                let update: DeviceTwinUpdate = match decode_content(&msg.content) {
-                    Ok(u) => u,
-                    Err(e) => {
-                        tracing::warn!(node, %resource, error = %e, "malformed twin report; dropped");
-                        return;
-                    }
-                };
+        let patch = match report {
+            DeviceReport::Twin(update) => {
                 let mut base = self.devices[&key].clone();
                 if let Some(t) = self.written.get(&key) {
                     base["status"]["twins"] = Value::Array(t.clone());
@@ -591,28 +589,14 @@ impl Devices {
                 self.written.insert(key.clone(), twins.clone());
                 changed.then(|| reports::twins_patch(&twins))
             }
-            "condition/update" => {
-                let cond: DeviceCondition = match decode_content(&msg.content) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(node, %resource, error = %e, "malformed device condition; dropped");
-                        return;
-                    }
-                };
+            DeviceReport::Condition(cond) => {
                 if cond.kind.is_empty() || !matches!(cond.status.as_str(), "True" | "False") {
                     tracing::warn!(node, %resource, "device condition without type or True/False status; dropped");
                     return;
                 }
                 reports::condition_patch(&self.devices[&key], cond, &now_rfc3339())
             }
-            _ => {
-                let state: DeviceStateMsg = match decode_content(&msg.content) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(node, %resource, error = %e, "malformed state report; dropped");
-                        return;
-                    }
-                };
+            DeviceReport::State(state) => {
                 let dev = &self.devices[&key];
                 let same = dev.pointer("/status/state").and_then(Value::as_str)
                     == Some(state.device.state.as_str());

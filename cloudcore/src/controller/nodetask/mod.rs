@@ -18,9 +18,7 @@ use futures_util::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kubeedge_shared::nodetask::{
-    API_GROUP, ActionStatus, JobKind, TASK_MANAGER, TaskResource, UPDATE_NODE_ACTION_STATUS,
-};
+use kubeedge_shared::nodetask::{API_GROUP, ActionStatus, JobKind, TASK_MANAGER, TaskResource};
 use kubeedge_shared::{Group, Message, Operation};
 use serde_json::{Value, json};
 use status::Selection;
@@ -76,11 +74,6 @@ const KINDS: [JobKind; 3] = [
     JobKind::NodeUpgrade,
     JobKind::ConfigUpdate,
 ];
-
-/// Whether an upstream message is a node task report.
-pub fn is_report(msg: &Message) -> bool {
-    msg.route.operation.to_string() == UPDATE_NODE_ACTION_STATUS
-}
 
 type JobKey = (JobKind, String);
 
