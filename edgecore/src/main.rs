@@ -72,12 +72,19 @@ fn main() -> ExitCode {
     if let Some(Command::Reset { yes }) = &args.command {
         return reset(&args.config, *yes);
     }
+    // An upgrade in progress counts this start before anything a broken build could fail at.
+    if edgecore::taskmanager::upgrade::on_start(&args.config) {
+        eprintln!(
+            "edgecore: the upgraded edgecore never reached the cloud; the previous binary is back"
+        );
+        return restart_self(&args.config);
+    }
     let config = match EdgeCoreConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
             if edgecore::taskmanager::roll_back_after_failed_start(&args.config) {
                 eprintln!("edgecore: {e}; the configuration before the update is back");
-                return restart_self();
+                return restart_self(&args.config);
             }
             eprintln!("edgecore: {e}");
             eprintln!("(print a starting point with `edgecore --defaultconfig`)");
@@ -136,7 +143,7 @@ fn main() -> ExitCode {
         Ok::<_, edgecore::app::StartError>(restart)
     });
     match result {
-        Ok(true) => restart_self(),
+        Ok(true) => restart_self(&args.config),
         Ok(false) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("edgecore: {e}");
@@ -302,7 +309,7 @@ static EXE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLoc
 /// Replaces this process with a fresh run of the binary at its path (a new one after an
 /// upgrade) with the same arguments (same process ID, so a service manager sees no exit).
 /// Returns only when that fails.
-fn restart_self() -> ExitCode {
+fn restart_self(config: &std::path::Path) -> ExitCode {
     use std::os::unix::process::CommandExt;
     let Some(exe) = EXE.get_or_init(|| std::env::current_exe().ok()).clone() else {
         eprintln!("edgecore: cannot restart: the path of this binary is unknown");
@@ -312,6 +319,13 @@ fn restart_self() -> ExitCode {
         .args(std::env::args_os().skip(1))
         .exec();
     eprintln!("edgecore: cannot restart {}: {err}", exe.display());
+    // A new binary an upgrade put there that cannot even be executed: the previous one.
+    if edgecore::taskmanager::upgrade::roll_back_after_failed_start(config) {
+        let err = std::process::Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .exec();
+        eprintln!("edgecore: cannot restart the previous binary either: {err}");
+    }
     ExitCode::FAILURE
 }
 

@@ -312,8 +312,7 @@ async fn config_update_job(
     };
     // Held up to the restart: a second update waits, then finds the first one's marker.
     let _one_at_a_time = sup.updating.lock().await;
-    if config_update::read_marker(&path).is_some() {
-        let why = "another configuration update is in progress on this node".to_string();
+    if let Some(why) = upgrade::busy(&path) {
         return report(hub, task, fail("Check", why)).await;
     }
     let spec: serde_json::Value = match &msg.content {

@@ -175,6 +175,23 @@ impl Url {
         })
     }
 
+    /// Plain HTTP only to loopback.
+    fn check_plain_http(&self) -> Result<(), String> {
+        if self.https || is_loopback(&self.host) {
+            Ok(())
+        } else {
+            Err(format!(
+                "refused plain HTTP to {}: registries off this host are reached over HTTPS",
+                self.host
+            ))
+        }
+    }
+
+    /// Same scheme, host and port.
+    fn same_origin(&self, other: &Url) -> bool {
+        self.https == other.https && self.host == other.host && self.port == other.port
+    }
+
     fn authority(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
@@ -183,10 +200,16 @@ impl Url {
         }
     }
 
-    /// A `Location` answer relative to this URL.
+    /// A `Location` answer relative to this URL; never from HTTPS down to plain HTTP off
+    /// loopback.
     fn join(&self, location: &str) -> Result<Url, String> {
         if location.starts_with("http://") || location.starts_with("https://") {
-            return Url::parse(location);
+            let next = Url::parse(location)?;
+            next.check_plain_http()?;
+            if self.https && !next.https && !is_loopback(&next.host) {
+                return Err(format!("refused redirect from HTTPS to {location:?}"));
+            }
+            return Ok(next);
         }
         if !location.starts_with('/') {
             return Err(format!("unsupported redirect {location:?}"));
@@ -244,10 +267,12 @@ struct Platform {
     os: String,
 }
 
-/// The image for this platform: its manifest's digest and its layers.
+/// The image for this platform: its manifest's digest (and the index's, for a multi-platform
+/// tag) and its layers.
 #[derive(Debug, Clone)]
 pub struct Resolved {
     pub digest: String,
+    pub index_digest: Option<String>,
     pub layers: Vec<Descriptor>,
 }
 
@@ -302,11 +327,12 @@ impl Client {
     /// GET, following redirects (without the token off the registry's host) and answering one
     /// bearer challenge.
     async fn get(&mut self, url: Url, accept: &str) -> Result<http::Response<Incoming>, String> {
-        let origin = url.host.clone();
+        let origin = url.clone();
         let mut url = url;
         let mut challenged = false;
         for _ in 0..8 {
-            let resp = self.send(&url, accept, url.host == origin).await?;
+            // The token goes only to the registry itself (not to a CDN it redirects to).
+            let resp = self.send(&url, accept, url.same_origin(&origin)).await?;
             let status = resp.status();
             if status.is_redirection() {
                 let loc = resp
@@ -346,6 +372,7 @@ impl Client {
             .map(|(_, v)| v.clone())
             .ok_or("the registry's challenge names no realm")?;
         let mut url = Url::parse(&realm)?;
+        url.check_plain_http()?;
         let query: Vec<String> = params
             .iter()
             .filter(|(k, _)| k == "service" || k == "scope")
@@ -396,7 +423,9 @@ impl Client {
     /// The manifest for `linux/<this arch>` (through an index when the tag names one).
     pub async fn resolve(&mut self, image: &ImageRef) -> Result<Resolved, String> {
         let (mut digest, mut v) = self.manifest(image, &image.tag).await?;
+        let mut index_digest = None;
         if v["manifests"].is_array() {
+            index_digest = Some(digest.clone());
             let list: Vec<Descriptor> = serde_json::from_value(v["manifests"].clone())
                 .map_err(|e| format!("index of {image}: {e}"))?;
             let arch = oci_arch();
@@ -418,7 +447,11 @@ impl Client {
         }
         let layers = serde_json::from_value(v["layers"].clone())
             .map_err(|e| format!("layers of {image}: {e}"))?;
-        Ok(Resolved { digest, layers })
+        Ok(Resolved {
+            digest,
+            index_digest,
+            layers,
+        })
     }
 
     /// Downloads blob `d` of `image` to `to`, checking its size and digest.
@@ -626,14 +659,18 @@ pub async fn fetch_file(
 ) -> Result<String, String> {
     let mut client = Client::new(tls);
     let resolved = client.resolve(image).await?;
+    // KubeEdge compares the runtime's repo digest: the index's for a multi-platform tag.
     if let Some(want) = expected
         && want != resolved.digest
+        && Some(want) != resolved.index_digest.as_deref()
     {
         return Err(format!(
             "image digest of {image} is not correct, local: {}, expected: {want}",
             resolved.digest
         ));
     }
+    // Taken out into the work directory; `out` appears only once the whole image was read.
+    let partial = work_dir.join("file.partial");
     let mut found = false;
     for (i, layer) in resolved.layers.iter().enumerate() {
         let path = work_dir.join(format!("layer-{i}"));
@@ -644,7 +681,7 @@ pub async fn fetch_file(
                     path.clone(),
                     layer.media_type.clone(),
                     wanted.to_string(),
-                    out.to_path_buf(),
+                    partial.clone(),
                 );
                 tokio::task::spawn_blocking(move || extract(&p, &m, &w, &o))
                     .await
@@ -665,9 +702,10 @@ pub async fn fetch_file(
         tracing::info!(image = %image, layer = i + 1, of = resolved.layers.len(), "layer read");
     }
     if !found {
-        let _ = std::fs::remove_file(out);
+        let _ = std::fs::remove_file(&partial);
         return Err(format!("{image} holds no /{wanted}"));
     }
+    std::fs::rename(&partial, out).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(resolved.digest)
 }
 
@@ -726,6 +764,20 @@ mod tests {
         assert!(Url::parse("http://x:y/").is_err());
         assert_eq!(u.join("/v2/blobs").unwrap().path, "/v2/blobs");
         assert!(u.join("relative").is_err());
+        let tls = Url::parse("https://registry.example/v2/").unwrap();
+        assert!(tls.join("http://cdn.example/blob").is_err(), "no downgrade");
+        assert!(tls.join("https://cdn.example/blob").is_ok());
+        assert!(tls.join("http://127.0.0.1:5000/blob").is_ok(), "loopback");
+        assert!(
+            Url::parse("http://auth.example/token")
+                .unwrap()
+                .check_plain_http()
+                .is_err()
+        );
+        let cdn = Url::parse("https://cdn.example/blob").unwrap();
+        assert!(!tls.same_origin(&cdn));
+        assert!(!tls.same_origin(&Url::parse("http://registry.example:443/").unwrap()));
+        assert!(tls.same_origin(&Url::parse("https://registry.example/other").unwrap()));
         let c = parse_challenge(
             r#"realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/busybox:pull""#,
         );

@@ -195,6 +195,12 @@ pub struct Marker {
 pub struct Pending {
     pub resource: String,
     pub spec: UpgradeSpec,
+    /// SHA-256 (hex) of the staged binary the check fetched (fetched again if it differs).
+    #[serde(default)]
+    pub staged: String,
+    /// Unix seconds after which a confirmation is refused (the cloud has given up on the node).
+    #[serde(default)]
+    pub until: u64,
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Option<T> {
@@ -262,6 +268,45 @@ fn paths_of(settings: &TaskSettings) -> Result<(Arc<Supervisor>, Paths), String>
     }
 }
 
+/// Why no node task that changes this edgecore may start now (one is in progress: its marker
+/// is there until the restarted edgecore has reported).
+pub fn busy(config: &Path) -> Option<String> {
+    if marker_path(config).exists() {
+        return Some("a node upgrade is in progress on this node".into());
+    }
+    if config_update::read_marker(config).is_some() {
+        return Some("a configuration update is in progress on this node".into());
+    }
+    None
+}
+
+/// The job's time-out in seconds (KubeEdge's default 300).
+fn job_timeout(spec: &UpgradeSpec) -> u64 {
+    spec.timeout_seconds.filter(|t| *t > 0).unwrap_or(300)
+}
+
+/// SHA-256 (hex) of a file, read in pieces off the runtime's threads.
+async fn file_digest(path: &Path) -> std::io::Result<String> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        use sha2::Digest;
+        use std::io::Read;
+        let mut f = std::fs::File::open(&path)?;
+        let mut h = sha2::Sha256::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
 /// Runs a NodeUpgradeJob from `Check` (what the cloud sends).
 pub(super) async fn run_job(
     settings: &TaskSettings,
@@ -278,6 +323,9 @@ pub(super) async fn run_job(
         Err(e) => return super::report(hub, task, fail("Check", e)).await,
     };
     let _one_at_a_time = sup.updating.lock().await;
+    if let Some(why) = busy(&paths.config) {
+        return super::report(hub, task, fail("Check", why)).await;
+    }
     if let Err(e) = check(settings, &paths, &spec).await {
         tracing::warn!(task = %task, reason = %e, "node upgrade refused at its check");
         let _ = std::fs::remove_file(paths.staged());
@@ -286,12 +334,12 @@ pub(super) async fn run_job(
     if !send_report(hub, task, ok("Check", String::new())).await {
         return;
     }
-    if !send_report(hub, task, ok("WaitingConfirmation", String::new())).await {
-        return;
-    }
     if spec.require_confirmation {
+        // Kept before it is reported, so that a confirmation right after the report finds it.
         let pending = Pending {
             resource: task.to_string(),
+            staged: file_digest(&paths.staged()).await.unwrap_or_default(),
+            until: unix_now() + job_timeout(&spec),
             spec,
         };
         if let Some(old) = read_pending(&paths) {
@@ -301,7 +349,12 @@ pub(super) async fn run_job(
             let why = format!("cannot keep the upgrade for its confirmation: {e}");
             return super::report(hub, task, fail("WaitingConfirmation", why)).await;
         }
-        tracing::info!(task = %task, "node upgrade waits for confirmation (POST /api/v1/taskupgrade/confirm-upgrade on the MetaServer, or keadm ctl confirm)");
+        if send_report(hub, task, ok("WaitingConfirmation", String::new())).await {
+            tracing::info!(task = %task, "node upgrade waits for confirmation (POST /api/v1/taskupgrade/confirm-upgrade on the MetaServer, or keadm ctl confirm)");
+        }
+        return;
+    }
+    if !send_report(hub, task, ok("WaitingConfirmation", String::new())).await {
         return;
     }
     back_up_and_swap(&sup, &paths, hub, task, &spec).await;
@@ -314,10 +367,25 @@ pub(super) async fn run_confirmed(settings: &TaskSettings, hub: &EdgeHub) -> Res
     let pending = read_pending(&paths).ok_or("there are no valid upgrade tasks to execute")?;
     let _ = std::fs::remove_file(paths.pending());
     let task = TaskResource::parse(&pending.resource).ok_or("the waiting upgrade names no task")?;
+    if pending.until != 0 && unix_now() > pending.until {
+        let why = "the confirmation came after the job's time-out; nothing changed".to_string();
+        tracing::warn!(task = %task, "{why}");
+        super::report(hub, &task, fail("BackUp", why.clone())).await;
+        return Err(why);
+    }
+    if let Some(why) = busy(&paths.config) {
+        super::report(hub, &task, fail("BackUp", why.clone())).await;
+        return Err(why);
+    }
     tracing::info!(task = %task, "node upgrade confirmed");
-    if !paths.staged().exists() {
-        // Staged at the check; gone since (e.g. a reboot cleaned it): fetched again.
+    let staged_ok = file_digest(&paths.staged())
+        .await
+        .is_ok_and(|d| !pending.staged.is_empty() && d == pending.staged);
+    if !staged_ok {
+        // The file the check fetched is gone or not the same (another job's check, a reboot
+        // that cleaned it): fetched and checked again.
         if let Err(e) = check(settings, &paths, &pending.spec).await {
+            let _ = std::fs::remove_file(paths.staged());
             super::report(hub, &task, fail("BackUp", e)).await;
             return Ok(());
         }
@@ -326,7 +394,7 @@ pub(super) async fn run_confirmed(settings: &TaskSettings, hub: &EdgeHub) -> Res
     Ok(())
 }
 
-/// `Check`: items, version and image, the new binary staged and run once (`--version`).
+/// `Check`: items, version and image, the new binary fetched and staged.
 async fn check(settings: &TaskSettings, paths: &Paths, spec: &UpgradeSpec) -> Result<(), String> {
     super::checks::run(&spec.check_items).await?;
     if !valid_version(&spec.version) {
@@ -360,8 +428,13 @@ async fn check(settings: &TaskSettings, paths: &Paths, spec: &UpgradeSpec) -> Re
     let staged = paths.staged();
     let tls = super::registry::system_tls()?;
     tracing::info!(image = %image, "fetching the new edgecore");
+    // Within the job's time-out (the cloud gives up on a silent node then), at most the
+    // image pull time-out.
+    let limit = settings
+        .image_pull_timeout
+        .min(Duration::from_secs(job_timeout(spec) * 4 / 5));
     let fetched = tokio::time::timeout(
-        settings.image_pull_timeout,
+        limit,
         super::registry::fetch_file(
             tls,
             &image,
@@ -372,12 +445,7 @@ async fn check(settings: &TaskSettings, paths: &Paths, spec: &UpgradeSpec) -> Re
         ),
     )
     .await
-    .map_err(|_| {
-        format!(
-            "{image} was not fetched within {:?}",
-            settings.image_pull_timeout
-        )
-    })
+    .map_err(|_| format!("{image} was not fetched within {limit:?}"))
     .and_then(|r| r);
     let _ = std::fs::remove_dir_all(&work);
     let digest = fetched?;
@@ -386,15 +454,18 @@ async fn check(settings: &TaskSettings, paths: &Paths, spec: &UpgradeSpec) -> Re
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| format!("{}: {e}", staged.display()))?;
     }
-    let version = preflight(&staged).await?;
-    tracing::info!(image = %image, %digest, new = %version, "new edgecore staged and runs here");
+    tracing::info!(image = %image, %digest, "new edgecore fetched and staged");
     Ok(())
 }
 
-/// Runs the staged binary once with `--version` (fixed arguments, no shell): its first line.
-async fn preflight(binary: &Path) -> Result<String, String> {
+/// Runs the staged binary once as edgecore is started, with `--version` added (fixed
+/// arguments, no shell, an empty environment): its first line.
+async fn preflight(binary: &Path, config: &Path) -> Result<String, String> {
     let run = tokio::process::Command::new(binary)
+        .arg("--config")
+        .arg(config)
         .arg("--version")
+        .env_clear()
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
@@ -424,6 +495,15 @@ async fn back_up_and_swap(
     let from = running_version();
     let to = spec.version.clone();
     let extend = format!("{from},{to}");
+    let _ = std::fs::remove_file(paths.pending());
+    // The new binary runs once only now: after the confirmation when one was asked for.
+    match preflight(&paths.staged(), &paths.config).await {
+        Ok(version) => tracing::info!(task = %task, new = %version, "the new edgecore runs here"),
+        Err(e) => {
+            let _ = std::fs::remove_file(paths.staged());
+            return super::report(hub, task, fail("BackUp", e)).await;
+        }
+    }
     if let Err(e) = back_up(paths) {
         let _ = std::fs::remove_file(paths.staged());
         return super::report(hub, task, fail("BackUp", e)).await;
@@ -431,15 +511,15 @@ async fn back_up_and_swap(
     if !send_report(hub, task, ok("BackUp", extend.clone())).await {
         return;
     }
-    let digest = match std::fs::read(paths.staged()) {
-        Ok(d) => config_update::digest(&d),
+    let digest = match file_digest(&paths.staged()).await {
+        Ok(d) => d,
         Err(e) => {
             let why = format!("the staged edgecore is gone: {e}");
             super::report(hub, task, fail("Upgrade", why.clone())).await;
             return super::report(hub, task, ok("RollBack", format!("{to},{from}"))).await;
         }
     };
-    let rollback_after = spec.timeout_seconds.filter(|t| *t > 0).unwrap_or(300) / 2;
+    let rollback_after = job_timeout(spec) / 2;
     let marker = Marker {
         resource: task.to_string(),
         phase: "upgrading".into(),
@@ -478,12 +558,18 @@ fn back_up(paths: &Paths) -> Result<(), String> {
     Ok(())
 }
 
-/// Puts the backed-up binary back at `exe`.
+/// Puts the backed-up binary (executable) and `edgecore.yaml` back.
 fn restore_binary(config: &Path, exe: &Path) -> std::io::Result<()> {
-    let copy = dir_of(config).join("upgrade-backup").join("edgecore");
-    let data = std::fs::read(copy)?;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = dir_of(config).join("upgrade-backup");
+    let data = std::fs::read(dir.join("edgecore"))?;
     let staged = stage(exe, &data)?;
-    commit(&staged, exe)
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755))?;
+    commit(&staged, exe)?;
+    if let Ok(saved) = std::fs::read(dir.join("edgecore.yaml")) {
+        config_update::write_atomic(config, &saved)?;
+    }
+    Ok(())
 }
 
 /// After a restart with an upgrade in progress (run at every start, task manager on or off).
@@ -501,35 +587,29 @@ async fn resume_upgrade(sup: Arc<Supervisor>, config: PathBuf, mut marker: Marke
         return;
     };
     if marker.phase == "upgrading" {
-        let in_place = std::fs::read(&marker.exe)
-            .map(|d| config_update::digest(&d) == marker.digest)
-            .unwrap_or(false);
-        marker.starts += 1;
+        let in_place = file_digest(&marker.exe)
+            .await
+            .is_ok_and(|d| d == marker.digest);
         if !in_place {
             marker.phase = "rolledBack".into();
             marker.reason =
                 "edgecore stopped before the new binary was in place; nothing changed".into();
-        } else if marker.starts > MAX_STARTS {
-            marker.reason = format!(
-                "the new edgecore started {} times without reaching the cloud; the previous binary is back",
-                marker.starts - 1
-            );
-            return roll_back_and_restart(&sup, &config, marker, &task);
-        } else if let Err(e) = write_json(&marker_path(&config), &marker) {
-            tracing::warn!(task = %task, error = %e, "cannot count this start of the new edgecore");
         }
     }
     if marker.phase == "upgrading" {
-        let deadline =
-            (marker.started + marker.rollback_after).max(unix_now() + marker.rollback_after);
-        while !hub.is_connected() && unix_now() < deadline {
+        // The whole window from this start, by this process's clock (no wall-clock jumps).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(marker.rollback_after);
+        while !hub.is_connected() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         if hub.is_connected() {
-            let _ = std::fs::remove_file(marker_path(&config));
             tracing::info!(task = %task, from = %marker.from, to = %marker.to, "the upgraded edgecore reached the cloud");
             let status = ok("Upgrade", format!("{},{}", marker.from, marker.to));
-            return super::report(&hub, &task, status).await;
+            // The marker goes once the cloud has the result (a restart before re-reports it).
+            if send_report(&hub, &task, status).await {
+                let _ = std::fs::remove_file(marker_path(&config));
+            }
+            return;
         }
         marker.reason = format!(
             "the new edgecore did not reach the cloud within {} s; the previous binary is back",
@@ -538,15 +618,43 @@ async fn resume_upgrade(sup: Arc<Supervisor>, config: PathBuf, mut marker: Marke
         return roll_back_and_restart(&sup, &config, marker, &task);
     }
     // Rolled back: this is the previous binary again.
-    let _ = std::fs::remove_file(marker_path(&config));
     tracing::warn!(task = %task, reason = %marker.reason, "node upgrade rolled back");
-    super::report(&hub, &task, fail("Upgrade", marker.reason.clone())).await;
-    super::report(
-        &hub,
-        &task,
-        ok("RollBack", format!("{},{}", marker.to, marker.from)),
-    )
-    .await;
+    if send_report(&hub, &task, fail("Upgrade", marker.reason.clone())).await
+        && send_report(
+            &hub,
+            &task,
+            ok("RollBack", format!("{},{}", marker.to, marker.from)),
+        )
+        .await
+    {
+        let _ = std::fs::remove_file(marker_path(&config));
+    }
+}
+
+/// First thing at every start, before anything that a broken new binary could fail at: an
+/// upgrade in progress counts this start, and after [`MAX_STARTS`] starts that never reached
+/// the cloud the previous binary goes back. `true`: it did (the caller restarts).
+pub fn on_start(config: &Path) -> bool {
+    let Some(mut m) = read_marker(config) else {
+        return false;
+    };
+    if m.phase != "upgrading" {
+        return false;
+    }
+    m.starts += 1;
+    if m.starts <= MAX_STARTS {
+        let _ = write_json(&marker_path(config), &m);
+        return false;
+    }
+    m.reason = format!(
+        "the new edgecore started {} times without reaching the cloud; the previous binary is back",
+        m.starts - 1
+    );
+    if restore_binary(config, &m.exe).is_err() {
+        return false;
+    }
+    m.phase = "rolledBack".into();
+    write_json(&marker_path(config), &m).is_ok()
 }
 
 fn roll_back_and_restart(sup: &Supervisor, config: &Path, mut marker: Marker, task: &TaskResource) {
@@ -671,5 +779,53 @@ mod tests {
         assert_eq!(after.phase, "rolledBack");
         assert!(after.reason.contains("could not start"));
         assert!(!roll_back_after_failed_start(&config), "only once");
+    }
+
+    #[test]
+    fn starts_are_counted_first_and_the_fourth_rolls_back_binary_and_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("edgecore.yaml");
+        std::fs::write(&config, "new config").unwrap();
+        let exe = dir.path().join("edgecore");
+        std::fs::write(&exe, b"new").unwrap();
+        let backup = dir.path().join("upgrade-backup");
+        std::fs::create_dir_all(&backup).unwrap();
+        std::fs::write(backup.join("edgecore"), b"old").unwrap();
+        std::fs::write(backup.join("edgecore.yaml"), "old config").unwrap();
+        assert!(busy(&config).is_none());
+        assert!(!on_start(&config), "nothing in progress");
+        let m = Marker {
+            resource: "operations.kubeedge.io/v1alpha2/nodeupgradejob/j/node/n".into(),
+            phase: "upgrading".into(),
+            exe: exe.clone(),
+            started: 1,
+            rollback_after: 10,
+            from: "v0.1.0".into(),
+            to: "v0.2.0".into(),
+            digest: config_update::digest(b"new"),
+            starts: 0,
+            reason: String::new(),
+        };
+        write_json(&marker_path(&config), &m).unwrap();
+        assert!(
+            busy(&config).unwrap().contains("upgrade"),
+            "no other job meanwhile"
+        );
+        for n in 1..=MAX_STARTS {
+            assert!(!on_start(&config), "start {n} is allowed");
+            assert_eq!(read_marker(&config).unwrap().starts, n);
+        }
+        assert!(on_start(&config), "one start too many");
+        assert_eq!(std::fs::read(&exe).unwrap(), b"old");
+        assert_eq!(std::fs::read_to_string(&config).unwrap(), "old config");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&exe).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o755, "the restored binary runs");
+        }
+        let after = read_marker(&config).unwrap();
+        assert_eq!(after.phase, "rolledBack");
+        assert!(after.reason.contains("started 3 times"), "{}", after.reason);
+        assert!(!on_start(&config), "the previous binary is not counted");
     }
 }

@@ -405,6 +405,15 @@ impl Actor {
         let Some(written) = written else {
             return;
         };
+        let mut spec = written["spec"].clone();
+        if kind == JobKind::NodeUpgrade
+            && let Some(getter) = spec
+                .get_mut("imageDigestGatter")
+                .and_then(Value::as_object_mut)
+        {
+            // The registry token is the cloud's (to look digests up); no edge needs it.
+            getter.remove("registryAPI");
+        }
         for node in to_send {
             let resource = TaskResource {
                 kind,
@@ -416,7 +425,7 @@ impl Actor {
                 Group::TaskManager,
                 Operation::from("Check"),
                 resource.to_string(),
-                written["spec"].clone(),
+                spec.clone(),
             );
             match self.hub.send(&node, msg) {
                 Ok(_) => {
