@@ -1,5 +1,15 @@
 //! The edge controllers: downstream (cluster → edges), upstream (edges → cluster) and the
 //! inventory-based resynchronisation of reconnecting edges.
+//!
+//! Each stateful controller (downstream, devices, policy, node tasks) is an actor: one task
+//! owning its state, fed by a channel, cloudhub's node events and its own timers. They share
+//! what is common — [`crate::cloudhub::HubSink`] to send, [`UpstreamClass`] to receive,
+//! `kubeedge_shared::backoff` to retry — but not a generic actor shell: their loops differ in
+//! exactly the parts a shell would have to abstract (extra `select!` arms: the policy
+//! debounce, the downstream comparison tick and watch stream, the node-task tick; and what a
+//! lagged event stream means: nothing for devices, resend everything for policy, resync the
+//! connected nodes for downstream), so a shared one would take those as closures and read
+//! worse than the ten lines of `tokio::select!` each writes out.
 
 pub mod devices;
 pub mod downstream;
