@@ -120,6 +120,36 @@ impl PartialEq<&str> for ResourceType {
     }
 }
 
+/// The two kinds of object a pod references and the edge keeps: the cloud sends them only to
+/// the nodes whose pods use them, edged caches and mounts them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ConfigKind {
+    ConfigMap,
+    Secret,
+}
+
+impl ConfigKind {
+    pub const ALL: [ConfigKind; 2] = [ConfigKind::ConfigMap, ConfigKind::Secret];
+
+    pub fn resource_type(self) -> ResourceType {
+        match self {
+            ConfigKind::ConfigMap => ResourceType::ConfigMap,
+            ConfigKind::Secret => ResourceType::Secret,
+        }
+    }
+
+    /// The resource type token on the wire.
+    pub fn type_token(self) -> &'static str {
+        self.resource_type().metric_label()
+    }
+
+    pub fn of(t: &ResourceType) -> Option<ConfigKind> {
+        ConfigKind::ALL
+            .into_iter()
+            .find(|k| k.resource_type() == *t)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

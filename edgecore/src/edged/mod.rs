@@ -423,9 +423,9 @@ impl Dispatcher {
             (ObjectKind::Node, ChangeAction::Delete) => {}
             (kind @ (ObjectKind::ConfigMap | ObjectKind::Secret), action) => {
                 let cache_kind = if kind == ObjectKind::ConfigMap {
-                    objects::Kind::ConfigMap
+                    kubeedge_shared::resource_type::ConfigKind::ConfigMap
                 } else {
-                    objects::Kind::Secret
+                    kubeedge_shared::resource_type::ConfigKind::Secret
                 };
                 let object = (action == ChangeAction::Upsert).then(|| change.object.clone());
                 self.shared

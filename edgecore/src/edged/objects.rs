@@ -16,11 +16,7 @@ use tokio::sync::watch;
 
 type Answer = Result<Option<Value>, String>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    ConfigMap,
-    Secret,
-}
+use kubeedge_shared::resource_type::ConfigKind;
 
 enum Slot {
     Fetching(watch::Receiver<Option<Answer>>),
@@ -31,7 +27,7 @@ enum Slot {
 pub struct ObjectCache {
     meta: MetaClient,
     ttl: Duration,
-    slots: Mutex<HashMap<(Kind, String, String), Slot>>,
+    slots: Mutex<HashMap<(ConfigKind, String, String), Slot>>,
 }
 
 impl ObjectCache {
@@ -44,7 +40,7 @@ impl ObjectCache {
     }
 
     /// A change from the metamanager: the stored object (or its removal) is the answer now.
-    pub fn changed(&self, kind: Kind, namespace: &str, name: &str, object: Option<Value>) {
+    pub fn changed(&self, kind: ConfigKind, namespace: &str, name: &str, object: Option<Value>) {
         if let Ok(mut slots) = self.slots.lock() {
             slots.insert(
                 (kind, namespace.to_string(), name.to_string()),
@@ -53,7 +49,7 @@ impl ObjectCache {
         }
     }
 
-    async fn get(&self, kind: Kind, namespace: &str, name: &str) -> Answer {
+    async fn get(&self, kind: ConfigKind, namespace: &str, name: &str) -> Answer {
         let key = (kind, namespace.to_string(), name.to_string());
         let sender = {
             let Ok(mut slots) = self.slots.lock() else {
@@ -76,8 +72,8 @@ impl ObjectCache {
         match sender {
             Ok(tx) => {
                 let answer = match kind {
-                    Kind::ConfigMap => self.meta.configmap(namespace, name).await,
-                    Kind::Secret => self.meta.secret(namespace, name).await,
+                    ConfigKind::ConfigMap => self.meta.configmap(namespace, name).await,
+                    ConfigKind::Secret => self.meta.secret(namespace, name).await,
                 };
                 if let Ok(mut slots) = self.slots.lock() {
                     // Failures are not kept: the next caller asks again.
@@ -105,8 +101,8 @@ impl ObjectCache {
                         slots.remove(&key);
                     }
                     return match kind {
-                        Kind::ConfigMap => self.meta.configmap(namespace, name).await,
-                        Kind::Secret => self.meta.secret(namespace, name).await,
+                        ConfigKind::ConfigMap => self.meta.configmap(namespace, name).await,
+                        ConfigKind::Secret => self.meta.secret(namespace, name).await,
                     };
                 }
             },
@@ -116,11 +112,11 @@ impl ObjectCache {
 
 impl ObjectSource for ObjectCache {
     async fn configmap(&self, namespace: &str, name: &str) -> Answer {
-        self.get(Kind::ConfigMap, namespace, name).await
+        self.get(ConfigKind::ConfigMap, namespace, name).await
     }
 
     async fn secret(&self, namespace: &str, name: &str) -> Answer {
-        self.get(Kind::Secret, namespace, name).await
+        self.get(ConfigKind::Secret, namespace, name).await
     }
 
     async fn service_account_token(

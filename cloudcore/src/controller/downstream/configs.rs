@@ -6,39 +6,20 @@ use crate::controller::location::{ObjectKey, Released};
 use crate::controller::rest::{Kind, with_type_meta};
 use kube::Resource;
 use kube::runtime::watcher::Event;
-use kubeedge_shared::{Operation, ResourceType};
+use kubeedge_shared::Operation;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-/// The two kinds of object a pod references and the edge keeps.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum ConfigKind {
-    ConfigMap,
-    Secret,
+pub use kubeedge_shared::resource_type::ConfigKind;
+
+/// What the cloud does with each [`ConfigKind`].
+pub trait ConfigKindExt {
+    fn rest_kind(self) -> Kind;
+    fn watched(self) -> Watched;
 }
 
-impl ConfigKind {
-    pub const ALL: [ConfigKind; 2] = [ConfigKind::ConfigMap, ConfigKind::Secret];
-
-    pub fn resource_type(self) -> ResourceType {
-        match self {
-            ConfigKind::ConfigMap => ResourceType::ConfigMap,
-            ConfigKind::Secret => ResourceType::Secret,
-        }
-    }
-
-    /// The resource type token on the wire.
-    pub fn type_token(self) -> &'static str {
-        self.resource_type().metric_label()
-    }
-
-    pub fn of(t: &ResourceType) -> Option<ConfigKind> {
-        ConfigKind::ALL
-            .into_iter()
-            .find(|k| k.resource_type() == *t)
-    }
-
-    pub fn rest_kind(self) -> Kind {
+impl ConfigKindExt for ConfigKind {
+    fn rest_kind(self) -> Kind {
         match self {
             ConfigKind::ConfigMap => Kind::ConfigMap,
             ConfigKind::Secret => Kind::Secret,

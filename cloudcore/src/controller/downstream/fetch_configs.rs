@@ -8,7 +8,7 @@
 //! read goes first): a miss only costs the GET it would have cost anyway.
 
 use super::fetch::{ConfigWant, Fetched};
-use super::{ConfigKind, Input, parse_rv};
+use super::{ConfigKind, ConfigKindExt, Input, parse_rv};
 use crate::controller::location::ObjectKey;
 use crate::controller::rest::{self, with_type_meta};
 use serde_json::Value;

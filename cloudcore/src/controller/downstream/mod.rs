@@ -30,7 +30,7 @@ mod resync;
 mod tests;
 mod watch;
 
-pub use configs::ConfigKind;
+pub use configs::{ConfigKind, ConfigKindExt};
 pub use fetch::{ConfigWant, Fetch, Fetched, spawn_fetcher};
 pub use kubeedge_shared::inventory::HeldObject;
 

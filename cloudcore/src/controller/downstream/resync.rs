@@ -11,7 +11,7 @@
 //! node's queue treats a delete as final for that UID.
 
 use super::configs::stub;
-use super::{ConfigKind, ConfigWant, Downstream, Fetch, Fetched, HeldObject};
+use super::{ConfigKind, ConfigKindExt, ConfigWant, Downstream, Fetch, Fetched, HeldObject};
 use crate::controller::location::ObjectKey;
 use crate::controller::rest::Kind;
 use k8s_openapi::api::core::v1::Pod;
