@@ -37,6 +37,15 @@ impl ResourcePath {
         }
     }
 
+    /// The path of one object (`null` namespace for cluster-scoped ones).
+    pub fn object(namespace: Option<&str>, resource_type: ResourceType, name: &str) -> Self {
+        ResourcePath {
+            namespace: namespace.map(str::to_string),
+            resource_type,
+            name: Some(name.to_string()),
+        }
+    }
+
     /// Parses the wire form `<ns>/<type>[/<name>]`.
     pub fn parse(s: &str) -> Result<Self, ResourceError> {
         let tokens = split(s)?;
@@ -68,6 +77,19 @@ impl ResourcePath {
             s.push_str(name);
         }
         s
+    }
+}
+
+/// A message's resource from a path: `Message::new(…, &path, …)`.
+impl From<&ResourcePath> for String {
+    fn from(p: &ResourcePath) -> String {
+        p.to_wire()
+    }
+}
+
+impl From<ResourcePath> for String {
+    fn from(p: ResourcePath) -> String {
+        p.to_wire()
     }
 }
 

@@ -197,7 +197,7 @@ impl Downstream {
         key: &ObjectKey,
         object: Value,
     ) {
-        self.send(node, op, kind.type_token(), &key.0, &key.1, object);
+        self.send(node, op, kind.resource_type(), &key.0, &key.1, object);
     }
 }
 

@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::Api;
 use kube::runtime::watcher::Event;
 use kubeedge_shared::operation::source;
-use kubeedge_shared::{Group, Message, Operation};
+use kubeedge_shared::{Group, Message, Operation, ResourcePath, ResourceType};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -338,10 +338,24 @@ impl Downstream {
 
     /// The edge's own Node, as KubeEdge v1.23's cloud sends it (`update` on `null/node/<name>`).
     fn send_node(&self, node: &str, object: Value) {
-        self.send(node, Operation::Update, "node", "null", node, object);
+        let path = ResourcePath::object(None, ResourceType::Node, node);
+        self.send_to(node, Operation::Update, path, object);
     }
 
-    fn send(&self, node: &str, op: Operation, ty: &str, ns: &str, name: &str, object: Value) {
+    /// Sends object `ns`/`name` of type `ty` to `node`.
+    fn send(
+        &self,
+        node: &str,
+        op: Operation,
+        ty: ResourceType,
+        ns: &str,
+        name: &str,
+        object: Value,
+    ) {
+        self.send_to(node, op, ResourcePath::object(Some(ns), ty, name), object);
+    }
+
+    fn send_to(&self, node: &str, op: Operation, path: ResourcePath, object: Value) {
         if !self.hub.is_connected(node) {
             return; // reconciled on connect
         }
@@ -349,14 +363,8 @@ impl Downstream {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let msg = Message::new(
-            source::EDGE_CONTROLLER,
-            Group::Resource,
-            op,
-            format!("{ns}/{ty}/{name}"),
-            object,
-        )
-        .with_resource_version(rv);
+        let msg = Message::new(source::EDGE_CONTROLLER, Group::Resource, op, &path, object)
+            .with_resource_version(rv);
         // What was queued, for tracing a delivery (off unless `cloudcore=trace`).
         let traced = tracing::enabled!(tracing::Level::TRACE).then(|| {
             let uid = msg.object_uid().unwrap_or_default().to_string();
@@ -366,7 +374,7 @@ impl Downstream {
         match self.hub.send(node, msg) {
             Ok(queued) => {
                 if let Some((op, uid, rv)) = traced {
-                    tracing::trace!(node, %op, ty, ns, name, uid, rv, ?queued, "downstream message");
+                    tracing::trace!(node, %op, %path, uid, rv, ?queued, "downstream message");
                 }
             }
             Err(e) => tracing::debug!(node, error = %e, "downstream message not queued"),

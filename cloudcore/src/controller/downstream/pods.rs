@@ -12,7 +12,7 @@ use crate::controller::refs::pod_refs;
 use crate::controller::rest::{Kind, with_type_meta};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::Event;
-use kubeedge_shared::Operation;
+use kubeedge_shared::{Operation, ResourceType};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -162,7 +162,14 @@ impl Downstream {
             node = name,
             "edge node marked Unknown while connected; asking it to report"
         );
-        self.send(name, Operation::Update, "node", "default", name, value);
+        self.send(
+            name,
+            Operation::Update,
+            ResourceType::Node,
+            "default",
+            name,
+            value,
+        );
     }
 
     /// A node just became an edge node: its existing pods were passed over until now.
@@ -375,7 +382,7 @@ impl Downstream {
             pod["metadata"]["namespace"].as_str().unwrap_or("default"),
             pod["metadata"]["name"].as_str().unwrap_or_default(),
         );
-        self.send(node, op, "pod", ns, name, pod.clone());
+        self.send(node, op, ResourceType::Pod, ns, name, pod.clone());
     }
 }
 

@@ -229,7 +229,14 @@ impl Downstream {
             }
             self.resyncs.refetched.remove(&refetch_key);
             if let Some(value) = super::pods::pod_value(&pod) {
-                self.send(node, Operation::Update, "pod", &key.0, &key.1, value);
+                self.send(
+                    node,
+                    Operation::Update,
+                    ResourceType::Pod,
+                    &key.0,
+                    &key.1,
+                    value,
+                );
                 sent += 1;
             }
         }
@@ -288,7 +295,14 @@ impl Downstream {
                 Some(h) if h.uid == *uid && h.resource_version >= *rv => {}
                 Some(h) if h.uid != *uid => {
                     let old = stub(Kind::Pod, key, &h.uid);
-                    self.send(node, Operation::Delete, "pod", &key.0, &key.1, old);
+                    self.send(
+                        node,
+                        Operation::Delete,
+                        ResourceType::Pod,
+                        &key.0,
+                        &key.1,
+                        old,
+                    );
                     tally.deleted += 1;
                     pods_to_send.push(key.clone());
                 }
@@ -305,7 +319,14 @@ impl Downstream {
                 .and_then(|p| self.pods.recent.get(&key, &p.uid, p.rv));
             match kept {
                 Some(pod) => {
-                    self.send(node, Operation::Update, "pod", &key.0, &key.1, pod);
+                    self.send(
+                        node,
+                        Operation::Update,
+                        ResourceType::Pod,
+                        &key.0,
+                        &key.1,
+                        pod,
+                    );
                     tally.sent += 1;
                 }
                 None => to_fetch.push(key),
@@ -325,7 +346,14 @@ impl Downstream {
             }
             let key = (h.namespace.clone(), h.name.clone());
             let old = stub(Kind::Pod, &key, &h.uid);
-            self.send(node, Operation::Delete, "pod", &key.0, &key.1, old);
+            self.send(
+                node,
+                Operation::Delete,
+                ResourceType::Pod,
+                &key.0,
+                &key.1,
+                old,
+            );
             tally.deleted += 1;
         }
         // Configmaps and secrets it holds that are gone, were replaced, or that none of its
