@@ -14,8 +14,10 @@
 //! `SOAK_DEVICES` (default 3) devices over DMI. Every `SOAK_CUT_EVERY_SECONDS` (default 240)
 //! one edge's link is frozen for `SOAK_CUT_SECONDS` (default 30), churn going on, then healed;
 //! half-way cloudcore is stopped (SIGTERM) and started again. Every `SOAK_SAMPLE_SECONDS`
-//! (default 30) it samples RSS, open files and threads of cloudcore, each edgecore, containerd
-//! and this process (the API server), and the size of each edge's SQLite database (with WAL).
+//! (default 30) it samples RSS (and its anonymous part: heap and stacks, what a leak grows; the
+//! rest is mostly the binary's code, paged in as code paths first run), open files and threads
+//! of cloudcore, each edgecore, containerd and this process (the API server), and the size of
+//! each edge's SQLite database (with WAL).
 //!
 //! At the end the churn stops and every edge must converge within 3 minutes: its database
 //! holds exactly the pods the API server binds to it, with the ConfigMap's last value, every
@@ -232,6 +234,9 @@ async fn register_mapper(
 #[derive(Clone, Copy, Default)]
 struct Sample {
     rss_kb: u64,
+    /// The anonymous part of the RSS (heap, stacks): what a leak grows. The rest is mostly the
+    /// binary's code, paged in as code paths first run (bounded by the binary's size).
+    anon_kb: u64,
     files: u64,
     threads: u64,
     db_bytes: u64,
@@ -240,6 +245,7 @@ struct Sample {
 fn sample(pid: u32, db: Option<&Path>) -> Sample {
     Sample {
         rss_kb: rss_kb(pid),
+        anon_kb: status_kb(pid, "RssAnon:").unwrap_or(0),
         files: open_files(pid),
         threads: status_kb(pid, "Threads:").unwrap_or(0),
         db_bytes: db.map_or(0, db_bytes),
@@ -522,7 +528,10 @@ async fn soak() -> anyhow::Result<()> {
         devices_per_edge,
     };
     let mut csv = std::fs::File::create(root.join("samples.csv"))?;
-    writeln!(csv, "seconds,process,rss_kb,open_files,threads,db_bytes")?;
+    writeln!(
+        csv,
+        "seconds,process,rss_kb,rss_anon_kb,open_files,threads,db_bytes"
+    )?;
     // (name, time in hours, sample) after the warm-up, for the summary.
     let mut series: BTreeMap<String, Vec<(f64, Sample)>> = BTreeMap::new();
     let mut firsts: BTreeMap<String, Sample> = BTreeMap::new();
@@ -590,16 +599,18 @@ async fn soak() -> anyhow::Result<()> {
                 let smp = sample(pid, db.as_deref());
                 writeln!(
                     csv,
-                    "{:.0},{name},{},{},{},{}",
+                    "{:.0},{name},{},{},{},{},{}",
                     now.as_secs_f64(),
                     smp.rss_kb,
+                    smp.anon_kb,
                     smp.files,
                     smp.threads,
                     smp.db_bytes
                 )?;
                 line += &format!(
-                    " {name} {:.1} MB/{}f/{}t",
+                    " {name} {:.1} MB (anon {:.1})/{}f/{}t",
                     smp.rss_kb as f64 / 1024.0,
+                    smp.anon_kb as f64 / 1024.0,
                     smp.files,
                     smp.threads
                 );
@@ -665,10 +676,13 @@ async fn soak() -> anyhow::Result<()> {
             growth_per_hour(&xs, &ys)
         };
         let mut line = format!(
-            "  {name:<16} RSS {:.1} → {:.1} MB ({:+.2} %/h), files {} → {} ({:+.2} %/h), threads {} → {} ({:+.2} %/h)",
+            "  {name:<16} RSS {:.1} → {:.1} MB ({:+.2} %/h), anonymous {:.1} → {:.1} MB ({:+.2} %/h), files {} → {} ({:+.2} %/h), threads {} → {} ({:+.2} %/h)",
             first.rss_kb as f64 / 1024.0,
             last.rss_kb as f64 / 1024.0,
             g(|s| s.rss_kb),
+            first.anon_kb as f64 / 1024.0,
+            last.anon_kb as f64 / 1024.0,
+            g(|s| s.anon_kb),
             first.files,
             last.files,
             g(|s| s.files),

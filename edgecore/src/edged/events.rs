@@ -221,7 +221,12 @@ impl Outgoing {
 }
 
 struct Record {
-    event: Value,
+    /// The event as JSON text: a record lives up to [`FORGET_AFTER`], and as a parsed `Value`
+    /// (a map per object, a node per few fields) an event takes several times its text. Parsed
+    /// again only when sent.
+    event: String,
+    /// `involvedObject.uid`: the spam filter's key.
+    object_uid: String,
     count: i64,
     last: SystemTime,
     /// The cloud has (been sent) this event.
@@ -286,11 +291,12 @@ impl Correlator {
             None => {
                 evict_oldest(&mut self.records, |r| r.last);
                 let name = self.event_name(&o.object.name, now);
-                let event = self.build(&o, &message, &name);
+                let event = self.build(&o, &message, &name).to_string();
                 self.records.insert(
                     key.clone(),
                     Record {
                         event,
+                        object_uid: o.object.uid.clone(),
                         count: 1,
                         last: now,
                         created: false,
@@ -361,12 +367,8 @@ impl Correlator {
                     r.created = false;
                     r.sent_at = None;
                 }
-                let object = r.event["involvedObject"]["uid"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
                 // The spam filter counts what reached the cloud, not attempts.
-                if let Some(b) = self.spam.get_mut(&object) {
+                if let Some(b) = self.spam.get_mut(&r.object_uid) {
                     b.tokens = (b.tokens + 1.0).min(SPAM_BURST);
                 }
             }
@@ -384,35 +386,38 @@ impl Correlator {
         {
             return None;
         }
-        let object_key = r.event["involvedObject"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let object_key = r.object_uid.clone();
         if !self.take_token(&object_key, now) {
             return None;
         }
         let r = self.records.get_mut(key)?;
+        // The text was written by `observe` from a `Value`: it parses. Were it not to, the
+        // record is dropped rather than sent broken.
+        let Ok(mut event) = serde_json::from_str::<Value>(&r.event) else {
+            self.records.remove(key);
+            return None;
+        };
         let last = time::rfc3339(r.last);
-        r.event["count"] = json!(r.count);
-        r.event["lastTimestamp"] = json!(last);
+        event["count"] = json!(r.count);
+        event["lastTimestamp"] = json!(last);
         r.dirty = false;
         r.sent_at = Some(now);
         if r.created {
             let patch = json!({
                 "count": r.count,
                 "lastTimestamp": last,
-                "message": r.event["message"],
+                "message": event["message"],
             });
             Some(Outgoing::Patch {
                 key: key.to_string(),
-                event: r.event.clone(),
+                event,
                 patch,
             })
         } else {
             r.created = true;
             Some(Outgoing::Create {
                 key: key.to_string(),
-                event: r.event.clone(),
+                event,
             })
         }
     }
@@ -836,6 +841,46 @@ mod tests {
             c.observe(occ(&p, "Started", "m", FORGET_AFTER.as_secs() + 61)),
             Some(Outgoing::Create { .. })
         ));
+    }
+
+    #[test]
+    fn pods_churned_for_hours_leave_bounded_then_no_state() {
+        // A pod every 5 s for 3 hours, each with a few events, all sent: what is remembered
+        // follows the pods of the last FORGET_AFTER (and never exceeds CACHE_ENTRIES), not
+        // every pod the node ever ran.
+        let mut c = Correlator::new("edge-1");
+        let mut most = 0;
+        let mut last = 0;
+        for i in 0..2160u64 {
+            let p = ObjectRef {
+                name: format!("web-{i}"),
+                uid: format!("u{i}"),
+                ..pod()
+            };
+            last = i * 5;
+            for reason in ["Pulled", "Created", "Started", "Killing"] {
+                if let Some(out) = c.observe(occ(&p.container("c", false), reason, "m", last)) {
+                    c.sent(&out, Outcome::Sent);
+                }
+            }
+            for out in c.flush(at(last)) {
+                c.sent(&out, Outcome::Sent);
+            }
+            let (records, similar, spam) = c.remembered();
+            assert!(records <= CACHE_ENTRIES && similar <= CACHE_ENTRIES && spam <= CACHE_ENTRIES);
+            most = most.max(records);
+        }
+        assert!(
+            most >= 4 * 150,
+            "the last 15 minutes' events are remembered: {most}"
+        );
+        // Events and message groups go once idle; a spam bucket once refilled (each pod used
+        // 4 tokens: 4 refill periods).
+        c.flush(at(last + FORGET_AFTER.as_secs() + 60));
+        assert_eq!(c.remembered().0, 0);
+        assert_eq!(c.remembered().1, 0);
+        c.flush(at(last + 4 * SPAM_REFILL.as_secs() + 120));
+        assert_eq!(c.remembered(), (0, 0, 0));
     }
 
     #[tokio::test]

@@ -235,7 +235,9 @@ impl MetaStore {
 
     /// KubeEdge's pod delete: removes `<ns>/pod/<name>` only when the stored pod has `uid`
     /// (a delete for an older incarnation must not remove the newer one), and with it the
-    /// `<ns>/podpatch/<name>` row. A stored value that is not JSON is removed: a corrupt copy of
+    /// `<ns>/podpatch/<name>` row and the service-account tokens bound to the pod (the API
+    /// server refuses them once the pod is gone; kept, they would pile up with every pod the
+    /// node ever ran until they expire). A stored value that is not JSON is removed: a corrupt copy of
     /// an object the cloud says is gone has no use.
     pub async fn delete_pod(
         &self,
@@ -761,6 +763,7 @@ pub(crate) fn delete_pod_in(
     let Some(stored) = stored_value(conn, key)? else {
         return Ok(DeleteOutcome::Absent);
     };
+    let mut pod_uid = uid.map(str::to_string);
     if let Ok(v) = serde_json::from_str::<Value>(&stored) {
         let stored_uid = uid_of(&v).unwrap_or_default();
         if uid.unwrap_or_default() != stored_uid {
@@ -768,10 +771,14 @@ pub(crate) fn delete_pod_in(
                 stored_uid: stored_uid.to_string(),
             });
         }
+        pod_uid = Some(stored_uid.to_string());
     }
     delete_key_in(conn, key)?;
     if let Some(patch_key) = podpatch_key(key) {
         delete_key_in(conn, &patch_key)?;
+    }
+    if let Some(pod_uid) = pod_uid.filter(|u| !u.is_empty()) {
+        super::tokens::forget_pod_in(conn, &pod_uid)?;
     }
     Ok(DeleteOutcome::Deleted)
 }
@@ -1129,6 +1136,102 @@ mod tests {
             delete_object_in(&conn, "ns/configmap/cfg", None).unwrap(),
             DeleteOutcome::Absent
         );
+    }
+
+    #[tokio::test]
+    async fn pod_delete_drops_the_tokens_bound_to_that_pod_only() {
+        let (_d, s) = store().await;
+        let token = |digest: &str, pod_uid: &str| {
+            MetaRecord::new(
+                format!("default/serviceaccounttoken/{digest}"),
+                "serviceaccounttoken",
+                json!({"namespace": "default", "serviceAccount": "default",
+                       "pod": {"name": "a", "uid": pod_uid}, "expires": 4_000_000_000i64})
+                .to_string(),
+            )
+        };
+        s.upsert(pod("a", "u1", "1")).await.unwrap();
+        s.upsert(pod("b", "u2", "1")).await.unwrap();
+        for r in [token("t1", "u1"), token("t2", "u1"), token("t3", "u2")] {
+            s.upsert(r).await.unwrap();
+        }
+        // A token not bound to a pod, and a corrupt row: neither blocks the delete.
+        s.upsert(MetaRecord::new(
+            "default/serviceaccounttoken/t4",
+            "serviceaccounttoken",
+            json!({"namespace": "default", "serviceAccount": "default", "pod": null, "expires": 0})
+                .to_string(),
+        ))
+        .await
+        .unwrap();
+        s.upsert(MetaRecord::new(
+            "default/serviceaccounttoken/t5",
+            "serviceaccounttoken",
+            "not json",
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            s.delete_pod("default/pod/a", Some("u1")).await.unwrap(),
+            DeleteOutcome::Deleted
+        );
+        let left: Vec<String> = s
+            .list_type("serviceaccounttoken")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+        assert_eq!(
+            left,
+            [
+                "default/serviceaccounttoken/t3",
+                "default/serviceaccounttoken/t4",
+                "default/serviceaccounttoken/t5"
+            ]
+        );
+        // A delete refused for another incarnation keeps that incarnation's tokens.
+        assert!(matches!(
+            s.delete_pod("default/pod/b", Some("u9")).await.unwrap(),
+            DeleteOutcome::UidMismatch { .. }
+        ));
+        assert!(
+            s.get("default/serviceaccounttoken/t3")
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[tokio::test]
+    async fn many_pods_created_and_deleted_leave_no_rows_behind() {
+        let (_d, s) = store().await;
+        for i in 0..200 {
+            let (name, uid) = (format!("p{i}"), format!("u{i}"));
+            s.upsert(pod(&name, &uid, "1")).await.unwrap();
+            s.upsert(MetaRecord::new(
+                format!("default/podpatch/{name}"),
+                "podpatch",
+                r#"{"status":{}}"#,
+            ))
+            .await
+            .unwrap();
+            s.upsert(MetaRecord::new(
+                format!("default/serviceaccounttoken/d{i}"),
+                "serviceaccounttoken",
+                json!({"pod": {"name": name, "uid": uid}, "expires": 4_000_000_000i64}).to_string(),
+            ))
+            .await
+            .unwrap();
+            assert_eq!(
+                s.delete_pod(&format!("default/pod/{name}"), Some(&uid))
+                    .await
+                    .unwrap(),
+                DeleteOutcome::Deleted
+            );
+        }
+        assert_eq!(s.count().await.unwrap(), 0);
+        assert!(s.list_v2("/core/v1/pods").await.unwrap().0.is_empty());
     }
 
     #[tokio::test]

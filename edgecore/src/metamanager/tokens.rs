@@ -74,6 +74,18 @@ pub async fn remember(store: &MetaStore, record: MetaRecord) -> Result<(), Store
     Ok(())
 }
 
+/// Forgets the tokens bound to the pod with `uid` (it was deleted: the API server refuses
+/// them now). Runs inside the pod delete's transaction. Returns how many were removed.
+pub(crate) fn forget_pod_in(conn: &rusqlite::Connection, uid: &str) -> Result<usize, StoreError> {
+    // `CASE` first checks the value is JSON: `json_extract` fails the statement on one that
+    // is not, and one corrupt row must not keep a pod's delete from committing.
+    let mut stmt = conn.prepare_cached(
+        "DELETE FROM meta WHERE type = ?1 AND \
+         CASE WHEN json_valid(value) THEN json_extract(value, '$.pod.uid') END = ?2",
+    )?;
+    Ok(stmt.execute(rusqlite::params![TOKEN_TYPE, uid])?)
+}
+
 /// The token's record when this edge obtained it for namespace `namespace`.
 pub async fn lookup(
     store: &MetaStore,
