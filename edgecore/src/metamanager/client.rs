@@ -7,7 +7,7 @@ use super::{EdgedRequest, MetaManagerConfig};
 use crate::edgehub::HubError;
 use kubeedge_shared::content::{self, ObjectResp, StatusError};
 use kubeedge_shared::operation::source;
-use kubeedge_shared::{Group, Message, Operation, ResourcePath};
+use kubeedge_shared::{Group, Message, Operation, ResourcePath, ResourceType};
 use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -172,8 +172,15 @@ impl MetaClient {
 
     /// This node's Node object.
     pub async fn get_node(&self) -> Result<Value, MetaError> {
-        self.get(&ResourcePath::parse(&self.node_path("node")).map_err(bad)?)
-            .await
+        // Typed, not formatted and parsed back (`null` is the cluster-scope token).
+        let ns = (&*self.node_namespace != kubeedge_shared::resource::CLUSTER_SCOPE_TOKEN)
+            .then_some(&*self.node_namespace);
+        self.get(&ResourcePath::object(
+            ns,
+            ResourceType::Node,
+            &self.node_name,
+        ))
+        .await
     }
 
     /// This node's Lease.
@@ -319,10 +326,6 @@ impl MetaClient {
         }
         Ok(objects.swap_remove(0))
     }
-}
-
-fn bad(e: kubeedge_shared::ResourceError) -> MetaError {
-    MetaError::BadRequest(e.to_string())
 }
 
 fn namespaced_name(obj: &Value) -> Result<(String, String), MetaError> {
