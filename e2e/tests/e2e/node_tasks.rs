@@ -96,6 +96,26 @@ async fn mark_ready(client: &kube::Client, name: &str) {
         .expect("node ready");
 }
 
+/// The task message for `resource` the raw edge receives (acknowledging resource messages
+/// meanwhile), within [`WAIT`].
+async fn task_message(edge: &mut RawEdge, resource: &str) -> Message {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no task message for {resource}"
+        );
+        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
+            if m.route.resource == resource {
+                return m;
+            }
+            if m.route.group == Group::Resource && m.route.operation != Operation::Response {
+                edge.ack(&m).await.unwrap();
+            }
+        }
+    }
+}
+
 fn node_status<'a>(job: &'a Value, node: &str) -> &'a Value {
     job["status"]["nodeStatus"]
         .as_array()
@@ -253,18 +273,7 @@ async fn a_kubeedge_edge_runs_our_pre_pull_and_upgrade_jobs_in_kubeedges_shapes(
         .await
         .expect("create job");
     let resource = format!("operations.kubeedge.io/v1alpha2/imageprepulljob/{name}/node/{node}");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let task = loop {
-        assert!(tokio::time::Instant::now() < deadline, "no task message");
-        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
-            if m.route.resource == resource {
-                break m;
-            }
-            if m.route.group == Group::Resource && m.route.operation != Operation::Response {
-                edge.ack(&m).await.unwrap();
-            }
-        }
-    };
+    let task = task_message(&mut edge, &resource).await;
     assert_eq!(task.route.source, "taskmanager");
     assert_eq!(task.route.group.to_string(), "taskmanager");
     assert_eq!(task.route.operation.to_string(), "Check");
@@ -340,18 +349,7 @@ async fn a_kubeedge_edge_runs_our_pre_pull_and_upgrade_jobs_in_kubeedges_shapes(
         .await
         .expect("create NodeUpgradeJob");
     let resource = format!("operations.kubeedge.io/v1alpha2/nodeupgradejob/{up}/node/{node}");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let task = loop {
-        assert!(tokio::time::Instant::now() < deadline, "no upgrade task");
-        if let Ok(Some(m)) = edge.recv(Duration::from_millis(500)).await {
-            if m.route.resource == resource {
-                break m;
-            }
-            if m.route.group == Group::Resource && m.route.operation != Operation::Response {
-                edge.ack(&m).await.unwrap();
-            }
-        }
-    };
+    let task = task_message(&mut edge, &resource).await;
     assert_eq!(task.route.operation.to_string(), "Check");
     assert_eq!(task.content["version"], "v1.23.1");
     assert_eq!(task.content["requireConfirmation"], true);

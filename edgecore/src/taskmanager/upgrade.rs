@@ -687,6 +687,22 @@ pub fn roll_back_after_failed_start(config: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// An upgrade to the binary `b"new"` at `exe`, in progress.
+    fn upgrading(exe: &Path) -> Marker {
+        Marker {
+            resource: "operations.kubeedge.io/v1alpha2/nodeupgradejob/j/node/n".into(),
+            phase: "upgrading".into(),
+            exe: exe.to_path_buf(),
+            started: 1,
+            rollback_after: 10,
+            from: "v0.1.0".into(),
+            to: "v0.2.0".into(),
+            digest: config_update::digest(b"new"),
+            starts: 0,
+            reason: String::new(),
+        }
+    }
+
     #[test]
     fn versions_follow_kubeedges_rule() {
         for good in ["v1.23.1", "v0.1.0", "v1.2.3-rc.1", "v1.2.3-kubeedge_rs-2"] {
@@ -760,18 +776,7 @@ mod tests {
             !roll_back_after_failed_start(&config),
             "no marker: nothing to do"
         );
-        let m = Marker {
-            resource: "operations.kubeedge.io/v1alpha2/nodeupgradejob/j/node/n".into(),
-            phase: "upgrading".into(),
-            exe: exe.clone(),
-            started: 1,
-            rollback_after: 10,
-            from: "v0.1.0".into(),
-            to: "v0.2.0".into(),
-            digest: config_update::digest(b"new"),
-            starts: 0,
-            reason: String::new(),
-        };
+        let m = upgrading(&exe);
         write_json(&marker_path(&config), &m).unwrap();
         assert!(roll_back_after_failed_start(&config));
         assert_eq!(std::fs::read(&exe).unwrap(), b"old");
@@ -794,18 +799,7 @@ mod tests {
         std::fs::write(backup.join("edgecore.yaml"), "old config").unwrap();
         assert!(busy(&config).is_none());
         assert!(!on_start(&config), "nothing in progress");
-        let m = Marker {
-            resource: "operations.kubeedge.io/v1alpha2/nodeupgradejob/j/node/n".into(),
-            phase: "upgrading".into(),
-            exe: exe.clone(),
-            started: 1,
-            rollback_after: 10,
-            from: "v0.1.0".into(),
-            to: "v0.2.0".into(),
-            digest: config_update::digest(b"new"),
-            starts: 0,
-            reason: String::new(),
-        };
+        let m = upgrading(&exe);
         write_json(&marker_path(&config), &m).unwrap();
         assert!(
             busy(&config).unwrap().contains("upgrade"),
