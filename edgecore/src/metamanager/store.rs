@@ -414,10 +414,15 @@ impl MetaStore {
     /// Removes the cached objects whose `meta_v2` key starts with `prefix` + `/`, that
     /// `matches` and whose key is not in `keep` (the cloud's list no longer has them).
     /// Returns how many were removed.
+    ///
+    /// `listed_rv` is the list's resourceVersion: a stored copy newer than it was written from
+    /// a change the cloud sent after it made the list (a Service created while the list was on
+    /// its way), and stays. Without it, every object missing from the list is removed.
     pub async fn uncache_missing(
         &self,
         prefix: String,
         keep: std::collections::HashSet<String>,
+        listed_rv: Option<u64>,
         matches: Box<dyn Fn(&Value) -> bool + Send>,
     ) -> Result<usize, StoreError> {
         self.call(move |conn| {
@@ -439,6 +444,11 @@ impl MetaStore {
                     continue;
                 };
                 if !matches(&obj) {
+                    continue;
+                }
+                if let (Some(listed), Some(stored)) = (listed_rv, rv_of(&obj))
+                    && stored > listed
+                {
                     continue;
                 }
                 if let Some(record) = cache_record(&obj)

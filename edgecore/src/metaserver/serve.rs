@@ -501,7 +501,12 @@ async fn from_cloud<L: CloudLink>(
             }
             None => vec![v.clone()],
         };
-        let keys: std::collections::HashSet<String> = objects
+        let listed_rv = v
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .filter(|_| r.verb == Verb::List);
+        let mut keys: std::collections::HashSet<String> = objects
             .iter()
             .filter_map(|o| {
                 let name = o.pointer("/metadata/name")?.as_str()?;
@@ -517,11 +522,19 @@ async fn from_cloud<L: CloudLink>(
             tracing::warn!(error = %e, "objects read from the cloud not cached");
         }
         if r.verb == Verb::List {
+            // Changes the cloud sent after it made the list may have been stored before the
+            // list arrived: objects written since stay (see `uncache_missing`), and those
+            // deleted since, which the list brought back, go again.
+            if let Some(rv) = listed_rv {
+                for key in deleted_since(sh, r, rv) {
+                    keys.remove(&key);
+                }
+            }
             let f = filter.clone();
             let matches: Box<dyn Fn(&Value) -> bool + Send> = Box::new(move |o| f.matches(o));
             if let Err(e) = sh
                 .store
-                .uncache_missing(list_prefix(r), keys, matches)
+                .uncache_missing(list_prefix(r), keys, listed_rv, matches)
                 .await
             {
                 tracing::warn!(error = %e, "cached objects the cloud no longer has not removed");
@@ -529,6 +542,30 @@ async fn from_cloud<L: CloudLink>(
         }
     }
     Ok(answer)
+}
+
+/// The `meta_v2` keys in the scope of the list `r` whose deletion, newer than the list's
+/// `rv`, is in the watch history (the history is published before a write returns, so it
+/// holds every deletion stored before the list's objects were). Empty when the history no
+/// longer reaches back to `rv`.
+fn deleted_since<L>(sh: &Shared<L>, r: &ResourceRequest, rv: u64) -> Vec<String> {
+    let prefix = format!("{}/", list_prefix(r));
+    match sh.feed.since(&r.key_prefix(), rv) {
+        Ok((events, _)) => events
+            .iter()
+            .filter(|e| e.kind == EventType::Deleted)
+            .map(|e| {
+                let ns = if e.namespace.is_empty() {
+                    "null"
+                } else {
+                    &e.namespace
+                };
+                format!("{}/{ns}/{}", e.resource, e.name)
+            })
+            .filter(|k| k.starts_with(&prefix))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 fn list_options(opts: &Options) -> Value {

@@ -367,3 +367,49 @@ async fn other_kinds_come_from_the_cloud_and_stay_cached_offline() {
     assert_eq!(cached["kind"], "Service");
     assert_eq!(cached["metadata"]["resourceVersion"], "40");
 }
+
+/// A list answer applied after changes the cloud sent once it had made the list (they were
+/// stored while the answer was on its way) does not undo them: a Service created since stays,
+/// one deleted since is not brought back; what the cloud no longer had before goes.
+#[tokio::test]
+async fn a_list_does_not_undo_changes_stored_while_it_was_on_its_way() {
+    let r = rig(true, Limits::default()).await;
+    let addr = r.server.local_addr();
+    let svc = |name: &str, rv: u64| {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": "default", "uid": format!("u-{name}"),
+                            "resourceVersion": rv.to_string()}})
+    };
+    r.store
+        .cache_objects(vec![svc("stale", 30), svc("old", 45), svc("kept", 40)])
+        .await
+        .unwrap();
+    // After the cloud listed at 50: "new" created at 60, "old" deleted at 55.
+    r.store.cache_objects(vec![svc("new", 60)]).await.unwrap();
+    r.store
+        .call(|c| {
+            crate::metamanager::changes::with_delete_rv(Some(55), || {
+                crate::metamanager::store::delete_object_in(c, "default/service/old", None)
+            })
+        })
+        .await
+        .unwrap();
+    let listed = json!({"kind": "ServiceList", "apiVersion": "v1", "metadata": {"resourceVersion": "50"},
+                        "items": [svc("old", 45), svc("kept", 40)]});
+    *r.link.answer.lock().unwrap() = Some(Box::new(move |app: &Application| {
+        let mut a = app.clone();
+        a.approve(&listed);
+        a
+    }));
+    http(addr, "GET", "/api/v1/namespaces/default/services", "", "").await;
+    r.link.connected.store(false, Ordering::SeqCst);
+    let cached = body_json(&http(addr, "GET", "/api/v1/namespaces/default/services", "", "").await);
+    let mut names: Vec<&str> = cached["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.pointer("/metadata/name").and_then(Value::as_str))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["kept", "new"], "{cached}");
+}
