@@ -257,7 +257,7 @@ impl CloudHub {
         tls: Arc<rustls::ServerConfig>,
         metrics: HubMetrics,
     ) -> std::io::Result<(CloudHub, mpsc::Receiver<Upstream>)> {
-        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let listener = server::listen(config.listen)?;
         let local_addr = listener.local_addr()?;
         let (up_tx, up_rx) = mpsc::channel(config.upstream_capacity.max(1));
         let (events, _) = broadcast::channel(65_536);

@@ -27,6 +27,30 @@ pub(crate) fn ws_config(max_frame_bytes: usize) -> WebSocketConfig {
         .max_frame_size(Some(max_frame_bytes))
 }
 
+/// The kernel's cap on a listener's accept queue (`net.core.somaxconn`), 4096 when unreadable.
+fn somaxconn() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|v| *v > 0)
+        .unwrap_or(4096)
+}
+
+/// The cloudhub listener, with an accept queue as long as the kernel allows (Go's `net.Listen`,
+/// and so KubeEdge's cloudhub, asks for `somaxconn`; tokio's `bind` for 1,024): when thousands
+/// of edges redial at once, connections beyond the queue are dropped and wait for their SYN
+/// to be resent (1 s, 3 s, 7 s …) or time out into the edge's back-off.
+pub(super) fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(somaxconn())
+}
+
 pub(super) async fn accept_loop(
     inner: Arc<Inner>,
     listener: TcpListener,

@@ -11,6 +11,7 @@
 //! connected nodes for downstream), so a shared one would take those as closures and read
 //! worse than the ten lines of `tokio::select!` each writes out.
 
+pub mod coalesce;
 pub mod devices;
 pub mod downstream;
 pub mod dynamic;

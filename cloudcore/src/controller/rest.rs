@@ -112,7 +112,7 @@ pub fn invalid_segment(s: &str) -> Option<String> {
         .map(|c| format!("{s:?} may not contain {c:?}"))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Node,
     Pod,

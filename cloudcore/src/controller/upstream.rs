@@ -1,5 +1,6 @@
 //! Upstream: what edges ask of the cluster (protocol §4.2), answered in KubeEdge's shapes.
 
+use super::coalesce::Coalesce;
 use super::location::SharedLocation;
 use super::node_fields;
 use super::node_restriction::{self, Verdict};
@@ -30,7 +31,12 @@ pub struct UpstreamHandler {
     services: ServiceCache,
     /// Which pods are on which edge node and what they use (`node_restriction.rs`).
     location: SharedLocation,
+    /// Queries of one object asked together share one GET (`coalesce.rs`).
+    reads: Arc<Coalesce<ReadKey, (Value, Option<String>)>>,
 }
+
+/// An object a query reads: kind, namespace, name.
+type ReadKey = (Kind, Option<String>, String);
 
 /// What the handler did with a message (for tests and logs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +61,7 @@ impl UpstreamHandler {
             metrics,
             services,
             location,
+            reads: Arc::default(),
             client,
             hub,
             status: Arc::new(Semaphore::new(c)),
@@ -313,13 +320,25 @@ impl UpstreamHandler {
                 None,
             );
         };
-        match self.api(rest::get(kind, ns, name)).await {
-            Ok(obj) => {
-                let rv = resource_version(&obj);
-                Reply::bare(with_type_meta(obj, kind), rv)
-            }
-            Err(e) => Reply::bare(status_error(&e).to_value(), None),
-        }
+        let this = self.clone();
+        let (ns, name) = (ns.map(str::to_string), name.to_string());
+        let key = (kind, ns.clone(), name.clone());
+        let (content, rv) = self
+            .reads
+            .get(key, move || {
+                let (this, ns, name) = (this.clone(), ns.clone(), name.clone());
+                async move {
+                    match this.api(rest::get(kind, ns.as_deref(), &name)).await {
+                        Ok(obj) => {
+                            let rv = resource_version(&obj);
+                            (with_type_meta(obj, kind), rv)
+                        }
+                        Err(e) => (status_error(&e).to_value(), None),
+                    }
+                }
+            })
+            .await;
+        Reply::bare(content, rv)
     }
 
     /// A Service/Endpoints/EndpointSlice query answered from the watch cache: one object as

@@ -15,21 +15,97 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_util::sync::CancellationToken;
 
-/// One object as an edge holds it (or as the cluster says it should be held).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One object as an edge holds it (or as the cluster says it should be held), compact so a
+/// million of them fit beside the API server: the UID as its 128 bits, the resourceVersion as a
+/// number, and a hash of what the benchmark changes (a pod's labels, a configmap's data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
-    pub uid: String,
-    pub rv: String,
-    /// What the benchmark changes: a pod's labels, a configmap's data (canonical JSON).
-    pub content: String,
+    pub uid: u128,
+    pub rv: u64,
+    pub content: u64,
+}
+
+impl Held {
+    /// What an edge holds of `object` (a `resource_type` object as sent or listed).
+    pub fn of(resource_type: &str, object: &Value) -> Held {
+        let meta = &object["metadata"];
+        Held {
+            uid: uid_bits(meta["uid"].as_str().unwrap_or_default()),
+            rv: meta["resourceVersion"]
+                .as_str()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0),
+            content: stable_hash(&content_of(resource_type, object)),
+        }
+    }
+
+    /// The UID in its text form (empty for none).
+    pub fn uid_text(&self) -> String {
+        if self.uid == 0 {
+            String::new()
+        } else {
+            uuid::Uuid::from_u128(self.uid).to_string()
+        }
+    }
+
+    /// This object's share of its edge's digest (see [`Db::digest`]).
+    pub fn digest(&self, key: &str) -> u64 {
+        stable_hash(&(key, self.uid, self.rv, self.content))
+    }
+}
+
+/// A UID's 128 bits (API servers give UUIDs; anything else counts as none).
+fn uid_bits(uid: &str) -> u128 {
+    uuid::Uuid::parse_str(uid).map_or(0, |u| u.as_u128())
+}
+
+/// The same hash in every process of one benchmark binary (SipHash with fixed keys).
+pub fn stable_hash<T: std::hash::Hash + ?Sized>(v: &T) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(v)
 }
 
 /// Held objects by database key `<namespace>/<type>/<name>`.
-pub type Objects = HashMap<String, Held>;
+pub type Objects = HashMap<Box<str>, Held>;
+
+/// One edge's "database": its objects and their digest.
+#[derive(Default)]
+pub struct Db {
+    pub objects: Objects,
+    /// Wrapping sum of every object's [`Held::digest`]: equal digests mean equal contents, so
+    /// processes compare edges by one number each.
+    pub digest: u64,
+}
+
+impl Db {
+    fn put(&mut self, key: &str, held: Held) {
+        if let Some(old) = self.objects.insert(key.into(), held) {
+            self.digest = self.digest.wrapping_sub(old.digest(key));
+        }
+        self.digest = self.digest.wrapping_add(held.digest(key));
+    }
+
+    fn remove(&mut self, key: &str) -> bool {
+        match self.objects.remove(key) {
+            Some(old) => {
+                self.digest = self.digest.wrapping_sub(old.digest(key));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The digest a [`Db`] holding exactly `objects` has.
+pub fn digest_of(objects: &Objects) -> u64 {
+    objects
+        .iter()
+        .fold(0u64, |d, (k, h)| d.wrapping_add(h.digest(k)))
+}
 
 /// The types the cloud keeps in sync that this simulator tracks.
 const TRACKED: [&str; 3] = ["pod", "configmap", "secret"];
@@ -56,19 +132,22 @@ pub struct Counters {
     pub upstream: AtomicUsize,
     /// Failed dials (refused, timed out, TLS or WebSocket errors).
     pub dial_failures: AtomicUsize,
+    /// Connections the cloud ended that the edge then dialled again.
+    pub reconnects: AtomicUsize,
     /// Downstream messages by `"<type> <operation>"`, counted while `tally` is set.
     pub by_kind: Mutex<BTreeMap<String, usize>>,
     pub tally: std::sync::atomic::AtomicBool,
 }
 
-/// First arrival of each pod resource (`default/pod/<name>`), for the latency phase.
-pub type Receipts = Arc<Mutex<HashMap<String, Instant>>>;
+/// First arrival (wall clock, comparable across processes) of each latency-phase pod
+/// (`default/pod/lat-<i>`).
+pub type Receipts = Arc<Mutex<HashMap<String, SystemTime>>>;
 
 /// One simulated edge node: its name and its "database".
 pub struct EdgeState {
     pub node: String,
-    objects: Mutex<Objects>,
-    /// Nanoseconds after `epoch` of the last change to `objects` (0: never).
+    db: Mutex<Db>,
+    /// Nanoseconds after `epoch` of the last change to the database (0: never).
     last_change: AtomicU64,
     epoch: Instant,
 }
@@ -77,17 +156,17 @@ impl EdgeState {
     pub fn new(node: String, epoch: Instant) -> Arc<EdgeState> {
         Arc::new(EdgeState {
             node,
-            objects: Mutex::new(HashMap::new()),
+            db: Mutex::new(Db::default()),
             last_change: AtomicU64::new(0),
             epoch,
         })
     }
 
-    pub fn objects(&self) -> MutexGuard<'_, Objects> {
-        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn db(&self) -> MutexGuard<'_, Db> {
+        self.db.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// When `objects` last changed (`None`: never).
+    /// When the database last changed (`None`: never).
     pub fn last_change(&self) -> Option<Instant> {
         match self.last_change.load(Ordering::Relaxed) {
             0 => None,
@@ -103,13 +182,14 @@ impl EdgeState {
     /// What the database holds, in the wire shape sent on connect.
     pub fn inventory(&self) -> Inventory {
         let objects = self
-            .objects()
+            .db()
+            .objects
             .iter()
             .map(|(key, h)| InventoryEntry {
                 resource_type: key.split('/').nth(1).unwrap_or_default().to_string(),
-                key: key.clone(),
-                uid: h.uid.clone(),
-                resource_version: h.rv.clone(),
+                key: key.to_string(),
+                uid: h.uid_text(),
+                resource_version: h.rv.to_string(),
             })
             .collect();
         Inventory { objects }
@@ -130,49 +210,36 @@ impl EdgeState {
     /// Writes `object` under `key` the way metamanager does.
     fn store(&self, key: &str, op: &Operation, object: &Value) {
         let ty = key.split('/').nth(1).unwrap_or_default();
-        let uid = object["metadata"]["uid"].as_str();
-        let mut objects = self.objects();
+        let uid = object["metadata"]["uid"].as_str().map(uid_bits);
+        let mut db = self.db();
         let changed = match op {
             Operation::Delete => {
-                let remove = match (objects.get(key), uid) {
+                let remove = match (db.objects.get(key), uid) {
                     (None, _) => false,
                     // A pod row goes only when the UID matches (no UID matches nothing).
                     (Some(h), uid) if ty == "pod" => h.uid == uid.unwrap_or_default(),
                     (Some(h), Some(uid)) => h.uid == uid,
                     (Some(_), None) => true,
                 };
-                remove && objects.remove(key).is_some()
+                remove && db.remove(key)
             }
             Operation::Insert | Operation::Update | Operation::Patch | Operation::Response
                 if object.is_object() =>
             {
-                let rv = object["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                let new = Held {
-                    uid: uid.unwrap_or_default().to_string(),
-                    content: content_of(ty, object),
-                    rv,
-                };
-                let num = |s: &str| s.parse::<u64>().ok();
-                match objects.get(key) {
-                    Some(old)
-                        if old.uid == new.uid
-                            && matches!((num(&old.rv), num(&new.rv)), (Some(o), Some(n)) if o > n) =>
-                    {
-                        false // the stored copy is newer
-                    }
+                let new = Held::of(ty, object);
+                match db.objects.get(key) {
+                    // The stored copy is newer.
+                    Some(old) if old.uid == new.uid && old.rv > new.rv && new.rv > 0 => false,
                     Some(old) if *old == new => false,
                     _ => {
-                        objects.insert(key.to_string(), new);
+                        db.put(key, new);
                         true
                     }
                 }
             }
             _ => false,
         };
-        drop(objects);
+        drop(db);
         if changed {
             self.changed();
         }
@@ -191,11 +258,11 @@ impl EdgeState {
         };
         let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
         let (cms, secrets) = references(&pod);
-        let objects = self.objects();
+        let db = self.db();
         cms.iter()
             .map(|n| format!("{ns}/configmap/{n}"))
             .chain(secrets.iter().map(|n| format!("{ns}/secret/{n}")))
-            .filter(|k| !objects.contains_key(k))
+            .filter(|k| !db.objects.contains_key(k.as_str()))
             .map(|k| {
                 let q = Message::new(
                     "edged",
@@ -251,6 +318,44 @@ pub async fn dial(
     }
 }
 
+/// Runs `edge`'s connections, starting with `raw`, until `stop` fires: when the cloud ends
+/// one (e.g. a keepalive or write time-out on an overloaded machine), the edge dials again with
+/// edgehub's back-off, as edgehub does.
+pub async fn keep(
+    addr: SocketAddr,
+    mut raw: RawEdge,
+    edge: Arc<EdgeState>,
+    tls: Arc<rustls::ClientConfig>,
+    counters: Arc<Counters>,
+    receipts: Receipts,
+    stop: CancellationToken,
+) {
+    loop {
+        run(
+            raw,
+            edge.clone(),
+            counters.clone(),
+            receipts.clone(),
+            stop.clone(),
+        )
+        .await;
+        if stop.is_cancelled() {
+            return;
+        }
+        counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        raw = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = dial(addr, &edge, tls.clone(), &counters, u32::MAX) => match r {
+                Ok(raw) => raw,
+                Err(_) => return,
+            },
+        };
+    }
+}
+
+/// Between the keepalives an edge sends.
+const KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// Runs one connection of `edge` until the cloud closes it or `stop` fires (then the edge
 /// closes its socket, as an edge losing its link or restarting does).
 pub async fn run(
@@ -273,7 +378,9 @@ pub async fn run(
                 .await;
                 return;
             }
-            next = raw.recv(Duration::from_secs(1)) => next,
+            // Woken by a message or when the next keepalive is due, not by a poll: 100,000
+            // edges polling every second would spend the simulator's CPU on timers.
+            next = raw.recv(KEEPALIVE.saturating_sub(last_keepalive.elapsed())) => next,
         };
         match next {
             Ok(Some(m)) => {
@@ -313,9 +420,11 @@ pub async fn run(
                     }
                     if m.route.resource.contains("/pod/") {
                         counters.pods_received.fetch_add(1, Ordering::Relaxed);
-                        if let Ok(mut r) = receipts.lock() {
+                        if m.route.resource.contains("/pod/lat-")
+                            && let Ok(mut r) = receipts.lock()
+                        {
                             r.entry(m.route.resource.clone())
-                                .or_insert_with(Instant::now);
+                                .or_insert_with(SystemTime::now);
                         }
                     }
                 }
@@ -323,7 +432,7 @@ pub async fn run(
             Ok(None) => {}
             Err(_) => return,
         }
-        if last_keepalive.elapsed() > Duration::from_secs(10) {
+        if last_keepalive.elapsed() >= KEEPALIVE {
             if raw.keepalive().await.is_err() {
                 return;
             }

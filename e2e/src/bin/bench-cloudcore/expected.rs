@@ -2,81 +2,73 @@
 //! from it: the pods bound to the node and the configmaps and secrets those pods reference
 //! (read from the pod specs here, independently of cloudcore's location cache).
 
-use crate::edge::{EdgeState, Held, Objects, content_of};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use kube::api::{Api, ListParams};
+use crate::edge::{EdgeState, Held, Objects};
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+/// Every object of `resource` (`pods`, `configmaps`, `secrets`) in namespace `default`, read in
+/// pages of 5,000 as JSON (a million pods never sit in memory as one response or as typed
+/// objects); `each` sees every item.
+pub async fn list_each(
+    client: &kube::Client,
+    resource: &str,
+    mut each: impl FnMut(&Value),
+) -> anyhow::Result<()> {
+    let request = kube::core::Request::new(format!("/api/v1/namespaces/default/{resource}"));
+    let mut params = kube::api::ListParams::default().limit(5000);
+    loop {
+        let page: Value = client.request(request.list(&params)?).await?;
+        for item in page["items"].as_array().into_iter().flatten() {
+            each(item);
+        }
+        match page["metadata"]["continue"]
+            .as_str()
+            .filter(|c| !c.is_empty())
+        {
+            Some(token) => params = params.continue_token(token),
+            None => return Ok(()),
+        }
+    }
+}
+
 /// Expected objects per node, indexed like the edges (`edge-<i>` at `i`).
 pub async fn expected(client: &kube::Client, n: usize) -> anyhow::Result<Vec<Objects>> {
     let ns = "default";
-    let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await?;
     let mut by_name: HashMap<(&str, String), Held> = HashMap::new();
-    let cms = Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await?;
-    let secrets = Api::<Secret>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await?;
-    for (ty, items) in [
-        ("configmap", values(&cms.items)),
-        ("secret", values(&secrets.items)),
-    ] {
-        for v in items {
+    for (ty, resource) in [("configmap", "configmaps"), ("secret", "secrets")] {
+        list_each(client, resource, |v| {
             let name = v["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            by_name.insert((ty, name), held(ty, &v));
-        }
+            by_name.insert((ty, name), Held::of(ty, v));
+        })
+        .await?;
     }
     let mut out = vec![Objects::new(); n];
-    for v in values(&pods.items) {
+    list_each(client, "pods", |v| {
         let Some(i) = v["spec"]["nodeName"]
             .as_str()
             .and_then(|node| node.strip_prefix("edge-"))
             .and_then(|i| i.parse::<usize>().ok())
             .filter(|i| *i < n)
         else {
-            continue;
+            return;
         };
         let name = v["metadata"]["name"].as_str().unwrap_or_default();
-        out[i].insert(format!("{ns}/pod/{name}"), held("pod", &v));
-        let (cm_refs, secret_refs) = references(&v);
+        out[i].insert(format!("{ns}/pod/{name}").into(), Held::of("pod", v));
+        let (cm_refs, secret_refs) = references(v);
         for (ty, names) in [("configmap", cm_refs), ("secret", secret_refs)] {
             for name in names {
                 if let Some(h) = by_name.get(&(ty, name.clone())) {
-                    out[i].insert(format!("{ns}/{ty}/{name}"), h.clone());
+                    out[i].insert(format!("{ns}/{ty}/{name}").into(), *h);
                 }
             }
         }
-    }
+    })
+    .await?;
     Ok(out)
-}
-
-fn values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
-    items
-        .iter()
-        .filter_map(|i| serde_json::to_value(i).ok())
-        .collect()
-}
-
-fn held(ty: &str, v: &Value) -> Held {
-    Held {
-        uid: v["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        rv: v["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        content: content_of(ty, v),
-    }
 }
 
 /// Configmap and secret names a pod spec references: volumes (also projected), env, envFrom
@@ -141,17 +133,41 @@ pub fn compare(
     let mut d = Diff::default();
     let mut ex = Vec::new();
     for (edge, want) in edges.iter().zip(expected) {
-        let held = edge.objects();
+        let db = edge.db();
+        let (dd, mut e) = compare_one(
+            &edge.node,
+            &db.objects,
+            want,
+            examples.saturating_sub(ex.len()),
+        );
+        d.missing += dd.missing;
+        d.stale += dd.stale;
+        d.extra += dd.extra;
+        ex.append(&mut e);
+    }
+    (d, ex)
+}
+
+/// Compares what one edge holds with what it should; up to `examples` descriptions.
+pub fn compare_one(
+    node: &str,
+    held: &Objects,
+    want: &Objects,
+    examples: usize,
+) -> (Diff, Vec<String>) {
+    let mut d = Diff::default();
+    let mut ex = Vec::new();
+    {
         let mut note = |what: String| {
             if ex.len() < examples {
-                ex.push(format!("{}: {what}", edge.node));
+                ex.push(format!("{node}: {what}"));
             }
         };
         for (key, w) in want {
             match held.get(key) {
                 None => {
                     d.missing += 1;
-                    note(format!("missing {key} (uid {} rv {})", w.uid, w.rv));
+                    note(format!("missing {key} (uid {} rv {})", w.uid_text(), w.rv));
                 }
                 Some(h) if h != w => {
                     d.stale += 1;
@@ -163,7 +179,7 @@ pub fn compare(
         for (key, h) in held.iter() {
             if !want.contains_key(key) {
                 d.extra += 1;
-                note(format!("extra {key} (uid {} rv {})", h.uid, h.rv));
+                note(format!("extra {key} (uid {} rv {})", h.uid_text(), h.rv));
             }
         }
     }

@@ -13,6 +13,8 @@
 
 mod edge;
 mod expected;
+mod fleet;
+mod sim;
 mod storm;
 
 use anyhow::Context;
@@ -56,16 +58,16 @@ struct Args {
     offline_nodes: usize,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-struct CloudcoreProcess {
-    child: Child,
-    hub_port: u16,
-    monitor: String,
+pub(crate) struct CloudcoreProcess {
+    pub(crate) child: Child,
+    pub(crate) hub_port: u16,
+    pub(crate) monitor: String,
 }
 
 impl Drop for CloudcoreProcess {
@@ -75,7 +77,7 @@ impl Drop for CloudcoreProcess {
     }
 }
 
-fn start_cloudcore(
+pub(crate) fn start_cloudcore(
     bin: &Path,
     dir: &Path,
     pki: &Pki,
@@ -84,6 +86,7 @@ fn start_cloudcore(
     std::fs::write(dir.join("rootCA.crt"), &pki.ca.cert.cert_pem)?;
     std::fs::write(dir.join("rootCA.key"), &pki.ca.cert.key_pem)?;
     let hub_port = free_port()?;
+    let https_port = free_port()?;
     let monitor = format!("127.0.0.1:{}", free_port()?);
     let config = format!(
         r#"apiVersion: cloudcore.config.kubeedge.io/v1alpha2
@@ -105,6 +108,12 @@ modules:
       enable: true
       address: 127.0.0.1
       port: {hub_port}
+    https:
+      enable: true
+      address: 127.0.0.1
+      port: {https_port}
+    unixsocket:
+      enable: false
 "#,
         kc = kubeconfig.display(),
         dir = dir.display(),
@@ -126,7 +135,7 @@ modules:
     })
 }
 
-async fn wait_ready(monitor: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_ready(monitor: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(mut s) = tokio::net::TcpStream::connect(monitor).await {
@@ -143,7 +152,7 @@ async fn wait_ready(monitor: &str) -> anyhow::Result<()> {
     }
 }
 
-fn pod(name: &str, node: &str) -> Pod {
+pub(crate) fn pod(name: &str, node: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default", "labels": {"app": "bench"}},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "3600"]}]}
@@ -151,7 +160,7 @@ fn pod(name: &str, node: &str) -> Pod {
     .unwrap_or_default()
 }
 
-fn pct(v: &mut [Duration], p: f64) -> f64 {
+pub(crate) fn pct(v: &mut [Duration], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -239,9 +248,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             stop.clone(),
         );
         tasks.push(tokio::spawn(async move {
-            let raw = edge::dial(addr, &e, tls, &c, 1).await;
+            let raw = edge::dial(addr, &e, tls.clone(), &c, 1).await;
             drop(permit);
-            tokio::spawn(edge::run(raw?, e, c, r, stop));
+            tokio::spawn(edge::keep(addr, raw?, e, tls, c, r, stop));
             anyhow::Ok(())
         }));
     }
@@ -329,7 +338,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         let permit = sem.clone().acquire_owned().await?;
         tasks.push(tokio::spawn(async move {
             let name = format!("lat-{i}");
-            let start = Instant::now();
+            let start = std::time::SystemTime::now();
             let r = pods
                 .create(
                     &PostParams::default(),
@@ -358,7 +367,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     if let Ok(r) = receipts.lock() {
         for (k, s) in &starts {
             if let Some(at) = r.get(k) {
-                lat.push(at.saturating_duration_since(*s));
+                lat.push(at.duration_since(*s).unwrap_or_default());
             }
         }
     }
@@ -468,10 +477,23 @@ async fn offline_phase(
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
     kubeedge_shared::tls::install_default_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(bench(args))
+    // `fleet`: several cloudcore replicas and simulator processes (fleet.rs); `sim`: one of
+    // those simulator processes; otherwise the one-process benchmark.
+    let mut argv = std::env::args();
+    let program = argv.next().unwrap_or_default();
+    match std::env::args().nth(1).as_deref() {
+        Some("fleet") => {
+            let args = fleet::FleetArgs::parse_from(std::iter::once(program).chain(argv.skip(1)));
+            rt.block_on(fleet::run(args))
+        }
+        Some("sim") => {
+            let args = sim::SimArgs::parse_from(std::iter::once(program).chain(argv.skip(1)));
+            rt.block_on(sim::run(args))
+        }
+        _ => rt.block_on(bench(Args::parse())),
+    }
 }

@@ -122,31 +122,125 @@ async fn converge(
     }
 }
 
+/// Before the storm: a configmap every node uses, through one more pod (`cfg-<i>`) per node.
+pub async fn prepare(client: &kube::Client, n: usize) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": CFG}, "data": {"v": "0"}}))?;
+    cms.create(&PostParams::default(), &cm).await?;
+    each((0..n).collect(), |i| {
+        let pods = pods.clone();
+        async move {
+            let p = pod(
+                &format!("cfg-{i}"),
+                &format!("edge-{i}"),
+                json!({"app": "cfg"}),
+                true,
+            );
+            pods.create(&PostParams::default(), &p).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// The cluster's changes while every edge is away (`pods_total` `p-<i>` pods exist, on
+/// `edge-<i % n>`); returns what was changed, in words.
+pub async fn change_while_away(
+    client: &kube::Client,
+    n: usize,
+    pods_total: usize,
+) -> anyhow::Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let p = move |k: usize, i: usize| k * n + i;
+    let exists = |k: usize, i: usize| p(k, i) < pods_total;
+    let relabel = each((0..n).filter(|i| i % 2 == 0).collect(), |i| {
+        let pods = pods.clone();
+        async move {
+            let patch = json!({"metadata": {"labels": {"storm": "relabelled"}}});
+            pods.patch(
+                &format!("p-{}", p(0, i)),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let deleted = each(
+        (0..n).filter(|i| i % 3 == 0 && exists(1, *i)).collect(),
+        |i| {
+            let (pods, now) = (pods.clone(), now.clone());
+            async move {
+                pods.delete(&format!("p-{}", p(1, i)), &now).await?;
+                Ok(())
+            }
+        },
+    )
+    .await?;
+    let replaced = each(
+        (0..n).filter(|i| i % 5 == 0 && exists(2, *i)).collect(),
+        |i| {
+            let (pods, now) = (pods.clone(), now.clone());
+            async move {
+                let name = format!("p-{}", p(2, i));
+                pods.delete(&name, &now).await?;
+                let new = pod(
+                    &name,
+                    &format!("edge-{i}"),
+                    json!({"app": "bench", "storm": "replaced"}),
+                    false,
+                );
+                pods.create(&PostParams::default(), &new).await?;
+                Ok(())
+            }
+        },
+    )
+    .await?;
+    let created = each((0..n).filter(|i| i % 4 == 0).collect(), |i| {
+        let pods = pods.clone();
+        async move {
+            let new = pod(
+                &format!("storm-{i}"),
+                &format!("edge-{i}"),
+                json!({"app": "storm"}),
+                false,
+            );
+            pods.create(&PostParams::default(), &new).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let released = each((0..n).filter(|i| i % 7 == 0).collect(), |i| {
+        let (pods, now) = (pods.clone(), now.clone());
+        async move {
+            pods.delete(&format!("cfg-{i}"), &now).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let patch = json!({"data": {"v": "1"}});
+    cms.patch(CFG, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(format!(
+        "{relabel} pods relabelled, {deleted} deleted, {replaced} replaced (same name, new UID), {created} created, {released} `cfg-` pods deleted (the node must drop `{CFG}`), `{CFG}` updated"
+    ))
+}
+
 impl Storm<'_> {
     pub async fn run(self) -> anyhow::Result<()> {
         let n = self.edges.len();
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), "default");
         println!("  reconnect storm:");
 
-        // A configmap every node uses, through one more pod per node.
-        let cm: ConfigMap =
-            serde_json::from_value(json!({"metadata": {"name": CFG}, "data": {"v": "0"}}))?;
-        cms.create(&PostParams::default(), &cm).await?;
-        each((0..n).collect(), |i| {
-            let pods = pods.clone();
-            async move {
-                let p = pod(
-                    &format!("cfg-{i}"),
-                    &format!("edge-{i}"),
-                    json!({"app": "cfg"}),
-                    true,
-                );
-                pods.create(&PostParams::default(), &p).await?;
-                Ok(())
-            }
-        })
-        .await?;
+        prepare(&self.client, n).await?;
         let before = expected(&self.client, n).await?;
         let (_, d) = converge(self.edges, &before, Duration::from_secs(300)).await;
         if d.total() > 0 {
@@ -179,85 +273,10 @@ impl Storm<'_> {
             t.elapsed().as_secs_f64()
         );
 
-        // Changes while they are away.
         let t = Instant::now();
-        let p = move |k: usize, i: usize| k * n + i;
-        let exists = |k: usize, i: usize| p(k, i) < self.pods_total;
-        let relabel = each((0..n).filter(|i| i % 2 == 0).collect(), |i| {
-            let pods = pods.clone();
-            async move {
-                let patch = json!({"metadata": {"labels": {"storm": "relabelled"}}});
-                pods.patch(
-                    &format!("p-{}", p(0, i)),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
-                Ok(())
-            }
-        })
-        .await?;
-        let now = DeleteParams {
-            grace_period_seconds: Some(0),
-            ..DeleteParams::default()
-        };
-        let deleted = each(
-            (0..n).filter(|i| i % 3 == 0 && exists(1, *i)).collect(),
-            |i| {
-                let (pods, now) = (pods.clone(), now.clone());
-                async move {
-                    pods.delete(&format!("p-{}", p(1, i)), &now).await?;
-                    Ok(())
-                }
-            },
-        )
-        .await?;
-        let replaced = each(
-            (0..n).filter(|i| i % 5 == 0 && exists(2, *i)).collect(),
-            |i| {
-                let (pods, now) = (pods.clone(), now.clone());
-                async move {
-                    let name = format!("p-{}", p(2, i));
-                    pods.delete(&name, &now).await?;
-                    let new = pod(
-                        &name,
-                        &format!("edge-{i}"),
-                        json!({"app": "bench", "storm": "replaced"}),
-                        false,
-                    );
-                    pods.create(&PostParams::default(), &new).await?;
-                    Ok(())
-                }
-            },
-        )
-        .await?;
-        let created = each((0..n).filter(|i| i % 4 == 0).collect(), |i| {
-            let pods = pods.clone();
-            async move {
-                let new = pod(
-                    &format!("storm-{i}"),
-                    &format!("edge-{i}"),
-                    json!({"app": "storm"}),
-                    false,
-                );
-                pods.create(&PostParams::default(), &new).await?;
-                Ok(())
-            }
-        })
-        .await?;
-        let released = each((0..n).filter(|i| i % 7 == 0).collect(), |i| {
-            let (pods, now) = (pods.clone(), now.clone());
-            async move {
-                pods.delete(&format!("cfg-{i}"), &now).await?;
-                Ok(())
-            }
-        })
-        .await?;
-        let patch = json!({"data": {"v": "1"}});
-        cms.patch(CFG, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        let summary = change_while_away(&self.client, n, self.pods_total).await?;
         println!(
-            "    while away ({:.1} s): {relabel} pods relabelled, {deleted} deleted, {replaced} replaced (same name, new UID), {created} created, {released} `cfg-` pods deleted (the node must drop `{CFG}`), `{CFG}` updated",
+            "    while away ({:.1} s): {summary}",
             t.elapsed().as_secs_f64()
         );
         let want = expected(&self.client, n).await?;
@@ -316,9 +335,9 @@ impl Storm<'_> {
                 (self.counters.clone(), self.receipts.clone(), stop.clone());
             let addr = self.addr;
             dials.push(tokio::spawn(async move {
-                let raw = edge::dial(addr, &edge, tls, &counters, 20).await?;
+                let raw = edge::dial(addr, &edge, tls.clone(), &counters, 20).await?;
                 let at = Instant::now();
-                tokio::spawn(edge::run(raw, edge, counters, receipts, stop));
+                tokio::spawn(edge::keep(addr, raw, edge, tls, counters, receipts, stop));
                 anyhow::Ok(at)
             }));
         }
