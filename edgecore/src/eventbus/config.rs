@@ -9,6 +9,10 @@ use std::time::Duration;
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 /// Publishes queued towards one broker, at most.
 pub const DEFAULT_PUBLISH_QUEUE: usize = 1024;
+/// Payload bytes queued for an external broker while it is not connected, at most: a broker
+/// that is down (or was never installed) holds at most this much of the edge's memory, not
+/// `DEFAULT_PUBLISH_QUEUE` × `DEFAULT_MAX_PAYLOAD`.
+pub const DEFAULT_OFFLINE_QUEUE_BYTES: usize = 4 * 1024 * 1024;
 /// KubeEdge retries a lost broker connection every 5 s.
 pub const DEFAULT_RECONNECT_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -66,6 +70,8 @@ pub struct EventBusConfig {
     pub tls_enable: bool,
     pub max_payload: usize,
     pub publish_queue: usize,
+    /// See [`DEFAULT_OFFLINE_QUEUE_BYTES`].
+    pub offline_queue_bytes: usize,
     pub reconnect_interval: Duration,
 }
 
@@ -98,6 +104,7 @@ impl EventBusConfig {
             tls_enable: eb.event_bus_tls.enable,
             max_payload: DEFAULT_MAX_PAYLOAD,
             publish_queue: DEFAULT_PUBLISH_QUEUE,
+            offline_queue_bytes: DEFAULT_OFFLINE_QUEUE_BYTES,
             reconnect_interval: DEFAULT_RECONNECT_INTERVAL,
         }
     }

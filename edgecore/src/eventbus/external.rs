@@ -12,6 +12,7 @@ use rumqttc::{
     AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS, StateError,
     SubscribeFilter, SubscribeReasonCode,
 };
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -27,7 +28,62 @@ const KEEP_ALIVE: Duration = Duration::from_secs(30);
 pub(super) struct ExternalClients {
     pub subscriber: AsyncClient,
     pub publisher: AsyncClient,
+    pub offline: Arc<OfflineQueue>,
     pub tasks: Vec<JoinHandle<()>>,
+}
+
+/// What the publisher may queue while its broker is not connected: publishes wait in the
+/// client's queue until it connects, so without a budget in bytes a broker that is down (or was
+/// never installed) holds up to `publish_queue` × the payload limit of the edge's memory.
+/// While connected the queue drains, and only its length bounds it.
+#[derive(Debug)]
+pub(super) struct OfflineQueue {
+    connected: AtomicBool,
+    /// Payload bytes queued since the connection was lost (or since start).
+    bytes: AtomicUsize,
+    budget: usize,
+}
+
+impl OfflineQueue {
+    pub fn new(budget: usize) -> Self {
+        OfflineQueue {
+            connected: AtomicBool::new(false),
+            bytes: AtomicUsize::new(0),
+            budget,
+        }
+    }
+
+    /// Takes room for a payload of `len` bytes: false when the broker is not connected and the
+    /// budget is spent.
+    pub fn admit(&self, len: usize) -> bool {
+        if self.connected.load(Ordering::Acquire) {
+            return true;
+        }
+        self.bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                b.checked_add(len).filter(|n| *n <= self.budget)
+            })
+            .is_ok()
+    }
+
+    /// Gives back what [`OfflineQueue::admit`] took for a publish that was not queued after all.
+    pub fn release(&self, len: usize) {
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                Some(b.saturating_sub(len))
+            });
+    }
+
+    /// Connected: what was queued is on its way.
+    fn up(&self) {
+        self.connected.store(true, Ordering::Release);
+        self.bytes.store(0, Ordering::Release);
+    }
+
+    fn down(&self) {
+        self.connected.store(false, Ordering::Release);
+    }
 }
 
 pub(super) fn start(
@@ -49,6 +105,7 @@ pub(super) fn start(
         AsyncClient::new(options(config, address, sub_id), config.publish_queue);
     let (publisher, pub_loop) =
         AsyncClient::new(options(config, address, pub_id), config.publish_queue);
+    let offline = Arc::new(OfflineQueue::new(config.offline_queue_bytes));
     let sub_task = tokio::spawn(run(
         Role::Subscriber {
             client: subscriber.clone(),
@@ -62,6 +119,7 @@ pub(super) fn start(
     let pub_task = tokio::spawn(run(
         Role::Publisher {
             client: publisher.clone(),
+            offline: offline.clone(),
         },
         pub_loop,
         dispatcher,
@@ -71,6 +129,7 @@ pub(super) fn start(
     ExternalClients {
         subscriber,
         publisher,
+        offline,
         tasks: vec![sub_task, pub_task],
     }
 }
@@ -99,6 +158,7 @@ enum Role {
     },
     Publisher {
         client: AsyncClient,
+        offline: Arc<OfflineQueue>,
     },
 }
 
@@ -112,7 +172,7 @@ impl Role {
 
     fn client(&self) -> &AsyncClient {
         match self {
-            Role::Subscriber { client, .. } | Role::Publisher { client } => client,
+            Role::Subscriber { client, .. } | Role::Publisher { client, .. } => client,
         }
     }
 }
@@ -143,12 +203,12 @@ async fn run(
                     client = role.name(),
                     "eventbus: connected to the MQTT broker"
                 );
-                if let Role::Subscriber {
-                    client,
-                    subscriptions,
-                } = &role
-                {
-                    subscribe_all(client, subscriptions);
+                match &role {
+                    Role::Subscriber {
+                        client,
+                        subscriptions,
+                    } => subscribe_all(client, subscriptions),
+                    Role::Publisher { offline, .. } => offline.up(),
                 }
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
@@ -168,6 +228,9 @@ async fn run(
             }
             Ok(_) => {}
             Err(e) => {
+                if let Role::Publisher { offline, .. } = &role {
+                    offline.down();
+                }
                 if let Some(kind) = malformed(&e) {
                     metrics.count_malformed(kind);
                 }
@@ -243,4 +306,31 @@ async fn disconnect(client: &AsyncClient, events: &mut EventLoop) {
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OfflineQueue;
+
+    #[test]
+    fn the_offline_budget_counts_bytes_until_connected() {
+        let q = OfflineQueue::new(100);
+        assert!(q.admit(60));
+        assert!(!q.admit(41), "over the budget while offline");
+        assert!(q.admit(40));
+        q.release(40); // a publish the client refused after all
+        assert!(q.admit(40));
+        q.up();
+        assert!(
+            q.admit(10_000),
+            "connected: the queue drains, only its length bounds it"
+        );
+        q.down();
+        assert!(
+            q.admit(100),
+            "what waited went out on connecting: the budget is whole again"
+        );
+        assert!(!q.admit(1));
+        assert!(!q.admit(usize::MAX), "no overflow");
+    }
 }

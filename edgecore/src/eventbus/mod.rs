@@ -12,7 +12,9 @@
 //!   `$hw/events/node` go to [`BusSinks::twin`] (devicetwin), all others to [`BusSinks::cloud`]
 //!   (the caller makes KubeEdge `upload` messages of them). Sinks are bounded: a full sink drops
 //!   the message with a throttled warning and a counter (`dispatch.rs`).
-//! - **Out**: [`EventBus::publish`] never waits: a full queue is [`PublishError::Full`].
+//! - **Out**: [`EventBus::publish`] never waits: a full queue is [`PublishError::Full`], and so
+//!   is more than 4 MiB of payloads waiting for an external broker that is not connected
+//!   (`external::OfflineQueue`).
 //! - **Cloud operations** `subscribe` / `unsubscribe`: [`EventBus::subscribe`] and
 //!   [`EventBus::unsubscribe`].
 //! - **Limits**: payloads over `max_payload` (1 MiB) are dropped and counted, malformed packets
@@ -123,6 +125,7 @@ struct Inner {
 struct External {
     subscriber: AsyncClient,
     publisher: AsyncClient,
+    offline: Arc<external::OfflineQueue>,
 }
 
 impl Drop for Inner {
@@ -232,6 +235,7 @@ impl EventBus {
             External {
                 subscriber: clients.subscriber,
                 publisher: clients.publisher,
+                offline: clients.offline,
             }
         });
 
@@ -299,12 +303,22 @@ impl EventBus {
             }
         }
         if let Some(external) = &inner.external {
-            match external
-                .publisher
-                .try_publish(topic, QoS::AtLeastOnce, false, payload.to_vec())
-            {
-                Ok(()) => count_published(&inner.metrics, "external"),
-                Err(_) => result = refuse(Rejected::QueueFull, PublishError::Full),
+            let len = payload.len();
+            if !external.offline.admit(len) {
+                result = refuse(Rejected::QueueFull, PublishError::Full);
+            } else {
+                match external.publisher.try_publish(
+                    topic,
+                    QoS::AtLeastOnce,
+                    false,
+                    payload.to_vec(),
+                ) {
+                    Ok(()) => count_published(&inner.metrics, "external"),
+                    Err(_) => {
+                        external.offline.release(len);
+                        result = refuse(Rejected::QueueFull, PublishError::Full);
+                    }
+                }
             }
         }
         result

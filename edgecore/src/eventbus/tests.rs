@@ -369,6 +369,32 @@ async fn publishing_with_a_full_queue_is_an_error_not_a_wait() {
 }
 
 #[tokio::test]
+async fn a_broker_that_is_down_holds_at_most_the_offline_budget() {
+    // Nothing listens: every publish waits in the client's queue. 1,024 publishes of 1 KB would
+    // queue 1 MB; the budget lets 10 KB wait and refuses the rest.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let (s, _rx) = sinks(1);
+    let config = EventBusConfig {
+        server_external: format!("tcp://127.0.0.1:{port}"),
+        offline_queue_bytes: 10 * 1000,
+        reconnect_interval: Duration::from_millis(50),
+        ..EventBusConfig::default()
+    };
+    let bus = EventBus::start(config, None, s).await.unwrap();
+    let payload = vec![b'x'; 1000];
+    let results: Vec<_> = (0..20)
+        .map(|_| bus.publish("a/b", payload.clone()))
+        .collect();
+    let queued = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(queued, 10, "{results:?}");
+    assert_eq!(results[10], Err(PublishError::Full));
+    assert_eq!(bus.metrics().rejected_count(Rejected::QueueFull), 10);
+    bus.shutdown().await;
+}
+
+#[tokio::test]
 async fn mode_1_listens_on_both_brokers_and_publishes_to_both() {
     // Bus A's internal broker plays the external broker of bus B (mode 1).
     let (a, _a_sinks, outer) = internal_bus(16).await;
