@@ -157,7 +157,10 @@ impl RawEdge {
                 HeaderValue::from_str(&capabilities.join(",")).map_err(|e| e.to_string())?,
             );
         }
-        let (ws, _) = tokio_tungstenite::client_async(req, stream)
+        // A small read buffer (it grows when needed): benchmarks hold 100,000 of these.
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .read_buffer_size(4096);
+        let (ws, _) = tokio_tungstenite::client_async_with_config(req, stream, Some(config))
             .await
             .map_err(|e| match e {
                 tokio_tungstenite::tungstenite::Error::Http(resp) => format!(

@@ -37,6 +37,10 @@ struct Args {
     /// Events kept per resource for watches and continue tokens.
     #[arg(long, default_value_t = 10_000)]
     history: usize,
+    /// Events buffered per watcher before it is dropped as too slow (it then resumes from
+    /// its last resourceVersion, as from a real API server).
+    #[arg(long, default_value_t = 1024)]
+    watch_capacity: usize,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 60)]
     bookmark_interval: u64,
@@ -67,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
         data_dir: args.data_dir,
         extra_sans: args.sans,
         history_limit: args.history.max(1),
+        watch_capacity: args.watch_capacity.max(1),
         bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
         node_monitor_grace_period: Duration::from_secs(args.node_monitor_grace_period.max(1)),
         verify_kubelet_certificates: args.verify_kubelet_certificates,

@@ -10,6 +10,9 @@
 //! then a reconnect storm (`storm.rs`): every edge drops and redials at once after the cluster
 //! changed, until every edge holds exactly what the cluster says. Exits non-zero when an edge
 //! ends up with a missing, stale or extra object.
+//!
+//! `bench-cloudcore fleet` runs a fleet too large for one process: cloudcore replicas and
+//! simulator processes sharing one `kube-memserver` (`fleet.rs`, `sim.rs`).
 
 mod edge;
 mod expected;
