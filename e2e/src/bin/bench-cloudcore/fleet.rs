@@ -26,12 +26,12 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{Mutex, Semaphore, oneshot};
 
 /// Open files one process may hold here, less what a process needs besides connections.
@@ -86,7 +86,8 @@ impl SimProc {
         ca_dir: &Path,
         handshakes: usize,
     ) -> anyhow::Result<SimProc> {
-        let mut child = Command::new(std::env::current_exe()?)
+        let mut command = Command::new(std::env::current_exe()?);
+        command
             .args(["sim", "--first", &first.to_string()])
             .args(["--count", &count.to_string(), "--addr", addr])
             .arg("--ca-dir")
@@ -94,12 +95,12 @@ impl SimProc {
             .args(["--handshakes", &handshakes.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting a simulator process")?;
-        let stdin = child.stdin.take().context("simulator stdin")?;
-        let stdout = child.stdout.take().context("simulator stdout")?;
+            .stderr(Stdio::inherit());
+        // Dies with the benchmark, however it ends.
+        let mut child =
+            e2e::process::spawn_tied(command).context("starting a simulator process")?;
+        let stdin = ChildStdin::from_std(child.stdin.take().context("simulator stdin")?)?;
+        let stdout = ChildStdout::from_std(child.stdout.take().context("simulator stdout")?)?;
         let pending: Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<String>>>> = Arc::default();
         let (ready_tx, ready_rx) = oneshot::channel();
         let p = pending.clone();
@@ -165,7 +166,14 @@ impl SimProc {
     }
 
     fn pid(&self) -> u32 {
-        self.child.id().unwrap_or(0)
+        self.child.id()
+    }
+}
+
+impl Drop for SimProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -339,9 +347,17 @@ struct Memserver {
     kubeconfig: PathBuf,
 }
 
+impl Drop for Memserver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 async fn start_memserver(bin: &Path, dir: &Path) -> anyhow::Result<(Memserver, kube::Client)> {
     let kubeconfig = dir.join("kubeconfig");
-    let child = Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .args(["--listen", &format!("127.0.0.1:{}", free_port()?)])
         .arg("--kubeconfig-out")
         .arg(&kubeconfig)
@@ -350,10 +366,9 @@ async fn start_memserver(bin: &Path, dir: &Path) -> anyhow::Result<(Memserver, k
         .arg("--no-workload-controllers")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+        .stderr(Stdio::inherit());
+    let child =
+        e2e::process::spawn_tied(command).with_context(|| format!("starting {}", bin.display()))?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(kc) = kube::config::Kubeconfig::read_from(&kubeconfig) {
@@ -399,7 +414,7 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
         args.pods_per_edge
     );
     let (memserver, client) = start_memserver(&memserver_bin, &dir).await?;
-    let api_pid = memserver.child.id().unwrap_or(0);
+    let api_pid = memserver.child.id();
 
     // Edge nodes in the API.
     let nodes: Api<Node> = Api::all(client.clone());

@@ -123,14 +123,16 @@ modules:
     );
     let path = dir.join("cloudcore.yaml");
     std::fs::write(&path, config)?;
-    let child = Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .arg("--config")
         .arg(&path)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+        .stderr(Stdio::inherit());
+    // Dies with the benchmark, however it ends.
+    let child =
+        e2e::process::spawn_tied(command).with_context(|| format!("starting {}", bin.display()))?;
     Ok(CloudcoreProcess {
         child,
         hub_port,
