@@ -342,12 +342,16 @@ async fn start_refuses_tls_bad_urls_and_a_busy_port() {
     assert!(matches!(e, EventBusError::Listen { .. }), "{e}");
 }
 
+/// A loopback port nothing listens on: an external broker that is not there.
+fn closed_port() -> u16 {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    closed.local_addr().unwrap().port()
+}
+
 #[tokio::test]
 async fn publishing_with_a_full_queue_is_an_error_not_a_wait() {
     // An external broker that is not there: publishes queue up to the bound, then are refused.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let port = closed_port();
     let (s, _rx) = sinks(1);
     let config = EventBusConfig {
         server_external: format!("tcp://127.0.0.1:{port}"),
@@ -372,9 +376,7 @@ async fn publishing_with_a_full_queue_is_an_error_not_a_wait() {
 async fn a_broker_that_is_down_holds_at_most_the_offline_budget() {
     // Nothing listens: every publish waits in the client's queue. 1,024 publishes of 1 KB would
     // queue 1 MB; the budget lets 10 KB wait and refuses the rest.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let port = closed_port();
     let (s, _rx) = sinks(1);
     let config = EventBusConfig {
         server_external: format!("tcp://127.0.0.1:{port}"),

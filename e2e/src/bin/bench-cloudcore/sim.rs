@@ -79,28 +79,41 @@ impl Sim {
         self.stop.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Dials edge `k` (up to `max_failures` failed dials) once `permit` allows, then keeps its
+    /// connections until `stop`; answers when it connected.
+    fn start(
+        &self,
+        k: usize,
+        stop: &CancellationToken,
+        max_failures: u32,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> tokio::task::JoinHandle<anyhow::Result<Instant>> {
+        let (e, tls, c, r, stop) = (
+            self.edges[k].clone(),
+            self.tls[k].clone(),
+            self.counters.clone(),
+            self.receipts.clone(),
+            stop.clone(),
+        );
+        let addr = self.addr;
+        tokio::spawn(async move {
+            let raw = edge::dial(addr, &e, tls.clone(), &c, max_failures).await;
+            drop(permit);
+            let at = Instant::now();
+            tokio::spawn(edge::keep(addr, raw?, e, tls, c, r, stop));
+            Ok(at)
+        })
+    }
+
     async fn connect(self: &Arc<Self>) -> anyhow::Result<String> {
         let t = Instant::now();
         let failures0 = self.counters.dial_failures.load(Ordering::Relaxed);
         let sem = Arc::new(Semaphore::new(self.handshakes.max(1)));
         let stop = self.current_stop();
         let mut tasks = Vec::with_capacity(self.edges.len());
-        for (e, tls) in self.edges.iter().zip(&self.tls) {
+        for k in 0..self.edges.len() {
             let permit = sem.clone().acquire_owned().await?;
-            let (e, tls, c, r, stop) = (
-                e.clone(),
-                tls.clone(),
-                self.counters.clone(),
-                self.receipts.clone(),
-                stop.clone(),
-            );
-            let addr = self.addr;
-            tasks.push(tokio::spawn(async move {
-                let raw = edge::dial(addr, &e, tls.clone(), &c, 10).await;
-                drop(permit);
-                tokio::spawn(edge::keep(addr, raw?, e, tls, c, r, stop));
-                anyhow::Ok(())
-            }));
+            tasks.push(self.start(k, &stop, 10, Some(permit)));
         }
         for t in tasks {
             t.await??;
@@ -121,23 +134,9 @@ impl Sim {
     async fn redial(self: &Arc<Self>) -> anyhow::Result<String> {
         let failures0 = self.counters.dial_failures.load(Ordering::Relaxed);
         let stop = self.current_stop();
-        let mut dials = Vec::with_capacity(self.edges.len());
-        for (e, tls) in self.edges.iter().zip(&self.tls) {
-            let (e, tls, c, r, stop) = (
-                e.clone(),
-                tls.clone(),
-                self.counters.clone(),
-                self.receipts.clone(),
-                stop.clone(),
-            );
-            let addr = self.addr;
-            dials.push(tokio::spawn(async move {
-                let raw = edge::dial(addr, &e, tls.clone(), &c, 20).await?;
-                let at = Instant::now();
-                tokio::spawn(edge::keep(addr, raw, e, tls, c, r, stop));
-                anyhow::Ok(at)
-            }));
-        }
+        let dials: Vec<_> = (0..self.edges.len())
+            .map(|k| self.start(k, &stop, 20, None))
+            .collect();
         let (mut last, mut errors) = (None::<Instant>, Vec::new());
         for d in dials {
             match d.await {
