@@ -117,6 +117,9 @@ pub struct CloudHubConfig {
     pub max_message_bytes: usize,
     /// kubeedge-rs: per-node queue bounds and ACK window.
     pub node_queue: NodeQueueConfig,
+    /// kubeedge-rs: edge handshakes (TLS, certificate checks, WebSocket upgrade) worked on at
+    /// once; the rest wait their turn, so a reconnecting fleet does not time out together.
+    pub max_concurrent_handshakes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -332,6 +335,7 @@ impl Default for CloudHubConfig {
                 ack_window: DEFAULT_ACK_WINDOW,
                 ack_retry_interval: DEFAULT_ACK_RETRY_SECS,
             },
+            max_concurrent_handshakes: DEFAULT_MAX_HANDSHAKES,
         }
     }
 }
@@ -520,6 +524,9 @@ impl CloudCoreConfig {
             );
             if hub.node_limit == 0 {
                 p.bad("modules.cloudHub.nodeLimit", "must be > 0");
+            }
+            if hub.max_concurrent_handshakes == 0 {
+                p.bad("modules.cloudHub.maxConcurrentHandshakes", "must be > 0");
             }
             if hub.websocket.enable
                 && let Err((path, reason)) =

@@ -100,6 +100,9 @@ impl Default for ResyncDuration {
 #[derive(Clone, Default)]
 pub struct HubMetrics {
     pub connected_nodes: Gauge,
+    /// Edge connections waiting for a handshake slot, and those holding one.
+    pub handshakes_waiting: Gauge,
+    pub handshakes_in_progress: Gauge,
     pub sessions_refused: Family<ReasonLabel, Counter>,
     pub messages_sent: Family<ResourceLabel, Counter>,
     pub messages_acked: Family<ResourceLabel, Counter>,
@@ -127,6 +130,16 @@ impl HubMetrics {
             "connected_nodes",
             "Edge nodes with a live session",
             self.connected_nodes.clone(),
+        );
+        r.register(
+            "handshakes_waiting",
+            "Edge connections waiting for their first bytes or a handshake slot (modules.cloudHub.maxConcurrentHandshakes)",
+            self.handshakes_waiting.clone(),
+        );
+        r.register(
+            "handshakes_in_progress",
+            "Edge handshakes holding a slot (TLS, certificate checks, WebSocket upgrade)",
+            self.handshakes_in_progress.clone(),
         );
         r.register(
             "sessions_refused",

@@ -68,6 +68,10 @@ pub const DEFAULT_KEEPALIVE_INTERVAL_SECS: u64 = 30;
 /// Seconds between edge keepalives.
 pub const DEFAULT_HEARTBEAT_SECS: u64 = 15;
 pub const DEFAULT_NODE_LIMIT: usize = 1000;
+/// Edge handshakes cloudhub works on at once (`cloudHub.maxConcurrentHandshakes`): enough for
+/// about a thousand a second over links of a 500 ms round trip, few enough that each finishes
+/// in well under a second on two cores.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 512;
 pub const DEFAULT_MESSAGE_QPS: u32 = 30;
 pub const DEFAULT_MESSAGE_BURST: u32 = 60;
 /// Legacy shared CN of KubeEdge ≤ v1.15 edge certificates.

@@ -4,6 +4,7 @@
 //! Controllers use [`CloudHub`]: `send` to a node, `connected_nodes`, `subscribe` to connect /
 //! disconnect events, and read upstream messages from the receiver returned by `bind`.
 
+mod admission;
 pub(crate) mod handshake;
 pub mod queue;
 mod server;
@@ -36,8 +37,13 @@ pub struct HubConfig {
     pub allow_legacy_cn: bool,
     pub max_frame_bytes: usize,
     pub queue: QueueLimits,
-    /// TLS + WebSocket handshake must finish within this.
+    /// TLS + WebSocket handshake must finish within this (waiting for admission included).
     pub handshake_timeout: Duration,
+    /// Most handshakes past their first bytes at once (`cloudHub.maxConcurrentHandshakes`);
+    /// the rest wait their turn ([`admission`]).
+    pub max_handshakes: usize,
+    /// An admitted handshake must finish within this.
+    pub admitted_handshake_timeout: Duration,
     /// A write that does not complete within this ends the session.
     pub write_timeout: Duration,
     /// Capacity of the upstream channel shared by all sessions (backpressure beyond it).
@@ -65,6 +71,7 @@ impl HubConfig {
                 ..QueueLimits::default()
             },
             write_timeout: Duration::from_secs(hub.write_timeout.clamp(1, 60)),
+            max_handshakes: hub.max_concurrent_handshakes.max(1),
             ..HubConfig::default()
         })
     }
@@ -85,6 +92,8 @@ impl Default for HubConfig {
             max_frame_bytes: kubeedge_shared::codec::DEFAULT_MAX_FRAME_BYTES,
             queue: QueueLimits::default(),
             handshake_timeout: Duration::from_secs(30),
+            max_handshakes: kubeedge_shared::constants::DEFAULT_MAX_HANDSHAKES,
+            admitted_handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(15),
             upstream_capacity: 4096,
         }
@@ -171,6 +180,7 @@ pub(crate) struct Inner {
     events: broadcast::Sender<NodeEvent>,
     upstream: mpsc::Sender<Upstream>,
     metrics: HubMetrics,
+    admission: Arc<admission::Admission>,
     next_session: AtomicU64,
     shutdown: CancellationToken,
     acks: std::sync::Mutex<Option<mpsc::Sender<Acked>>>,
@@ -263,6 +273,7 @@ impl CloudHub {
         let (events, _) = broadcast::channel(65_536);
         let inner = Arc::new(Inner {
             codec: FrameCodec::new(config.max_frame_bytes),
+            admission: admission::Admission::new(config.max_handshakes),
             config,
             sessions: DashMap::new(),
             events,

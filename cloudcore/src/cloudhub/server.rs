@@ -76,10 +76,10 @@ pub(super) async fn accept_loop(
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let timeout = inner.config.handshake_timeout;
-            // Boxed: the handshake's state (TLS and HTTP buffers) would otherwise stay part of
-            // this task for the life of the session.
-            let handshake = Box::pin(handshake(&inner, acceptor, tcp, peer));
-            match tokio::time::timeout(timeout, handshake).await {
+            let done =
+                tokio::time::timeout(timeout, admitted_handshake(&inner, acceptor, tcp, peer))
+                    .await;
+            match done {
                 Ok(Ok((ws, accepted))) => Box::pin(session::run(inner, ws, accepted, peer)).await,
                 Ok(Err(reason)) => tracing::debug!(%peer, %reason, "handshake refused"),
                 Err(_) => {
@@ -90,6 +90,53 @@ pub(super) async fn accept_loop(
         });
     }
     tracing::info!("cloudhub stopped accepting");
+}
+
+/// Adds one to `gauge` until dropped.
+struct Counted(prometheus_client::metrics::gauge::Gauge);
+
+impl Counted {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Counted(gauge.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Waits for the peer's first bytes and a handshake slot ([`super::admission`]), then runs
+/// the handshake within the admitted deadline; the slot is free again when it returns.
+async fn admitted_handshake(
+    inner: &Arc<Inner>,
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+) -> Result<(Ws, Accepted), String> {
+    let metrics = &inner.metrics;
+    let waiting = Counted::new(&metrics.handshakes_waiting);
+    // A silent connection costs a socket, never a slot. A peek waits for a byte (or EOF, which
+    // then fails in the handshake); `readable()` may report a false positive.
+    tcp.peek(&mut [0u8; 1])
+        .await
+        .map_err(|e| format!("waiting for the ClientHello: {e}"))?;
+    let _admitted = inner.admission.admit(peer.ip()).await;
+    drop(waiting);
+    let _working = Counted::new(&metrics.handshakes_in_progress);
+    let limit = inner.config.admitted_handshake_timeout;
+    // Boxed: the handshake's state (TLS and HTTP buffers) would otherwise stay part of the
+    // connection's task for the life of the session.
+    match tokio::time::timeout(limit, Box::pin(handshake(inner, acceptor, tcp, peer))).await {
+        Ok(done) => done,
+        Err(_) => {
+            refused(inner, "handshake_timeout");
+            tracing::warn!(%peer, ?limit, "admitted TLS/WebSocket handshake did not finish in time");
+            Err("admitted handshake timed out".into())
+        }
+    }
 }
 
 fn refused(inner: &Inner, reason: &'static str) {

@@ -540,6 +540,70 @@ async fn connections_beyond_the_node_limit_are_refused() {
 }
 
 #[tokio::test]
+async fn silent_and_stalled_connections_do_not_keep_edges_out() {
+    let pki = Pki::new().unwrap();
+    let mut cfg = test_hub_config();
+    // One handshake at a time; an admitted one must finish within a second.
+    cfg.max_handshakes = 1;
+    cfg.admitted_handshake_timeout = Duration::from_secs(1);
+    // Long enough that the silent connections are still there at the end.
+    cfg.handshake_timeout = Duration::from_secs(30);
+    let (hub, _up, metrics) = start_hub(&pki, cfg).await.unwrap();
+    let addr = hub.local_addr();
+    // Two connections that never speak, and one that starts a ClientHello and stalls.
+    let _silent = [
+        tokio::net::TcpStream::connect(addr).await.unwrap(),
+        tokio::net::TcpStream::connect(addr).await.unwrap(),
+    ];
+    let mut stalled = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stalled, &[0x16, 0x03, 0x01])
+        .await
+        .unwrap();
+    let m = metrics.clone();
+    wait_until("the stalled handshake holds the slot", move || {
+        m.handshakes_in_progress.get() == 1
+    })
+    .await;
+    // The edge waits for the stalled one's deadline, not for the silent ones.
+    let _edge = connected_raw(&pki, &hub, "edge-1").await;
+    let refused = metrics
+        .sessions_refused
+        .get_or_create(&cloudcore::metrics::ReasonLabel {
+            reason: "handshake_timeout",
+        })
+        .get();
+    assert_eq!(refused, 1, "the stalled handshake was not ended");
+    assert_eq!(metrics.handshakes_in_progress.get(), 0);
+    assert_eq!(
+        metrics.handshakes_waiting.get(),
+        2,
+        "the silent connections should still wait for their first bytes"
+    );
+}
+
+#[tokio::test]
+async fn edges_dialling_at_once_beyond_the_handshake_slots_all_get_in() {
+    let pki = Pki::new().unwrap();
+    let mut cfg = test_hub_config();
+    cfg.max_handshakes = 2;
+    let (hub, _up, _m) = start_hub(&pki, cfg).await.unwrap();
+    let dials: Vec<_> = (0..24)
+        .map(|i| {
+            let node = format!("edge-{i}");
+            let tls = pki.edge_tls(&pki.node_cert(&node).unwrap()).unwrap();
+            let addr = hub.local_addr();
+            tokio::spawn(async move { RawEdge::connect(addr, &node, tls).await })
+        })
+        .collect();
+    let mut edges = Vec::new();
+    for d in dials {
+        edges.push(d.await.unwrap().expect("every edge connects"));
+    }
+    let hub2 = hub.clone();
+    wait_until("24 sessions", move || hub2.connected_nodes().len() == 24).await;
+}
+
+#[tokio::test]
 async fn sending_to_an_unknown_node_is_an_error() {
     let pki = Pki::new().unwrap();
     let (hub, _up, _m) = start_hub(&pki, test_hub_config()).await.unwrap();
