@@ -134,11 +134,15 @@ fn main() -> ExitCode {
         if let Some((_client, changes)) = edge.edged_link() {
             tokio::spawn(log_changes_without_edged(changes));
         }
+        let trim = tokio::spawn(edgecore::memory::release_freed_memory_every(
+            edgecore::memory::TRIM_INTERVAL,
+        ));
         let restart = tokio::select! {
             _ = wait_for_signal() => false,
             _ = supervisor.restart.notified() => true,
         };
         tracing::info!(restart, "shutting down");
+        trim.abort();
         edge.shutdown().await;
         Ok::<_, edgecore::app::StartError>(restart)
     });

@@ -10,6 +10,24 @@ pub fn release_freed_memory() {
     }
 }
 
+/// How often a running edgecore gives freed heap back ([`release_freed_memory_every`]).
+pub const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Gives freed heap back every `every`, for good. Bursts no single module knows about — a
+/// link coming back with queued reports, a resync, a flood of pod events — free their memory
+/// into glibc's free lists, which the process's RSS keeps counting (the soak saw an edge's
+/// anonymous memory rise in steps at each link freeze, with no live heap behind the steps).
+/// A trim of a heap this small takes well under a millisecond.
+pub async fn release_freed_memory_every(every: std::time::Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        release_freed_memory();
+    }
+}
+
 /// Malloc arenas the process may use. glibc gives every thread that allocates concurrently an
 /// arena of its own (up to eight per core); memory a burst frees in one arena cannot serve
 /// another, so after a burst (thousands of objects arriving at once) the RSS stays at the

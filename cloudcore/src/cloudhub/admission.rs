@@ -1,11 +1,20 @@
-//! Admission of edge handshakes: a bounded number at a time, a bounded share per address.
+//! Admission of edge handshakes: a bounded number at a time, a bounded share per address,
+//! newest first.
 //!
 //! When thousands of edges dial at once (cloudcore restarted, a network came back), starting
 //! every TLS handshake at once shares the CPU among all of them: each then takes longer than
 //! the edge's and cloudhub's time-outs, both give up, the edges redial and the work is done
 //! again — a congestion collapse in which almost no edge gets through (seen with 16,000 edges
 //! per replica on two cores). With admission the handshakes past the limit wait in the accept
-//! path, holding a socket and nothing else, and every admitted one finishes in milliseconds.
+//! path, holding a socket and nothing else, and every admitted one finishes quickly.
+//!
+//! The newest waiting connection is admitted first. Under overload the oldest waiters are the
+//! ones whose edge has given up or soon will (an edge waits 30 s for its handshake, counted
+//! from its dial, which may have been a while before cloudhub accepted it): serving them in
+//! arrival order spends the CPU on handshakes nobody is waiting for any more, while serving
+//! the newest completes handshakes the edge still wants; the old ones time out (cloudhub's
+//! [`super::HubConfig::handshake_timeout`] includes the wait) and redial later, fresh. While
+//! the slots keep up, nobody waits and the order does not matter.
 //!
 //! A slot is only taken once the peer has sent its first bytes (its ClientHello), so a silent
 //! connection never holds one, and an admitted handshake has its own short deadline
@@ -16,40 +25,61 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 
 /// The share of the slots one address may hold at once: `max(1, slots / PEER_SHARE)`.
 const PEER_SHARE: usize = 4;
 
 pub(crate) struct Admission {
-    slots: Arc<Semaphore>,
+    slots: usize,
     per_peer: usize,
-    /// Per address: its share, and how many connections hold or await a place in it.
-    peers: Mutex<HashMap<IpAddr, (Arc<Semaphore>, usize)>>,
+    state: Mutex<State>,
 }
 
-/// A handshake's place in the limits, given back on drop.
+#[derive(Default)]
+struct State {
+    held: usize,
+    /// Slots held per address (addresses holding none are not kept).
+    by_peer: HashMap<IpAddr, usize>,
+    /// In arrival order; the newest is last.
+    waiting: Vec<Waiter>,
+    /// `waiting.len()` after the last sweep of given-up waiters.
+    swept_len: usize,
+}
+
+struct Waiter {
+    ip: IpAddr,
+    tx: oneshot::Sender<Admitted>,
+}
+
+/// A handshake's slot, given back (to the newest waiter that may take it) on drop.
 pub(crate) struct Admitted {
-    _slot: Option<OwnedSemaphorePermit>,
-    _peer: PeerShare,
-}
-
-/// One connection's claim on its address's share (held or awaited); the address's entry goes
-/// with its last claim.
-struct PeerShare {
     admission: Arc<Admission>,
     ip: IpAddr,
-    permit: Option<OwnedSemaphorePermit>,
 }
 
-impl Drop for PeerShare {
+impl Drop for Admitted {
     fn drop(&mut self) {
-        self.permit.take();
-        let mut peers = self.admission.lock_peers();
-        if let Some((_, claims)) = peers.get_mut(&self.ip) {
-            *claims = claims.saturating_sub(1);
-            if *claims == 0 {
-                peers.remove(&self.ip);
+        self.admission.release(self.ip);
+    }
+}
+
+impl State {
+    fn may_take(&self, ip: &IpAddr, slots: usize, per_peer: usize) -> bool {
+        self.held < slots && self.by_peer.get(ip).copied().unwrap_or(0) < per_peer
+    }
+
+    fn take(&mut self, ip: IpAddr) {
+        self.held += 1;
+        *self.by_peer.entry(ip).or_insert(0) += 1;
+    }
+
+    fn give_back(&mut self, ip: IpAddr) {
+        self.held = self.held.saturating_sub(1);
+        if let Some(n) = self.by_peer.get_mut(&ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_peer.remove(&ip);
             }
         }
     }
@@ -59,51 +89,92 @@ impl Admission {
     pub(crate) fn new(slots: usize) -> Arc<Self> {
         let slots = slots.max(1);
         Arc::new(Admission {
-            slots: Arc::new(Semaphore::new(slots)),
+            slots,
             per_peer: (slots / PEER_SHARE).max(1),
-            peers: Mutex::new(HashMap::new()),
+            state: Mutex::new(State::default()),
         })
     }
 
-    fn lock_peers(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, (Arc<Semaphore>, usize)>> {
-        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits (in arrival order) until `ip` is below its share and a slot is free.
+    /// Waits until `ip` is below its share and a slot is free (newest waiter first). A
+    /// connection that gives up waiting (its deadline) simply drops the future.
     pub(crate) async fn admit(self: &Arc<Self>, ip: IpAddr) -> Admitted {
-        let sem = {
-            let mut peers = self.lock_peers();
-            let (sem, claims) = peers
-                .entry(ip)
-                .or_insert_with(|| (Arc::new(Semaphore::new(self.per_peer)), 0));
-            *claims += 1;
-            sem.clone()
+        let rx = {
+            let mut s = self.lock();
+            if s.may_take(&ip, self.slots, self.per_peer) {
+                s.take(ip);
+                return Admitted {
+                    admission: self.clone(),
+                    ip,
+                };
+            }
+            let (tx, rx) = oneshot::channel();
+            s.waiting.push(Waiter { ip, tx });
+            // Waiters that gave up stay until a release passes them or a sweep: sweep when
+            // the list doubled since the last one, so it stays within twice the live waiters.
+            if s.waiting.len() >= 2 * s.swept_len.max(64) {
+                s.waiting.retain(|w| !w.tx.is_closed());
+                s.swept_len = s.waiting.len();
+            }
+            rx
         };
-        // Made before the first wait: a connection that gives up waiting drops its claim.
-        let mut share = PeerShare {
-            admission: self.clone(),
-            ip,
-            permit: None,
+        match rx.await {
+            Ok(admitted) => admitted,
+            // Never happens (a waiter is only dropped from the list once given a slot or
+            // found closed); wait again rather than run without a slot.
+            Err(_) => Box::pin(self.admit(ip)).await,
+        }
+    }
+
+    /// Gives `ip`'s slot back and hands it to the newest waiter that may take one.
+    fn release(self: &Arc<Self>, ip: IpAddr) {
+        let next = {
+            let mut s = self.lock();
+            s.give_back(ip);
+            let mut chosen = None;
+            let mut k = s.waiting.len();
+            while k > 0 && s.held < self.slots {
+                k -= 1;
+                if s.waiting[k].tx.is_closed() {
+                    s.waiting.remove(k);
+                    continue;
+                }
+                let peer = s.waiting[k].ip;
+                if s.may_take(&peer, self.slots, self.per_peer) {
+                    let w = s.waiting.remove(k);
+                    s.take(w.ip);
+                    chosen = Some(w);
+                    break;
+                }
+            }
+            if s.waiting.len() < s.swept_len {
+                s.swept_len = s.waiting.len();
+            }
+            chosen
         };
-        // The semaphores are never closed, so acquiring cannot fail.
-        share.permit = sem.acquire_owned().await.ok();
-        let slot = self.slots.clone().acquire_owned().await.ok();
-        Admitted {
-            _slot: slot,
-            _peer: share,
+        // Outside the lock: a waiter that gave up meanwhile drops the slot, which releases
+        // it again (to the next waiter).
+        if let Some(w) = next {
+            let _ = w.tx.send(Admitted {
+                admission: self.clone(),
+                ip: w.ip,
+            });
         }
     }
 
     /// Slots free now.
     #[cfg(test)]
     fn free(&self) -> usize {
-        self.slots.available_permits()
+        self.slots - self.lock().held
     }
 
-    /// Addresses holding or awaiting a place.
+    /// Addresses holding a slot.
     #[cfg(test)]
     fn addresses(&self) -> usize {
-        self.lock_peers().len()
+        self.lock().by_peer.len()
     }
 }
 
@@ -151,20 +222,59 @@ mod tests {
         drop(mine);
         drop(other);
         assert_eq!(a.free(), 8);
+        assert_eq!(a.addresses(), 0, "a gone address is still remembered");
     }
 
     #[tokio::test]
-    async fn addresses_are_forgotten_when_their_last_connection_goes_also_while_waiting() {
-        let a = Admission::new(4);
+    async fn the_newest_waiter_is_admitted_first_and_given_up_waiters_are_skipped() {
+        let a = Admission::new(1);
         let first = a.admit(ip(1)).await;
-        // A second connection from the same address gives up while waiting (its deadline).
-        assert!(pending(a.admit(ip(1))).await);
-        assert_eq!(a.addresses(), 1);
+        let (older, newer, gone) = (a.clone(), a.clone(), a.clone());
+        let older = tokio::spawn(async move { older.admit(ip(2)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let newer = tokio::spawn(async move { newer.admit(ip(3)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The newest of all gives up (its deadline) before a slot frees.
+        assert!(pending(gone.admit(ip(4))).await);
         drop(first);
-        assert_eq!(a.addresses(), 0, "a gone address is still remembered");
-        assert_eq!(a.free(), 4);
-        // And it may come back.
-        let again = tokio::time::timeout(Duration::from_secs(1), a.admit(ip(1))).await;
+        let newer = tokio::time::timeout(Duration::from_secs(1), newer)
+            .await
+            .expect("the newest live waiter was admitted")
+            .unwrap();
+        assert!(!older.is_finished(), "the older waiter went first");
+        drop(newer);
+        let older = tokio::time::timeout(Duration::from_secs(1), older).await;
+        assert!(older.is_ok(), "the older waiter was not admitted after");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_left_does_not_keep_the_slot() {
+        let a = Admission::new(1);
+        let first = a.admit(ip(1)).await;
+        let waiter = a.clone();
+        let left = tokio::spawn(async move { waiter.admit(ip(2)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left.abort();
+        let _ = left.await;
+        drop(first);
+        assert_eq!(a.free(), 1, "the slot was lost with the waiter that left");
+        let again = tokio::time::timeout(Duration::from_secs(1), a.admit(ip(3))).await;
         assert!(again.is_ok());
+    }
+
+    #[tokio::test]
+    async fn waiters_that_gave_up_do_not_pile_up() {
+        let a = Admission::new(1);
+        let _held = a.admit(ip(1)).await;
+        for _ in 0..1000 {
+            assert!(pending_now(a.admit(ip(2))).await);
+        }
+        assert!(a.lock().waiting.len() <= 128, "{}", a.lock().waiting.len());
+    }
+
+    /// Polls `f` once: true when it did not finish.
+    async fn pending_now<F: std::future::Future>(f: F) -> bool {
+        let mut f = std::pin::pin!(f);
+        futures_util::poll!(f.as_mut()).is_pending()
     }
 }

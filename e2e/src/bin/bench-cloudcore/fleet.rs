@@ -54,6 +54,11 @@ pub struct FleetArgs {
     /// TLS handshakes in flight while the fleet first connects (split over the simulators).
     #[arg(long, default_value_t = 128)]
     handshakes: usize,
+    /// Each replica's `cloudHub.maxConcurrentHandshakes` (a quarter of it per address, and
+    /// every simulated edge dials from 127.0.0.1). The default 512 suits a cloudcore with
+    /// its cores to itself; here each replica gets about a twelfth of two cores.
+    #[arg(long, default_value_t = 128)]
+    replica_handshakes: usize,
     /// API calls in flight while creating objects.
     #[arg(long, default_value_t = 128)]
     api_concurrency: usize,
@@ -446,6 +451,7 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
             &rdir,
             &pki,
             &memserver.kubeconfig,
+            args.replica_handshakes,
         )?);
     }
     for c in &replicas {

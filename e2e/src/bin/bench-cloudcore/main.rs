@@ -85,6 +85,7 @@ pub(crate) fn start_cloudcore(
     dir: &Path,
     pki: &Pki,
     kubeconfig: &Path,
+    max_handshakes: usize,
 ) -> anyhow::Result<CloudcoreProcess> {
     std::fs::write(dir.join("rootCA.crt"), &pki.ca.cert.cert_pem)?;
     std::fs::write(dir.join("rootCA.key"), &pki.ca.cert.key_pem)?;
@@ -103,6 +104,7 @@ modules:
   cloudHub:
     advertiseAddress: ["127.0.0.1"]
     nodeLimit: 100000
+    maxConcurrentHandshakes: {max_handshakes}
     tlsCAFile: "{dir}/rootCA.crt"
     tlsCAKeyFile: "{dir}/rootCA.key"
     tlsCertFile: "{dir}/none.crt"
@@ -190,7 +192,13 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         Some(b) => b,
         None => std::env::current_exe()?.with_file_name("cloudcore"),
     };
-    let cc = start_cloudcore(&bin, &dir, &pki, api.kubeconfig_path())?;
+    let cc = start_cloudcore(
+        &bin,
+        &dir,
+        &pki,
+        api.kubeconfig_path(),
+        kubeedge_shared::constants::DEFAULT_MAX_HANDSHAKES,
+    )?;
     let pid = cc.child.id();
     wait_ready(&cc.monitor).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
