@@ -322,6 +322,7 @@ impl Downstream {
         if previous.is_some_and(|p| p.uid == uid && rv != 0 && p.rv > rv) {
             return; // an older copy (a node's pod list answered after a newer watch event)
         }
+        self.pods.recent.fit(self.pods.pods.len());
         self.pods.recent.put(&key, &uid, rv, &value);
         let op = match previous {
             Some(prev) if prev.uid == uid && prev.fingerprint == fingerprint => {

@@ -3,13 +3,21 @@
 //! a storm of reconnects, apiserver reads grow with what changed beyond the budget, not with
 //! the nodes. Only a copy at exactly the resourceVersion the actor knows is used; anything
 //! else is fetched (`fetch_pods.rs`). The oldest delivery goes first when the budget is full.
+//!
+//! The budget follows the edge pods known: a storm of reconnects comes with whatever changed
+//! while the edges were away, which is a share of the cluster, not a number of pods. At
+//! 1,000,000 pods a fixed 64 MB (about 40,000 pods) left the 95,000 pods a 100-second outage
+//! changed to be read again from the API server in full lists of a million pods (BENCHMARKS.md,
+//! the 100,000-edge storm); 192 bytes per pod known keeps about an eighth of them.
 
 use crate::controller::location::ObjectKey;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 
-/// The budget: about 40,000 pods of 1.6 KB.
+/// The least budget: about 40,000 pods of 1.6 KB.
 pub(super) const RECENT_BYTES: usize = 64 << 20;
+/// Budget per edge pod known, beyond [`RECENT_BYTES`]: 192 MB at 1,000,000 pods.
+pub(super) const RECENT_BYTES_PER_POD: usize = 192;
 
 struct Recent {
     uid: String,
@@ -20,6 +28,9 @@ struct Recent {
 
 pub(super) struct RecentPods {
     limit: usize,
+    /// The least `limit`, and what each pod known adds ([`Self::fit`]).
+    floor: usize,
+    per_pod: usize,
     bytes: usize,
     next: u64,
     map: HashMap<ObjectKey, Recent>,
@@ -29,14 +40,20 @@ pub(super) struct RecentPods {
 
 impl Default for RecentPods {
     fn default() -> Self {
-        RecentPods::with_limit(RECENT_BYTES)
+        RecentPods {
+            per_pod: RECENT_BYTES_PER_POD,
+            ..RecentPods::with_limit(RECENT_BYTES)
+        }
     }
 }
 
 impl RecentPods {
+    /// A fixed budget of `limit` bytes.
     pub(super) fn with_limit(limit: usize) -> Self {
         RecentPods {
             limit,
+            floor: limit,
+            per_pod: 0,
             bytes: 0,
             next: 0,
             map: HashMap::new(),
@@ -44,10 +61,20 @@ impl RecentPods {
         }
     }
 
+    /// Sizes the budget for `pods` edge pods known (dropping the oldest deliveries when it
+    /// shrinks).
+    pub(super) fn fit(&mut self, pods: usize) {
+        let limit = self.floor.max(pods.saturating_mul(self.per_pod));
+        if limit != self.limit {
+            self.limit = limit;
+            self.evict();
+        }
+    }
+
     /// The pod as delivered at `rv`.
     pub(super) fn put(&mut self, key: &ObjectKey, uid: &str, rv: u64, pod: &Value) {
         let json = pod.to_string().into_boxed_str();
-        if json.len() > self.limit / 64 {
+        if json.len() > self.floor / 64 {
             self.remove(key);
             return;
         }
@@ -110,6 +137,35 @@ mod tests {
 
     fn key(n: &str) -> ObjectKey {
         ("ns".into(), n.into())
+    }
+
+    #[test]
+    fn the_budget_follows_the_pods_known_above_its_floor() {
+        let mut r = RecentPods::default();
+        r.fit(1_000_000);
+        assert_eq!(r.limit, 192_000_000);
+        r.fit(10);
+        assert_eq!(r.limit, RECENT_BYTES);
+        // A fixed budget stays fixed (tests use 0 to keep nothing).
+        let mut fixed = RecentPods::with_limit(0);
+        fixed.fit(1_000_000);
+        assert_eq!(fixed.limit, 0);
+        // Shrinking drops the oldest deliveries down to the new budget.
+        let pod = json!({"metadata": {"name": "x"}, "spec": {"x": "y".repeat(1000)}});
+        let mut r = RecentPods {
+            per_pod: 1000,
+            ..RecentPods::with_limit(0)
+        };
+        r.floor = 64 * 2000; // entries of ~1 KB are kept
+        r.fit(1000);
+        for i in 0..500 {
+            r.put(&key(&format!("p{i}")), "u", 1, &pod);
+        }
+        assert_eq!(r.map.len(), 500);
+        r.fit(0);
+        assert!(r.bytes <= 64 * 2000, "{}", r.bytes);
+        assert!(r.get(&key("p499"), "u", 1).is_some(), "the newest went");
+        assert!(r.get(&key("p0"), "u", 1).is_none(), "the oldest stayed");
     }
 
     #[test]
