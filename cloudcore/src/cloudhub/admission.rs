@@ -19,8 +19,10 @@
 //! A slot is only taken once the peer has sent its first bytes (its ClientHello), so a silent
 //! connection never holds one, and an admitted handshake has its own short deadline
 //! ([`super::HubConfig::admitted_handshake_timeout`]), so a peer that starts and stalls holds
-//! its slot that long at most. One address holds at most a quarter of the slots, so a few
-//! stalling peers cannot take them all (edges behind one NAT still get a quarter).
+//! its slot that long at most. One address (an IPv6 /64) holds at most a quarter of the
+//! slots, so one stalling host cannot take them all (edges behind one NAT still get a
+//! quarter); hosts with many addresses can, for 10 s at a time, which delays edges but does
+//! not turn them away.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -64,6 +66,20 @@ impl Drop for Admitted {
     }
 }
 
+/// The address a share is counted for: an IPv6 host has a /64 to pick from, so its /64 is
+/// one address; an IPv4-mapped IPv6 address is its IPv4 one.
+fn share_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !((1u128 << 64) - 1),
+            )),
+        },
+    }
+}
+
 impl State {
     fn may_take(&self, ip: &IpAddr, slots: usize, per_peer: usize) -> bool {
         self.held < slots && self.by_peer.get(ip).copied().unwrap_or(0) < per_peer
@@ -102,6 +118,7 @@ impl Admission {
     /// Waits until `ip` is below its share and a slot is free (newest waiter first). A
     /// connection that gives up waiting (its deadline) simply drops the future.
     pub(crate) async fn admit(self: &Arc<Self>, ip: IpAddr) -> Admitted {
+        let ip = share_key(ip);
         let rx = {
             let mut s = self.lock();
             if s.may_take(&ip, self.slots, self.per_peer) {
@@ -260,6 +277,21 @@ mod tests {
         assert_eq!(a.free(), 1, "the slot was lost with the waiter that left");
         let again = tokio::time::timeout(Duration::from_secs(1), a.admit(ip(3))).await;
         assert!(again.is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_ipv6_64_is_one_address_and_a_mapped_ipv4_is_its_ipv4() {
+        let a = Admission::new(4); // one per address
+        let v6 = |s: &str| IpAddr::V6(s.parse().unwrap());
+        let _one = a.admit(v6("2001:db8:1:2::1")).await;
+        assert!(
+            pending(a.admit(v6("2001:db8:1:2:ffff::9"))).await,
+            "another address of the same /64 got a second slot"
+        );
+        let other = tokio::time::timeout(Duration::from_secs(1), a.admit(v6("2001:db8:1:3::1")));
+        assert!(other.await.is_ok());
+        let _v4 = a.admit(IpAddr::from([192, 0, 2, 1])).await;
+        assert!(pending(a.admit(v6("::ffff:192.0.2.1"))).await);
     }
 
     #[tokio::test]

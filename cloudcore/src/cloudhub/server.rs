@@ -120,9 +120,14 @@ async fn admitted_handshake(
     let waiting = Counted::new(&metrics.handshakes_waiting);
     // A silent connection costs a socket, never a slot. A peek waits for a byte (or EOF, which
     // then fails in the handshake); `readable()` may report a false positive.
-    tcp.peek(&mut [0u8; 1])
+    let first = tcp
+        .peek(&mut [0u8; 1])
         .await
         .map_err(|e| format!("waiting for the ClientHello: {e}"))?;
+    if first == 0 {
+        // Connected and closed (a TCP health check): nothing to admit.
+        return Err("closed before the ClientHello".into());
+    }
     let _admitted = inner.admission.admit(peer.ip()).await;
     drop(waiting);
     let _working = Counted::new(&metrics.handshakes_in_progress);
@@ -132,7 +137,7 @@ async fn admitted_handshake(
     match tokio::time::timeout(limit, Box::pin(handshake(inner, acceptor, tcp, peer))).await {
         Ok(done) => done,
         Err(_) => {
-            refused(inner, "handshake_timeout");
+            refused(inner, "admitted_handshake_timeout");
             tracing::warn!(%peer, ?limit, "admitted TLS/WebSocket handshake did not finish in time");
             Err("admitted handshake timed out".into())
         }

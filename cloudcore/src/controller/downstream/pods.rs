@@ -193,6 +193,7 @@ impl Downstream {
         let keys = self.location.write().remove_node(node);
         for key in keys {
             self.pods.pods.remove(&key);
+            self.pods.recent.remove(&key);
         }
         self.pods.known.remove(node);
         self.pods.listing.remove(node);
