@@ -118,8 +118,8 @@ async fn admitted_handshake(
 ) -> Result<(Ws, Accepted), String> {
     let metrics = &inner.metrics;
     let waiting = Counted::new(&metrics.handshakes_waiting);
-    // A silent connection costs a socket, never a slot. A peek waits for a byte (or EOF, which
-    // then fails in the handshake); `readable()` may report a false positive.
+    // A silent connection costs a socket, never a slot. A peek waits for a byte or EOF
+    // (`readable()` may report a false positive).
     let first = tcp
         .peek(&mut [0u8; 1])
         .await

@@ -51,6 +51,29 @@ fn pod(name: &str, node: &str, labels: serde_json::Value, cfg: bool) -> Pod {
 }
 
 /// Runs `f(i)` for each `i` in `items`, 64 at a time; returns how many ran.
+/// Creates pod `<app>-<i>` on `edge-<i>` (label `app: <app>`) for each `i`; how many.
+async fn create_pods(
+    pods: &Api<Pod>,
+    items: Vec<usize>,
+    app: &'static str,
+    cfg: bool,
+) -> anyhow::Result<usize> {
+    each(items, |i| {
+        let pods = pods.clone();
+        async move {
+            let p = pod(
+                &format!("{app}-{i}"),
+                &format!("edge-{i}"),
+                json!({"app": app}),
+                cfg,
+            );
+            pods.create(&PostParams::default(), &p).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
 async fn each<F, Fut>(items: Vec<usize>, f: F) -> anyhow::Result<usize>
 where
     F: Fn(usize) -> Fut,
@@ -129,20 +152,7 @@ pub async fn prepare(client: &kube::Client, n: usize) -> anyhow::Result<()> {
     let cm: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": CFG}, "data": {"v": "0"}}))?;
     cms.create(&PostParams::default(), &cm).await?;
-    each((0..n).collect(), |i| {
-        let pods = pods.clone();
-        async move {
-            let p = pod(
-                &format!("cfg-{i}"),
-                &format!("edge-{i}"),
-                json!({"app": "cfg"}),
-                true,
-            );
-            pods.create(&PostParams::default(), &p).await?;
-            Ok(())
-        }
-    })
-    .await?;
+    create_pods(&pods, (0..n).collect(), "cfg", true).await?;
     Ok(())
 }
 
@@ -205,19 +215,12 @@ pub async fn change_while_away(
         },
     )
     .await?;
-    let created = each((0..n).filter(|i| i % 4 == 0).collect(), |i| {
-        let pods = pods.clone();
-        async move {
-            let new = pod(
-                &format!("storm-{i}"),
-                &format!("edge-{i}"),
-                json!({"app": "storm"}),
-                false,
-            );
-            pods.create(&PostParams::default(), &new).await?;
-            Ok(())
-        }
-    })
+    let created = create_pods(
+        &pods,
+        (0..n).filter(|i| i % 4 == 0).collect(),
+        "storm",
+        false,
+    )
     .await?;
     let released = each((0..n).filter(|i| i % 7 == 0).collect(), |i| {
         let (pods, now) = (pods.clone(), now.clone());
