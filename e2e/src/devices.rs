@@ -4,7 +4,7 @@
 
 use crate::process::LoggedProcess;
 use anyhow::Context;
-use cloudcore::controller::devices::{device_resource, device_status_resource, model_resource};
+use cloudcore::controller::kind::Kind;
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -20,9 +20,9 @@ pub async fn install(client: &kube::Client) -> anyhow::Result<()> {
         client,
         CRDS_YAML,
         &[
-            device_resource(),
-            model_resource(),
-            device_status_resource(),
+            Kind::Device.api_resource(),
+            Kind::DeviceModel.api_resource(),
+            Kind::DeviceStatus.api_resource(),
         ],
     )
     .await
@@ -30,15 +30,15 @@ pub async fn install(client: &kube::Client) -> anyhow::Result<()> {
 
 /// KubeEdge v1.23's DeviceStatuses in `ns`.
 pub fn device_statuses(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &device_status_resource())
+    Api::namespaced_with(client.clone(), ns, &Kind::DeviceStatus.api_resource())
 }
 
 pub fn devices(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &device_resource())
+    Api::namespaced_with(client.clone(), ns, &Kind::Device.api_resource())
 }
 
 pub fn models(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &model_resource())
+    Api::namespaced_with(client.clone(), ns, &Kind::DeviceModel.api_resource())
 }
 
 /// A model of a thermostat: `temperature` (read-only, holding register 0) and `setpoint`

@@ -5,7 +5,7 @@
 
 use crate::cloud::CloudFixture;
 use bytes::Bytes;
-use cloudcore::router::rules::{rule_endpoint_resource, rule_resource};
+use cloudcore::controller::kind::Kind;
 use cloudcore::router::target::HttpClient;
 use cloudcore::router::{Router, RouterMetrics, RouterSettings};
 use http_body_util::{BodyExt, Full, Limited};
@@ -27,7 +27,7 @@ pub async fn install(client: &kube::Client) -> anyhow::Result<()> {
     crate::crds::install(
         client,
         CRDS_YAML,
-        &[rule_resource(), rule_endpoint_resource()],
+        &[Kind::Rule.api_resource(), Kind::RuleEndpoint.api_resource()],
     )
     .await
 }
@@ -78,7 +78,7 @@ pub async fn create_endpoint(
         "spec": {"ruleEndpointType": ty, "properties": map(properties)}
     });
     let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), ns, &rule_endpoint_resource());
+        Api::namespaced_with(client.clone(), ns, &Kind::RuleEndpoint.api_resource());
     api.create(
         &PostParams::default(),
         &serde_json::from_value(obj).expect("a RuleEndpoint"),
@@ -111,7 +111,7 @@ pub async fn create_rule(
 }
 
 pub fn rules(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &rule_resource())
+    Api::namespaced_with(client.clone(), ns, &Kind::Rule.api_resource())
 }
 
 pub async fn delete_rule(client: &kube::Client, ns: &str, name: &str) {

@@ -16,6 +16,7 @@ pub mod devices;
 pub mod downstream;
 pub mod dynamic;
 pub mod endpoint_index;
+pub mod kind;
 pub mod location;
 pub mod node_fields;
 pub mod node_lease;

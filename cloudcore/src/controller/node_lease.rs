@@ -11,7 +11,8 @@
 //! come every 15 s, the lifecycle controller's grace is 40 s). A Lease that does not exist is
 //! created as the kubelet creates it, owned by its Node.
 
-use super::rest::{self, Kind};
+use super::kind::Kind;
+use super::rest;
 use crate::cloudhub::{CloudHub, Heard};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Patch;

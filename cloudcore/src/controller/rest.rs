@@ -1,12 +1,14 @@
 //! The apiserver calls of the upstream controller and the resyncs, with the verbs and patch
 //! types KubeEdge's upstream controller uses. Requests are built by kube's dynamic API (an
-//! [`ApiResource`] per [`Kind`], `kube::core::Request`, [`Patch`]) and answered as plain JSON,
+//! `ApiResource` per [`Kind`], `kube::core::Request`, [`Patch`]) and answered as plain JSON,
 //! so edge-supplied objects pass through field for field.
 
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GetParams, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, GetParams, Patch, PatchParams};
 use kube::api::{PostParams, Resource};
 use kubeedge_shared::StatusError;
 use kubeedge_shared::backoff::Backoff;
+
+use super::kind::Kind;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -110,124 +112,6 @@ pub fn invalid_segment(s: &str) -> Option<String> {
     s.chars()
         .find(|c| matches!(c, '/' | '%' | '?' | '#') || c.is_whitespace() || c.is_control())
         .map(|c| format!("{s:?} may not contain {c:?}"))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Node,
-    Pod,
-    ConfigMap,
-    Secret,
-    ServiceAccount,
-    PersistentVolume,
-    PersistentVolumeClaim,
-    VolumeAttachment,
-    Lease,
-    Event,
-    Service,
-    Endpoints,
-    EndpointSlice,
-    CertificateSigningRequest,
-}
-
-impl Kind {
-    /// The resource as the apiserver names it in messages (`endpointslices.discovery.k8s.io`).
-    pub fn qualified_resource(self) -> String {
-        let (prefix, plural) = self.group_plural();
-        match prefix
-            .strip_prefix("/apis/")
-            .and_then(|g| g.split('/').next())
-        {
-            Some(group) => format!("{plural}.{group}"),
-            None => plural.to_string(),
-        }
-    }
-
-    /// The resource as kube's dynamic API describes it.
-    pub fn api_resource(self) -> ApiResource {
-        let (api_version, kind) = self.type_meta();
-        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        ApiResource {
-            group: group.into(),
-            version: version.into(),
-            api_version: api_version.into(),
-            kind: kind.into(),
-            plural: self.group_plural().1.into(),
-        }
-    }
-
-    fn group_plural(self) -> (&'static str, &'static str) {
-        match self {
-            Kind::Node => ("/api/v1", "nodes"),
-            Kind::Pod => ("/api/v1", "pods"),
-            Kind::ConfigMap => ("/api/v1", "configmaps"),
-            Kind::Secret => ("/api/v1", "secrets"),
-            Kind::ServiceAccount => ("/api/v1", "serviceaccounts"),
-            Kind::PersistentVolume => ("/api/v1", "persistentvolumes"),
-            Kind::PersistentVolumeClaim => ("/api/v1", "persistentvolumeclaims"),
-            Kind::VolumeAttachment => ("/apis/storage.k8s.io/v1", "volumeattachments"),
-            Kind::Lease => ("/apis/coordination.k8s.io/v1", "leases"),
-            Kind::Event => ("/api/v1", "events"),
-            Kind::Service => ("/api/v1", "services"),
-            Kind::Endpoints => ("/api/v1", "endpoints"),
-            Kind::EndpointSlice => ("/apis/discovery.k8s.io/v1", "endpointslices"),
-            Kind::CertificateSigningRequest => {
-                ("/apis/certificates.k8s.io/v1", "certificatesigningrequests")
-            }
-        }
-    }
-
-    pub fn namespaced(self) -> bool {
-        !matches!(
-            self,
-            Kind::Node
-                | Kind::PersistentVolume
-                | Kind::VolumeAttachment
-                | Kind::CertificateSigningRequest
-        )
-    }
-
-    /// `apiVersion` and `kind` stamped on objects sent to the edge.
-    /// The kind of an object sent to or asked for by an edge under this resource type.
-    pub fn of_resource_type(t: &kubeedge_shared::ResourceType) -> Option<Kind> {
-        use kubeedge_shared::ResourceType as RT;
-        Some(match t {
-            RT::Node => Kind::Node,
-            RT::Pod => Kind::Pod,
-            RT::ConfigMap => Kind::ConfigMap,
-            RT::Secret => Kind::Secret,
-            RT::PersistentVolume => Kind::PersistentVolume,
-            RT::PersistentVolumeClaim => Kind::PersistentVolumeClaim,
-            RT::VolumeAttachment => Kind::VolumeAttachment,
-            RT::Lease => Kind::Lease,
-            RT::Event => Kind::Event,
-            RT::Service => Kind::Service,
-            RT::Endpoints => Kind::Endpoints,
-            RT::EndpointSlice => Kind::EndpointSlice,
-            _ => return None,
-        })
-    }
-
-    pub fn type_meta(self) -> (&'static str, &'static str) {
-        match self {
-            Kind::Node => ("v1", "Node"),
-            Kind::Pod => ("v1", "Pod"),
-            Kind::ConfigMap => ("v1", "ConfigMap"),
-            Kind::Secret => ("v1", "Secret"),
-            Kind::ServiceAccount => ("v1", "ServiceAccount"),
-            Kind::PersistentVolume => ("v1", "PersistentVolume"),
-            Kind::PersistentVolumeClaim => ("v1", "PersistentVolumeClaim"),
-            Kind::VolumeAttachment => ("storage.k8s.io/v1", "VolumeAttachment"),
-            Kind::Lease => ("coordination.k8s.io/v1", "Lease"),
-            Kind::Event => ("v1", "Event"),
-            Kind::Service => ("v1", "Service"),
-            Kind::Endpoints => ("v1", "Endpoints"),
-            Kind::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSlice"),
-            Kind::CertificateSigningRequest => {
-                ("certificates.k8s.io/v1", "CertificateSigningRequest")
-            }
-        }
-    }
 }
 
 /// Sets `apiVersion`/`kind` (the edge's MetaServer refuses objects without them).

@@ -23,8 +23,9 @@
 //! Memory: each object is kept once, as compact JSON without `managedFields`.
 
 use super::endpoint_index::EndpointIndex;
+use super::kind::Kind;
 use super::location::ObjectKey;
-use super::rest::{Kind, with_type_meta};
+use super::rest::with_type_meta;
 use crate::http::Readiness;
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, Service};

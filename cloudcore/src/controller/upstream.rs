@@ -1,10 +1,11 @@
 //! Upstream: what edges ask of the cluster (protocol §4.2), answered in KubeEdge's shapes.
 
 use super::coalesce::Coalesce;
+use super::kind::Kind;
 use super::location::SharedLocation;
 use super::node_fields;
 use super::node_restriction::{self, Verdict};
-use super::rest::{self, ApiRequest, Kind, call_retrying, status_error, with_type_meta};
+use super::rest::{self, ApiRequest, call_retrying, status_error, with_type_meta};
 use super::services::ServiceCache;
 use super::serving_certs;
 use crate::cloudhub::{CloudHub, Upstream};

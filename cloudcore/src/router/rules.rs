@@ -8,8 +8,6 @@
 //! target is an `http`/`https` URL, a servicebus target port is a number.
 
 use super::path::PathPattern;
-use kube::api::ApiResource;
-use kube::api::GroupVersionKind;
 use kubeedge_shared::names::valid_node_name;
 use kubeedge_shared::topic::{valid_filter, valid_topic};
 use serde::Deserialize;
@@ -17,17 +15,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub const GROUP: &str = "rules.kubeedge.io";
 pub const VERSION: &str = "v1";
-
-pub fn rule_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, "Rule"), "rules")
-}
-
-pub fn rule_endpoint_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(GROUP, VERSION, "RuleEndpoint"),
-        "ruleendpoints",
-    )
-}
 
 /// `(namespace, name)`.
 pub type ObjKey = (String, String);

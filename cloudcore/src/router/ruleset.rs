@@ -10,10 +10,11 @@
 //! retries such a rule for 30 s). Its loop only moves memory and messages.
 
 use super::metrics::{OperationLabel, RouterMetrics};
-use super::rules::{ObjKey, Rule, RuleEndpointSpec, rule_endpoint_resource, rule_resource};
+use super::rules::{ObjKey, Rule, RuleEndpointSpec};
 use super::status::StatusTally;
 use super::table::{Registration, RouteTable};
 use crate::cloudhub::HubSink;
+use crate::controller::kind::Kind;
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt;
@@ -294,9 +295,9 @@ fn endpoint_spec(o: &DynamicObject) -> RuleEndpointSpec {
 
 async fn watch_kind(client: kube::Client, rules: bool, tx: mpsc::Sender<Input>) {
     let ar = if rules {
-        rule_resource()
+        Kind::Rule.api_resource()
     } else {
-        rule_endpoint_resource()
+        Kind::RuleEndpoint.api_resource()
     };
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
     let mut stream = watcher::watcher(api, watcher::Config::default())

@@ -10,7 +10,8 @@
 //! (missing endpoint, invalid, clashing) are reported the same way.
 
 use super::metrics::{ResultLabel, RouterMetrics};
-use super::rules::{ObjKey, Route, rule_resource};
+use super::rules::{ObjKey, Route};
+use crate::controller::kind::Kind;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -181,7 +182,7 @@ pub async fn run(
     metrics: RouterMetrics,
     shutdown: CancellationToken,
 ) {
-    let ar = rule_resource();
+    let ar = Kind::Rule.api_resource();
     loop {
         let stopping = tokio::select! {
             _ = shutdown.cancelled() => true,

@@ -18,7 +18,7 @@
 use cloudcore::cloudhub::HubSink;
 use cloudcore::cloudhub::queue::Enqueued;
 use cloudcore::cloudhub::{Capabilities, SendError};
-use cloudcore::controller::policy::{Change, Input, Kind, PodRef, Policy};
+use cloudcore::controller::policy::{Change, Input, PodRef, Policy};
 use e2e::bench::env_usize;
 use e2e::procfs::rss_kb;
 use kubeedge_shared::Message;
@@ -111,15 +111,14 @@ fn main() {
             })));
         }
     }
-    for k in Kind::ALL {
-        let listed = match k {
-            Kind::Pod => Input::Pods(Change::Listed),
-            Kind::ServiceAccount => Input::ServiceAccounts(Change::Listed),
-            Kind::Role => Input::Roles(Change::Listed),
-            Kind::RoleBinding => Input::RoleBindings(Change::Listed),
-            Kind::ClusterRole => Input::ClusterRoles(Change::Listed),
-            Kind::ClusterRoleBinding => Input::ClusterRoleBindings(Change::Listed),
-        };
+    for listed in [
+        Input::Pods(Change::Listed),
+        Input::ServiceAccounts(Change::Listed),
+        Input::Roles(Change::Listed),
+        Input::RoleBindings(Change::Listed),
+        Input::ClusterRoles(Change::Listed),
+        Input::ClusterRoleBindings(Change::Listed),
+    ] {
         policy.apply(listed);
     }
 

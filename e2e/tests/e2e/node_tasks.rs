@@ -4,6 +4,7 @@
 //! (restarts, roll-backs, confirmation through the MetaServer, shell payloads refused) — and a
 //! KubeEdge-shaped raw edge against our cloud, in KubeEdge v1.23's message shapes.
 
+use cloudcore::controller::kind::Kind;
 use e2e::channel::{Pki, RawEdge};
 use e2e::cloud::CloudFixture;
 use e2e::edge::{EdgeEnv, WAIT, init_logs, node_name, wait_for};
@@ -17,10 +18,7 @@ use std::time::Duration;
 const CRDS_YAML: &str = include_str!("../../../manifests/crds/operations-crds.yaml");
 
 fn jobs(client: &kube::Client) -> Api<DynamicObject> {
-    Api::all_with(
-        client.clone(),
-        &cloudcore::controller::nodetask::image_prepull_resource(),
-    )
+    Api::all_with(client.clone(), &Kind::ImagePrePullJob.api_resource())
 }
 
 async fn install(client: &kube::Client) {
@@ -28,8 +26,8 @@ async fn install(client: &kube::Client) {
         client,
         CRDS_YAML,
         &[
-            cloudcore::controller::nodetask::image_prepull_resource(),
-            cloudcore::controller::nodetask::node_upgrade_resource(),
+            Kind::ImagePrePullJob.api_resource(),
+            Kind::NodeUpgradeJob.api_resource(),
         ],
     )
     .await
@@ -390,10 +388,7 @@ async fn a_kubeedge_edge_runs_our_pre_pull_and_upgrade_jobs_in_kubeedges_shapes(
 }
 
 fn config_jobs(client: &kube::Client) -> Api<DynamicObject> {
-    Api::all_with(
-        client.clone(),
-        &cloudcore::controller::nodetask::config_update_resource(),
-    )
+    Api::all_with(client.clone(), &Kind::ConfigUpdateJob.api_resource())
 }
 
 /// A ConfigUpdateJob against the real edgecore binary: a setting changed with a restart; a
@@ -409,8 +404,8 @@ async fn config_update_jobs_change_edgecore_yaml_and_roll_back_when_the_cloud_is
         &client,
         CRDS_YAML,
         &[
-            cloudcore::controller::nodetask::image_prepull_resource(),
-            cloudcore::controller::nodetask::config_update_resource(),
+            Kind::ImagePrePullJob.api_resource(),
+            Kind::ConfigUpdateJob.api_resource(),
         ],
     )
     .await
@@ -550,10 +545,7 @@ async fn config_update_jobs_change_edgecore_yaml_and_roll_back_when_the_cloud_is
 }
 
 fn upgrade_jobs(client: &kube::Client) -> Api<DynamicObject> {
-    Api::all_with(
-        client.clone(),
-        &cloudcore::controller::nodetask::node_upgrade_resource(),
-    )
+    Api::all_with(client.clone(), &Kind::NodeUpgradeJob.api_resource())
 }
 
 /// `POST path` to the edge's MetaServer (plain HTTP on loopback): status and body.
@@ -607,13 +599,9 @@ async fn node_upgrade_jobs_swap_the_binary_and_roll_back_when_the_cloud_is_lost(
     };
     let cluster = e2e::cluster::connect().await.expect("test cluster");
     let client = cluster.client();
-    e2e::crds::install(
-        &client,
-        CRDS_YAML,
-        &[cloudcore::controller::nodetask::node_upgrade_resource()],
-    )
-    .await
-    .expect("operations CRDs");
+    e2e::crds::install(&client, CRDS_YAML, &[Kind::NodeUpgradeJob.api_resource()])
+        .await
+        .expect("operations CRDs");
     let pki = Pki::new().expect("test PKI");
     let cloud = CloudFixture::start(client.clone(), &pki)
         .await

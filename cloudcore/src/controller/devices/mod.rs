@@ -23,7 +23,7 @@ mod tests;
 mod watch;
 
 pub use messages::{IdForm, device_id};
-pub use status::{StatusWrite, device_resource, device_status_resource, model_resource};
+pub use status::StatusWrite;
 
 use crate::cloudhub::HubSink;
 use crate::cloudhub::NodeEvent;

@@ -10,7 +10,8 @@
 
 use super::{Input, ObjKey};
 use crate::cloudhub::HubSink;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use crate::controller::kind::Kind;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubeedge_shared::Message;
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -55,35 +56,6 @@ impl StatusWrite {
     }
 }
 
-/// `devices.kubeedge.io/v1beta1` `Device`.
-pub fn device_resource() -> ApiResource {
-    ApiResource {
-        group: kubeedge_shared::devices::GROUP.into(),
-        version: kubeedge_shared::devices::VERSION.into(),
-        api_version: kubeedge_shared::devices::API_VERSION.into(),
-        kind: "Device".into(),
-        plural: "devices".into(),
-    }
-}
-
-/// `devices.kubeedge.io/v1beta1` `DeviceModel`.
-pub fn model_resource() -> ApiResource {
-    ApiResource {
-        kind: "DeviceModel".into(),
-        plural: "devicemodels".into(),
-        ..device_resource()
-    }
-}
-
-/// `devices.kubeedge.io/v1beta1` `DeviceStatus` (KubeEdge v1.23).
-pub fn device_status_resource() -> ApiResource {
-    ApiResource {
-        kind: "DeviceStatus".into(),
-        plural: "devicestatuses".into(),
-        ..device_resource()
-    }
-}
-
 /// A new DeviceStatus for the device `key` (UID `uid`) holding `patch`'s status, owned by
 /// the Device as KubeEdge v1.23 makes it (a controller reference, so it is collected with it).
 pub fn device_status_object(key: &ObjKey, uid: &str, patch: &Value) -> Value {
@@ -115,7 +87,8 @@ async fn write(client: kube::Client, w: &StatusWrite) -> Result<(), kube::Error>
     let (ns, name) = (&w.key.0, &w.key.1);
     let pp = PatchParams::default();
     if !w.patch.is_null() {
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &device_resource());
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &Kind::Device.api_resource());
         api.patch(name, &pp, &Patch::Merge(&w.patch)).await?;
     }
     let Some(status) = &w.status else {
@@ -137,7 +110,8 @@ async fn write_device_status(
 ) -> Result<(), kube::Error> {
     let (ns, name) = (&w.key.0, &w.key.1);
     let pp = PatchParams::default();
-    let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &device_status_resource());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client, ns, &Kind::DeviceStatus.api_resource());
     match api.patch(name, &pp, &Patch::Merge(status)).await {
         Ok(_) => return Ok(()),
         Err(e) if is_code(&e, 404) => {}

@@ -4,26 +4,19 @@
 //! written when theirs is (KubeEdge v1.23).
 
 use super::Input;
-use super::status::{device_resource, device_status_resource, model_resource};
+use crate::controller::kind::Kind;
 use futures_util::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Device,
-    Model,
-    Status,
-}
-
 pub async fn run(client: kube::Client, tx: mpsc::Sender<Input>, shutdown: CancellationToken) {
-    let devices = watch(client.clone(), device_resource(), Kind::Device, tx.clone());
-    let models = watch(client.clone(), model_resource(), Kind::Model, tx.clone());
-    let statuses = watch(client, device_status_resource(), Kind::Status, tx);
+    let devices = watch(client.clone(), Kind::Device, tx.clone());
+    let models = watch(client.clone(), Kind::DeviceModel, tx.clone());
+    let statuses = watch(client, Kind::DeviceStatus, tx);
     tokio::select! {
         _ = shutdown.cancelled() => {}
         _ = async { tokio::join!(devices, models, statuses) } => {}
@@ -34,7 +27,8 @@ fn to_value(obj: DynamicObject) -> Value {
     serde_json::to_value(obj).unwrap_or_default()
 }
 
-async fn watch(client: kube::Client, ar: ApiResource, kind: Kind, tx: mpsc::Sender<Input>) {
+async fn watch(client: kube::Client, kind: Kind, tx: mpsc::Sender<Input>) {
+    let ar = kind.api_resource();
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
@@ -48,19 +42,19 @@ async fn watch(client: kube::Client, ar: ApiResource, kind: Kind, tx: mpsc::Send
             (Ok(Event::Delete(o)), Kind::Device) => Input::DeviceDeleted(to_value(o)),
             (Ok(Event::Init), Kind::Device) => Input::DevicesRelisting,
             (Ok(Event::InitDone), Kind::Device) => Input::DevicesListed,
-            (Ok(Event::Apply(o) | Event::InitApply(o)), Kind::Model) => {
+            (Ok(Event::Apply(o) | Event::InitApply(o)), Kind::DeviceModel) => {
                 Input::ModelApplied(to_value(o))
             }
-            (Ok(Event::Delete(o)), Kind::Model) => Input::ModelDeleted(to_value(o)),
-            (Ok(Event::InitDone), Kind::Model) => Input::ModelsListed,
-            (Ok(Event::Init), Kind::Model) => continue,
-            (Ok(Event::Apply(o) | Event::InitApply(o)), Kind::Status) => {
+            (Ok(Event::Delete(o)), Kind::DeviceModel) => Input::ModelDeleted(to_value(o)),
+            (Ok(Event::InitDone), Kind::DeviceModel) => Input::ModelsListed,
+            (Ok(Event::Init), Kind::DeviceModel) => continue,
+            (Ok(Event::Apply(o) | Event::InitApply(o)), Kind::DeviceStatus) => {
                 Input::StatusApplied(to_value(o))
             }
-            (Ok(Event::Delete(o)), Kind::Status) => Input::StatusDeleted(to_value(o)),
-            (Ok(Event::Init), Kind::Status) => Input::StatusesRelisting,
-            (Ok(Event::InitDone), Kind::Status) => Input::StatusesListed,
-            (Err(e), Kind::Status) => {
+            (Ok(Event::Delete(o)), Kind::DeviceStatus) => Input::StatusDeleted(to_value(o)),
+            (Ok(Event::Init), Kind::DeviceStatus) => Input::StatusesRelisting,
+            (Ok(Event::InitDone), Kind::DeviceStatus) => Input::StatusesListed,
+            (Err(e), Kind::DeviceStatus) => {
                 if !warned {
                     tracing::info!(error = %e,
                         "DeviceStatus (KubeEdge v1.23) not served: device reports go to Device.status only until its CRD is installed (manifests/crds/devices-crds.yaml)");
@@ -78,6 +72,8 @@ async fn watch(client: kube::Client, ar: ApiResource, kind: Kind, tx: mpsc::Send
                 }
                 continue;
             }
+            // run() watches the three device kinds only.
+            (Ok(_), _) => continue,
         };
         warned = false;
         if tx.send(input).await.is_err() {

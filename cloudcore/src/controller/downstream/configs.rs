@@ -1,9 +1,10 @@
 //! Configmaps and secrets: sent only to the nodes whose pods use them (the location cache),
 //! and dropped from a node once none of its pods does.
 
-use super::{Downstream, Fetched, Watched, object_key, parse_rv};
+use super::{Downstream, Fetched, object_key, parse_rv};
+use crate::controller::kind::Kind;
 use crate::controller::location::{ObjectKey, Released};
-use crate::controller::rest::{Kind, with_type_meta};
+use crate::controller::rest::with_type_meta;
 use kube::Resource;
 use kube::runtime::watcher::Event;
 use kubeedge_shared::Operation;
@@ -14,22 +15,14 @@ pub use kubeedge_shared::resource_type::ConfigKind;
 
 /// What the cloud does with each [`ConfigKind`].
 pub trait ConfigKindExt {
-    fn rest_kind(self) -> Kind;
-    fn watched(self) -> Watched;
+    fn api_kind(self) -> Kind;
 }
 
 impl ConfigKindExt for ConfigKind {
-    fn rest_kind(self) -> Kind {
+    fn api_kind(self) -> Kind {
         match self {
             ConfigKind::ConfigMap => Kind::ConfigMap,
             ConfigKind::Secret => Kind::Secret,
-        }
-    }
-
-    fn watched(self) -> Watched {
-        match self {
-            ConfigKind::ConfigMap => Watched::ConfigMaps,
-            ConfigKind::Secret => Watched::Secrets,
         }
     }
 }
@@ -71,7 +64,7 @@ impl Downstream {
     where
         K: Resource<DynamicType = ()> + serde::Serialize,
     {
-        let which = kind.watched();
+        let which = kind.api_kind();
         match ev {
             Event::Init => {
                 self.relisting.insert(which, HashSet::new());
@@ -99,7 +92,7 @@ impl Downstream {
                 let Ok(v) = serde_json::to_value(&o) else {
                     return;
                 };
-                let v = with_type_meta(v, kind.rest_kind());
+                let v = with_type_meta(v, kind.api_kind());
                 for node in nodes {
                     self.send_config(&node, Operation::Update, kind, &key, v.clone());
                 }
@@ -138,7 +131,7 @@ impl Downstream {
         let object = object.unwrap_or_else(
             || json!({"metadata": {"namespace": key.0, "name": key.1, "uid": uid}}),
         );
-        let object = with_type_meta(object, kind.rest_kind());
+        let object = with_type_meta(object, kind.api_kind());
         for node in self.nodes_using(kind, key) {
             self.send_config(&node, Operation::Delete, kind, key, object.clone());
         }
@@ -158,7 +151,7 @@ impl Downstream {
                     .get(key)
                     .map(|(uid, _)| uid.as_str())
                     .unwrap_or_default();
-                let object = stub(kind.rest_kind(), key, uid);
+                let object = stub(kind.api_kind(), key, uid);
                 self.send_config(&released.node, Operation::Delete, kind, key, object);
             }
         }

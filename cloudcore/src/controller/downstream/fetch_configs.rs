@@ -216,9 +216,9 @@ impl ConfigReader {
 
 async fn get(client: &kube::Client, key: &Key) -> Result<Option<Value>, ()> {
     let (kind, (ns, name)) = key;
-    let req = rest::get(kind.rest_kind(), Some(ns), name);
+    let req = rest::get(kind.api_kind(), Some(ns), name);
     match rest::call_retrying(client, req).await {
-        Ok(obj) => Ok(Some(with_type_meta(obj, kind.rest_kind()))),
+        Ok(obj) => Ok(Some(with_type_meta(obj, kind.api_kind()))),
         Err(e) if rest::is_not_found(&e) => Ok(None),
         Err(e) => {
             tracing::warn!(?key, error = %e, "cannot fetch object for a resync; the edge asks for it when a pod needs it");

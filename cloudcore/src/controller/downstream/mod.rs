@@ -34,6 +34,7 @@ pub use configs::{ConfigKind, ConfigKindExt};
 pub use fetch::{ConfigWant, Fetch, Fetched, spawn_fetcher};
 pub use kubeedge_shared::inventory::HeldObject;
 
+use super::kind::Kind;
 use super::location::{ObjectKey, SharedLocation};
 use super::objectsync::SyncRecords;
 use crate::cloudhub::HubSink;
@@ -64,7 +65,7 @@ pub enum Input {
     /// A watcher has delivered every change up to this resourceVersion (a completed list or
     /// a bookmark).
     Progress {
-        watched: Watched,
+        watched: Kind,
         resource_version: u64,
     },
     /// An edge's inventory: send it the difference.
@@ -107,13 +108,7 @@ pub enum Input {
 }
 
 /// The kinds the actor watches.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum Watched {
-    Pods,
-    Nodes,
-    ConfigMaps,
-    Secrets,
-}
+const WATCHED: [Kind; 4] = [Kind::Node, Kind::Pod, Kind::ConfigMap, Kind::Secret];
 
 pub struct Downstream {
     hub: Arc<dyn HubSink>,
@@ -125,8 +120,8 @@ pub struct Downstream {
     /// Between comparisons of connected KubeEdge edges with their records.
     records_interval: Duration,
     /// Keys seen since the last `Init` of each watcher (to find deletions missed meanwhile).
-    relisting: HashMap<Watched, HashSet<ObjectKey>>,
-    synced: HashSet<Watched>,
+    relisting: HashMap<Kind, HashSet<ObjectKey>>,
+    synced: HashSet<Kind>,
     pods: pods::EdgePods,
     configmaps: configs::ConfigObjects,
     secrets: configs::ConfigObjects,
@@ -199,7 +194,7 @@ impl Downstream {
                     api: Api::<Node>::all(client.clone()),
                     labels: Some(EDGE_NODE_LABEL),
                     wrap: Input::Node,
-                    watched: Watched::Nodes,
+                    watched: Kind::Node,
                 }
                 .run(watch_tx.clone(), shutdown.clone()),
             ),
@@ -208,7 +203,7 @@ impl Downstream {
                     api: Api::<Pod>::all(client.clone()),
                     labels: None,
                     wrap: Input::Pod,
-                    watched: Watched::Pods,
+                    watched: Kind::Pod,
                 }
                 .run(watch_tx.clone(), shutdown.clone()),
             ),
@@ -217,7 +212,7 @@ impl Downstream {
                     api: Api::<ConfigMap>::all(client.clone()),
                     labels: None,
                     wrap: Input::ConfigMap,
-                    watched: Watched::ConfigMaps,
+                    watched: Kind::ConfigMap,
                 }
                 .run(watch_tx.clone(), shutdown.clone()),
             ),
@@ -226,7 +221,7 @@ impl Downstream {
                     api: Api::<Secret>::all(client.clone()),
                     labels: None,
                     wrap: Input::Secret,
-                    watched: Watched::Secrets,
+                    watched: Kind::Secret,
                 }
                 .run(watch_tx, shutdown.clone()),
             ),
@@ -312,7 +307,7 @@ impl Downstream {
         }
     }
 
-    fn mark_synced(&mut self, w: Watched) {
+    fn mark_synced(&mut self, w: Kind) {
         self.synced.insert(w);
         if self.all_synced() && !self.ready.is_ready() {
             tracing::info!("informers synced");
@@ -321,19 +316,19 @@ impl Downstream {
         }
     }
 
-    fn progressed(&mut self, watched: Watched, rv: u64) {
+    fn progressed(&mut self, watched: Kind, rv: u64) {
         let max = match watched {
-            Watched::Pods => &mut self.pods.max_rv,
-            Watched::ConfigMaps => &mut self.configmaps.max_rv,
-            Watched::Secrets => &mut self.secrets.max_rv,
-            Watched::Nodes => return,
+            Kind::Pod => &mut self.pods.max_rv,
+            Kind::ConfigMap => &mut self.configmaps.max_rv,
+            Kind::Secret => &mut self.secrets.max_rv,
+            _ => return,
         };
         *max = (*max).max(rv);
     }
 
     /// Every watcher has listed once.
     fn all_synced(&self) -> bool {
-        self.synced.len() == 4
+        WATCHED.iter().all(|k| self.synced.contains(k))
     }
 
     /// The edge's own Node, as KubeEdge v1.23's cloud sends it (`update` on `null/node/<name>`).

@@ -6,10 +6,11 @@
 //! edge node. Only a known node's inventory is answered (`resync.rs`): before that, the
 //! actor cannot tell a pod the node should drop from one it has not heard of yet.
 
-use super::{Downstream, Fetch, Watched, object_key, parse_rv};
+use super::{Downstream, Fetch, object_key, parse_rv};
+use crate::controller::kind::Kind;
 use crate::controller::location::{ObjectKey, Released};
 use crate::controller::refs::pod_refs;
-use crate::controller::rest::{Kind, with_type_meta};
+use crate::controller::rest::with_type_meta;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::Event;
 use kubeedge_shared::{Operation, ResourceType};
@@ -93,11 +94,11 @@ impl Downstream {
     pub(super) fn on_node(&mut self, ev: Event<Node>) {
         match ev {
             Event::Init => {
-                self.relisting.insert(Watched::Nodes, HashSet::new());
+                self.relisting.insert(Kind::Node, HashSet::new());
             }
             Event::InitApply(n) | Event::Apply(n) => {
                 let name = n.metadata.name.clone().unwrap_or_default();
-                if let Some(seen) = self.relisting.get_mut(&Watched::Nodes) {
+                if let Some(seen) = self.relisting.get_mut(&Kind::Node) {
                     seen.insert((String::new(), name.clone()));
                 }
                 self.tell_if_marked_unknown(&name, &n);
@@ -113,7 +114,7 @@ impl Downstream {
                 self.remove_edge_node(n.metadata.name.as_deref().unwrap_or_default())
             }
             Event::InitDone => {
-                let seen = self.relisting.remove(&Watched::Nodes).unwrap_or_default();
+                let seen = self.relisting.remove(&Kind::Node).unwrap_or_default();
                 let gone: Vec<String> = self
                     .pods
                     .edge_nodes
@@ -124,7 +125,7 @@ impl Downstream {
                 for n in gone {
                     self.remove_edge_node(&n);
                 }
-                self.mark_synced(Watched::Nodes);
+                self.mark_synced(Kind::Node);
                 self.answer_pending();
             }
         }
@@ -174,7 +175,7 @@ impl Downstream {
 
     /// A node just became an edge node: its existing pods were passed over until now.
     fn edge_node_added(&mut self, node: String) {
-        if self.synced.contains(&Watched::Pods) {
+        if self.synced.contains(&Kind::Pod) {
             self.list_pods_of(node);
         }
         // Otherwise the pod watcher's first list is still running: it includes them, and
@@ -234,7 +235,7 @@ impl Downstream {
     pub(super) fn on_pod(&mut self, ev: Event<Pod>) {
         match ev {
             Event::Init => {
-                self.relisting.insert(Watched::Pods, HashSet::new());
+                self.relisting.insert(Kind::Pod, HashSet::new());
             }
             Event::InitApply(p) | Event::Apply(p) => {
                 self.saw_pod_version(&p);
@@ -248,7 +249,7 @@ impl Downstream {
                 self.pod_deleted(&p)
             }
             Event::InitDone => {
-                let seen = self.relisting.remove(&Watched::Pods).unwrap_or_default();
+                let seen = self.relisting.remove(&Kind::Pod).unwrap_or_default();
                 let gone: Vec<ObjectKey> = self
                     .pods
                     .pods
@@ -263,8 +264,8 @@ impl Downstream {
                         self.send_released(released);
                     }
                 }
-                let first = !self.synced.contains(&Watched::Pods);
-                self.mark_synced(Watched::Pods);
+                let first = !self.synced.contains(&Kind::Pod);
+                self.mark_synced(Kind::Pod);
                 if first {
                     // Every edge node known now had its pods in this list, except those whose
                     // pods were passed over before the node list named the node.
@@ -291,7 +292,7 @@ impl Downstream {
 
     fn pod_applied(&mut self, pod: Pod) {
         let key = object_key(&pod.metadata);
-        if let Some(seen) = self.relisting.get_mut(&Watched::Pods) {
+        if let Some(seen) = self.relisting.get_mut(&Kind::Pod) {
             seen.insert(key.clone());
         }
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
@@ -306,7 +307,7 @@ impl Downstream {
             return; // a stale copy of a deleted pod (a list that answered late)
         }
         let Some(node) = self.pods.edge_nodes.get(node.as_str()).cloned() else {
-            if !self.synced.contains(&Watched::Pods) {
+            if !self.synced.contains(&Kind::Pod) {
                 self.pods.skipped_before_sync.insert(node);
             }
             return;

@@ -12,8 +12,8 @@
 
 use super::configs::stub;
 use super::{ConfigKind, ConfigKindExt, ConfigWant, Downstream, Fetch, Fetched, HeldObject};
+use crate::controller::kind::Kind;
 use crate::controller::location::ObjectKey;
-use crate::controller::rest::Kind;
 use k8s_openapi::api::core::v1::Pod;
 use kubeedge_shared::{Operation, ResourceType};
 use std::collections::{HashMap, HashSet};
@@ -381,7 +381,7 @@ impl Downstream {
                 tally.unsure += 1;
                 continue;
             }
-            let old = stub(kind.rest_kind(), &key, &h.uid);
+            let old = stub(kind.api_kind(), &key, &h.uid);
             self.send_config(node, Operation::Delete, kind, &key, old);
             tally.deleted += 1;
         }

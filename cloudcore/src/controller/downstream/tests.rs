@@ -323,7 +323,7 @@ fn inputs(step: Step, c: &Cluster, inventory_resync: bool) -> Vec<Input> {
             );
             v
         }
-        Step::NodesDone => vec![Input::Node(Event::InitDone), listed(Watched::Nodes)],
+        Step::NodesDone => vec![Input::Node(Event::InitDone), listed(Kind::Node)],
         // a1 and b1 come before the node list may have named their nodes, a2 after.
         Step::PodsFirst => vec![
             Input::Pod(Event::Init),
@@ -333,7 +333,7 @@ fn inputs(step: Step, c: &Cluster, inventory_resync: bool) -> Vec<Input> {
         Step::PodsRestAndDone => vec![
             Input::Pod(Event::InitApply(c.pod("a2"))),
             Input::Pod(Event::InitDone),
-            listed(Watched::Pods),
+            listed(Kind::Pod),
         ],
         Step::ConfigMapsListed => {
             let mut v = vec![Input::ConfigMap(Event::Init)];
@@ -345,10 +345,7 @@ fn inputs(step: Step, c: &Cluster, inventory_resync: bool) -> Vec<Input> {
             );
             v
         }
-        Step::ConfigMapsDone => vec![
-            Input::ConfigMap(Event::InitDone),
-            listed(Watched::ConfigMaps),
-        ],
+        Step::ConfigMapsDone => vec![Input::ConfigMap(Event::InitDone), listed(Kind::ConfigMap)],
         Step::Secrets => {
             let mut v = vec![Input::Secret(Event::Init)];
             v.extend(
@@ -358,7 +355,7 @@ fn inputs(step: Step, c: &Cluster, inventory_resync: bool) -> Vec<Input> {
                     .map(|o| Input::Secret(Event::InitApply(o))),
             );
             v.push(Input::Secret(Event::InitDone));
-            v.push(listed(Watched::Secrets));
+            v.push(listed(Kind::Secret));
             v
         }
         Step::Edge if inventory_resync => vec![Input::Inventory {
@@ -381,7 +378,7 @@ fn inputs(step: Step, c: &Cluster, inventory_resync: bool) -> Vec<Input> {
 const LISTED_AT: u64 = 30;
 
 /// What a watcher reports after a list.
-fn listed(watched: Watched) -> Input {
+fn listed(watched: Kind) -> Input {
     Input::Progress {
         watched,
         resource_version: LISTED_AT,
@@ -647,7 +644,7 @@ fn held_objects_newer_than_the_view_are_left_alone() {
     // Once the watcher has gone past the newer pod's version without it (a bookmark), it is
     // gone.
     rig.apply(Input::Progress {
-        watched: Watched::Pods,
+        watched: Kind::Pod,
         resource_version: 1000,
     });
     rig.apply(Input::Inventory {

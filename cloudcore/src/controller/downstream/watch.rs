@@ -3,7 +3,8 @@
 //! of every bookmark ([`Input::Progress`]). An edge's copy newer than that is not for this
 //! cloudcore to judge (`resync.rs`); kube-runtime keeps those versions to itself.
 
-use super::{Input, Watched};
+use super::Input;
+use crate::controller::kind::Kind;
 use futures_util::StreamExt;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use kube::runtime::watcher::Event;
@@ -24,7 +25,7 @@ pub(super) struct Watch<K> {
     pub api: Api<K>,
     pub labels: Option<&'static str>,
     pub wrap: fn(Event<K>) -> Input,
-    pub watched: Watched,
+    pub watched: Kind,
 }
 
 enum Outcome {
@@ -42,7 +43,7 @@ where
 {
     /// Lists and watches until `shutdown` or until the actor is gone.
     pub async fn run(self, tx: mpsc::Sender<Input>, shutdown: CancellationToken) {
-        let what = watched_name(self.watched);
+        let what = self.watched.plural();
         let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
         let mut rv: Option<String> = None;
         loop {
@@ -183,14 +184,5 @@ where
                 })
                 .await;
         }
-    }
-}
-
-fn watched_name(w: Watched) -> &'static str {
-    match w {
-        Watched::Pods => "pods",
-        Watched::Nodes => "nodes",
-        Watched::ConfigMaps => "configmaps",
-        Watched::Secrets => "secrets",
     }
 }

@@ -14,11 +14,12 @@
 pub mod status;
 
 use crate::cloudhub::HubSink;
+use crate::controller::kind::Kind;
 use futures_util::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kubeedge_shared::nodetask::{API_GROUP, ActionStatus, JobKind, TASK_MANAGER, TaskResource};
+use kubeedge_shared::nodetask::{ActionStatus, JobKind, TASK_MANAGER, TaskResource};
 use kubeedge_shared::{Group, Message, Operation};
 use serde_json::{Value, json};
 use status::Selection;
@@ -31,40 +32,11 @@ use tokio_util::sync::CancellationToken;
 /// How often running jobs are looked at (sends, time-outs).
 const TICK: Duration = Duration::from_secs(2);
 
-/// `operations.kubeedge.io/v1alpha2` `ImagePrePullJob` (cluster-scoped, status subresource).
-pub fn image_prepull_resource() -> ApiResource {
-    ApiResource {
-        group: API_GROUP.into(),
-        version: "v1alpha2".into(),
-        api_version: kubeedge_shared::nodetask::API_VERSION.into(),
-        kind: "ImagePrePullJob".into(),
-        plural: "imageprepulljobs".into(),
-    }
-}
-
-/// `operations.kubeedge.io/v1alpha2` `ConfigUpdateJob` (cluster-scoped, status subresource).
-pub fn config_update_resource() -> ApiResource {
-    ApiResource {
-        kind: "ConfigUpdateJob".into(),
-        plural: "configupdatejobs".into(),
-        ..image_prepull_resource()
-    }
-}
-
-/// `operations.kubeedge.io/v1alpha2` `NodeUpgradeJob` (cluster-scoped, status subresource).
-pub fn node_upgrade_resource() -> ApiResource {
-    ApiResource {
-        kind: "NodeUpgradeJob".into(),
-        plural: "nodeupgradejobs".into(),
-        ..image_prepull_resource()
-    }
-}
-
 fn resource_of(kind: JobKind) -> Option<ApiResource> {
     match kind {
-        JobKind::ImagePrePull => Some(image_prepull_resource()),
-        JobKind::ConfigUpdate => Some(config_update_resource()),
-        JobKind::NodeUpgrade => Some(node_upgrade_resource()),
+        JobKind::ImagePrePull => Some(Kind::ImagePrePullJob.api_resource()),
+        JobKind::ConfigUpdate => Some(Kind::ConfigUpdateJob.api_resource()),
+        JobKind::NodeUpgrade => Some(Kind::NodeUpgradeJob.api_resource()),
     }
 }
 

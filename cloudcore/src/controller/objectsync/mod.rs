@@ -25,6 +25,7 @@ pub mod records;
 pub mod writer;
 
 use crate::cloudhub::CloudHub;
+use crate::controller::kind::Kind;
 use crate::leader::ElectionConfig;
 use crate::metrics::SyncMetrics;
 use kube::api::ApiResource;
@@ -72,18 +73,12 @@ pub struct RecordSpec {
     pub object_name: String,
 }
 
+/// ObjectSync, or ClusterObjectSync for cluster-scoped objects.
 pub fn api_resource(cluster_scoped: bool) -> ApiResource {
-    let (kind, plural) = if cluster_scoped {
-        ("ClusterObjectSync", "clusterobjectsyncs")
+    if cluster_scoped {
+        Kind::ClusterObjectSync.api_resource()
     } else {
-        ("ObjectSync", "objectsyncs")
-    };
-    ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: kind.into(),
-        plural: plural.into(),
+        Kind::ObjectSync.api_resource()
     }
 }
 

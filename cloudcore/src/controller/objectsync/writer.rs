@@ -9,7 +9,7 @@ use super::records::{SyncRecords, is_not_found};
 use super::{RecordKey, RecordSpec, api_resource};
 use crate::cloudhub::Acked;
 use crate::cloudhub::queue::Delivered;
-use crate::controller::rest::Kind;
+use crate::controller::kind::Kind;
 use crate::metrics::{SyncMetrics, SyncWriteLabel};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;

@@ -28,6 +28,7 @@ pub use state::Policy;
 
 use crate::cloudhub::HubSink;
 use crate::cloudhub::NodeEvent;
+use crate::controller::kind::Kind;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kubeedge_shared::inventory::HeldObject;
@@ -64,26 +65,15 @@ pub enum Change<T> {
     Listed,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Pod,
-    ServiceAccount,
-    Role,
-    RoleBinding,
-    ClusterRole,
-    ClusterRoleBinding,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 6] = [
-        Kind::Pod,
-        Kind::ServiceAccount,
-        Kind::Role,
-        Kind::RoleBinding,
-        Kind::ClusterRole,
-        Kind::ClusterRoleBinding,
-    ];
-}
+/// The kinds the policy actor watches; it sends nothing before each has listed once.
+pub const WATCHED: [Kind; 6] = [
+    Kind::Pod,
+    Kind::ServiceAccount,
+    Kind::Role,
+    Kind::RoleBinding,
+    Kind::ClusterRole,
+    Kind::ClusterRoleBinding,
+];
 
 /// What the actor is told.
 #[derive(Debug)]

@@ -3,8 +3,9 @@
 //! computes and sends the differences.
 
 use super::rbac::{ObjKey, Rbac};
-use super::{Change, Input, Keyed, Kind, PodRef, messages};
+use super::{Change, Input, Keyed, PodRef, WATCHED, messages};
 use crate::cloudhub::HubSink;
+use crate::controller::kind::Kind;
 use kubeedge_shared::inventory::HeldObject;
 use kubeedge_shared::{Operation, ResourceType};
 use serde_json::Value;
@@ -99,7 +100,7 @@ impl Policy {
     }
 
     fn all_listed(&self) -> bool {
-        self.listed.len() == Kind::ALL.len()
+        WATCHED.iter().all(|k| self.listed.contains(k))
     }
 
     /// True when [`Policy::flush`] has something to do.
@@ -217,6 +218,7 @@ impl Policy {
             Kind::ClusterRole => cluster(self.rbac.cluster_roles.keys().cloned().collect()),
             Kind::RoleBinding => self.rbac.role_binding_keys(),
             Kind::ClusterRoleBinding => cluster(self.rbac.cluster_role_binding_names()),
+            _ => Vec::new(), // not watched here (WATCHED)
         }
     }
 
