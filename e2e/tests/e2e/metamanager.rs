@@ -8,11 +8,10 @@ use e2e::channel::*;
 use edgecore::edgehub::EdgeHub;
 use edgecore::metamanager::{
     ChangeAction, MetaClient, MetaError, MetaManager, MetaManagerConfig, MetaStore, ObjectChange,
-    ObjectKind,
 };
 use kubeedge_shared::constants::CAPABILITY_INVENTORY;
 use kubeedge_shared::inventory::Inventory;
-use kubeedge_shared::{Group, Message, Operation};
+use kubeedge_shared::{Group, Message, Operation, ResourceType};
 use serde_json::{Value, json};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -185,7 +184,10 @@ async fn pod_insert_is_in_sqlite_before_the_cloud_sees_its_ack() {
     assert!(sent.is_empty());
     for _ in 0..50 {
         let c = next_change(&mut edge.changes).await;
-        assert_eq!((c.kind, c.action), (ObjectKind::Pod, ChangeAction::Upsert));
+        assert_eq!(
+            (&c.kind, c.action),
+            (&ResourceType::Pod, ChangeAction::Upsert)
+        );
     }
     assert_eq!(count_rows(&edge.db), 50);
     edge.stop().await;
@@ -305,7 +307,10 @@ async fn pod_delete_with_another_uid_keeps_the_row() {
     assert_eq!(next_ack(&mut acks).await.message.msg_id, del.header.id);
     assert_eq!(row(&edge.db, "default/pod/web"), None);
     let c = next_change(&mut edge.changes).await;
-    assert_eq!((c.kind, c.action), (ObjectKind::Pod, ChangeAction::Delete));
+    assert_eq!(
+        (&c.kind, c.action),
+        (&ResourceType::Pod, ChangeAction::Delete)
+    );
     assert_eq!(c.object["metadata"]["uid"], "uid-new");
     edge.stop().await;
 }

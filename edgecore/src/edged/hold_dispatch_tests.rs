@@ -5,7 +5,7 @@
 use super::*;
 use crate::cri::fake::FakeCri;
 use crate::metamanager::{EdgedRequest, MetaError, MetaManagerConfig};
-use kubeedge_shared::{Group, Message, Operation};
+use kubeedge_shared::{Group, Message, Operation, ResourceType};
 use serde_json::json;
 
 struct Rig {
@@ -126,7 +126,7 @@ impl Rig {
 
     fn delete(&mut self, name: &str, uid: &str) {
         self.dispatcher.apply(ObjectChange {
-            kind: ObjectKind::Pod,
+            kind: ResourceType::Pod,
             action: ChangeAction::Delete,
             key: format!("default/pod/{name}"),
             namespace: "default".into(),

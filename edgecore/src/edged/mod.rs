@@ -54,8 +54,10 @@ pub use settings::EdgedConfig;
 use crate::cri::runtime::{LABEL_NODE, LABEL_POD_UID, Runtime};
 use crate::cri::{CriClient, CriError};
 use crate::edgehub::{CloudTerms, LinkEvent};
-use crate::metamanager::{ChangeAction, MetaClient, ObjectChange, ObjectKind};
+use crate::metamanager::{ChangeAction, MetaClient, ObjectChange};
+use kubeedge_shared::ResourceType;
 use kubeedge_shared::backoff::Backoff;
+use kubeedge_shared::resource_type::ConfigKind;
 use pod_worker::{PodIntent, PodWorker, Shared};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
@@ -378,9 +380,9 @@ impl Dispatcher {
     }
 
     fn apply(&mut self, change: ObjectChange) {
-        match (change.kind, change.action) {
-            (ObjectKind::Pod, ChangeAction::Upsert) => self.upsert(change.object),
-            (ObjectKind::Pod, ChangeAction::Delete) => {
+        match (&change.kind, change.action) {
+            (ResourceType::Pod, ChangeAction::Upsert) => self.upsert(change.object),
+            (ResourceType::Pod, ChangeAction::Delete) => {
                 let key = format!("{}/{}", change.namespace, change.name);
                 let deleted_uid = change.object["metadata"]["uid"].as_str();
                 if let Some(uid) = self.held.forget(&key, deleted_uid) {
@@ -405,7 +407,7 @@ impl Dispatcher {
                     });
                 }
             }
-            (ObjectKind::Node, ChangeAction::Upsert) => {
+            (ResourceType::Node, ChangeAction::Upsert) => {
                 if change.name == self.shared.config.node_name
                     && node::marked_unknown(&change.object)
                 {
@@ -420,12 +422,10 @@ impl Dispatcher {
                     }
                 }
             }
-            (ObjectKind::Node, ChangeAction::Delete) => {}
-            (kind @ (ObjectKind::ConfigMap | ObjectKind::Secret), action) => {
-                let cache_kind = if kind == ObjectKind::ConfigMap {
-                    kubeedge_shared::resource_type::ConfigKind::ConfigMap
-                } else {
-                    kubeedge_shared::resource_type::ConfigKind::Secret
+            (ResourceType::Node, ChangeAction::Delete) => {}
+            (kind, action) => {
+                let Some(cache_kind) = ConfigKind::of(kind) else {
+                    return;
                 };
                 let object = (action == ChangeAction::Upsert).then(|| change.object.clone());
                 self.shared
@@ -434,7 +434,7 @@ impl Dispatcher {
                 for w in self.workers.values() {
                     let uses = volumes_use(
                         &w.intent.borrow().object,
-                        kind,
+                        cache_kind,
                         &change.namespace,
                         &change.name,
                     );
@@ -758,25 +758,23 @@ async fn ensure_sandbox_image(shared: Arc<Shared>) {
 }
 
 /// Whether a pod's volumes read the named configmap or secret.
-pub fn volumes_use(pod: &Value, kind: ObjectKind, namespace: &str, name: &str) -> bool {
+pub fn volumes_use(pod: &Value, kind: ConfigKind, namespace: &str, name: &str) -> bool {
     if pod["metadata"]["namespace"].as_str() != Some(namespace) {
         return false;
     }
     let volumes = pod["spec"]["volumes"].as_array().into_iter().flatten();
     for v in volumes {
         let direct = match kind {
-            ObjectKind::ConfigMap => v["configMap"]["name"].as_str() == Some(name),
-            ObjectKind::Secret => v["secret"]["secretName"].as_str() == Some(name),
-            ObjectKind::Pod | ObjectKind::Node => false,
+            ConfigKind::ConfigMap => v["configMap"]["name"].as_str() == Some(name),
+            ConfigKind::Secret => v["secret"]["secretName"].as_str() == Some(name),
         };
         let projected = v["projected"]["sources"]
             .as_array()
             .into_iter()
             .flatten()
             .any(|s| match kind {
-                ObjectKind::ConfigMap => s["configMap"]["name"].as_str() == Some(name),
-                ObjectKind::Secret => s["secret"]["name"].as_str() == Some(name),
-                ObjectKind::Pod | ObjectKind::Node => false,
+                ConfigKind::ConfigMap => s["configMap"]["name"].as_str() == Some(name),
+                ConfigKind::Secret => s["secret"]["name"].as_str() == Some(name),
             });
         if direct || projected {
             return true;
@@ -796,9 +794,9 @@ mod tests {
             {"name": "a", "configMap": {"name": "cfg"}},
             {"name": "b", "projected": {"sources": [{"secret": {"name": "tok"}}]}},
         ]}});
-        assert!(volumes_use(&pod, ObjectKind::ConfigMap, "ns", "cfg"));
-        assert!(volumes_use(&pod, ObjectKind::Secret, "ns", "tok"));
-        assert!(!volumes_use(&pod, ObjectKind::ConfigMap, "other", "cfg"));
-        assert!(!volumes_use(&pod, ObjectKind::Secret, "ns", "cfg"));
+        assert!(volumes_use(&pod, ConfigKind::ConfigMap, "ns", "cfg"));
+        assert!(volumes_use(&pod, ConfigKind::Secret, "ns", "tok"));
+        assert!(!volumes_use(&pod, ConfigKind::ConfigMap, "other", "cfg"));
+        assert!(!volumes_use(&pod, ConfigKind::Secret, "ns", "cfg"));
     }
 }

@@ -23,6 +23,7 @@ pub use client::{MetaClient, MetaError};
 pub use store::{DeleteOutcome, MetaRecord, MetaStore, StoreError, UpsertOutcome};
 
 use crate::edgehub::CloudLink;
+use kubeedge_shared::resource_type::ConfigKind;
 use kubeedge_shared::{Message, ResourceType};
 use serde_json::Value;
 use std::sync::Arc;
@@ -97,28 +98,11 @@ impl Default for MetaManagerConfig {
     }
 }
 
-/// Kinds of objects edged is told about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ObjectKind {
-    Pod,
-    ConfigMap,
-    Secret,
-    /// A Node the cloud sent (this node's own: cloudcore sends it when the cluster marked it
-    /// Unknown).
-    Node,
-}
-
-impl ObjectKind {
-    /// The kinds of the types edged acts on (none for the others).
-    pub fn of(t: &ResourceType) -> Option<Self> {
-        match t {
-            ResourceType::Pod => Some(Self::Pod),
-            ResourceType::ConfigMap => Some(Self::ConfigMap),
-            ResourceType::Secret => Some(Self::Secret),
-            ResourceType::Node => Some(Self::Node),
-            _ => None,
-        }
-    }
+/// Whether edged acts on objects of this type (it is told about their changes): pods, the
+/// configmaps and secrets they mount, and its own Node (cloudcore sends it when the cluster
+/// marked it Unknown).
+pub fn edged_acts_on(t: &ResourceType) -> bool {
+    matches!(t, ResourceType::Pod | ResourceType::Node) || ConfigKind::of(t).is_some()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +117,8 @@ pub enum ChangeAction {
 /// A change of the database that edged acts on. Sent only after the change is durable.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ObjectChange {
-    pub kind: ObjectKind,
+    /// One of the types [`edged_acts_on`].
+    pub kind: ResourceType,
     pub action: ChangeAction,
     /// `<namespace>/<type>/<name>`, the database key.
     pub key: String,

@@ -5,7 +5,7 @@ use super::client::MetaError;
 use super::store::{MetaRecord, MetaStore, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
     ChangeAction, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig, ObjectChange,
-    ObjectKind, Routes, ToTwin, is_remote_query_type,
+    Routes, ToTwin, edged_acts_on, is_remote_query_type,
 };
 use crate::edgehub::{CloudLink, LinkEvent};
 use futures_util::StreamExt;
@@ -278,9 +278,9 @@ impl<L: CloudLink> Context<L> {
             };
             self.to_twin(ToTwin::Object(change)).await;
         }
-        if let (Some(action), Some(kind)) = (action, ObjectKind::of(&path.resource_type)) {
+        if let Some(action) = action.filter(|_| edged_acts_on(&path.resource_type)) {
             let change = ObjectChange {
-                kind,
+                kind: path.resource_type.clone(),
                 action,
                 key: path.to_wire(),
                 namespace: path.namespace_token().to_string(),
@@ -575,7 +575,7 @@ fn reply_job(
         return Ok(None);
     }
     Ok(Some(ObjectChange {
-        kind: ObjectKind::Pod,
+        kind: ResourceType::Pod,
         action: ChangeAction::Upsert,
         key: path.to_wire(),
         namespace: path.namespace_token().to_string(),
@@ -902,7 +902,7 @@ mod tests {
         let msg = pod_msg(Operation::Update, "web-0", "u1", "5");
         r.cloud.send(msg.clone()).await.unwrap();
         let change = next_change(&mut r.edged).await;
-        assert_eq!(change.kind, ObjectKind::Pod);
+        assert_eq!(change.kind, ResourceType::Pod);
         assert_eq!(change.action, ChangeAction::Upsert);
         assert_eq!(change.key, "default/pod/web-0");
         assert_eq!(change.object["metadata"]["uid"], "u1");
