@@ -9,6 +9,7 @@ use crate::metaserver::informer::{Informer, InformerEvent, Update};
 use crate::metaserver::{MetaServer, StandingWatch};
 use kubeedge_edgemesh::dns::{DnsConfig, upstreams_from_resolv_conf};
 use kubeedge_edgemesh::mesh::{EdgeMesh, MeshConfig, MeshError, MeshInput, ProxyConfig};
+use kubeedge_edgemesh::model::ModelError;
 use kubeedge_edgemesh::proxy::iptables::Iptables;
 use kubeedge_edgemesh::proxy::relay::RelayDialer;
 use kubeedge_edgemesh::proxy::rules::Cidr;
@@ -169,15 +170,13 @@ impl Mesh {
             let w = standing_watches();
             [metaserver.informer(&w[0]), metaserver.informer(&w[1])]
         };
-        tasks.push(tokio::spawn(feed_kind(
+        tasks.push(tokio::spawn(feed_kind::<Service>(
             services,
-            Kind::Service,
             inputs.clone(),
             cancel.clone(),
         )));
-        tasks.push(tokio::spawn(feed_kind(
+        tasks.push(tokio::spawn(feed_kind::<EndpointSlice>(
             slices,
-            Kind::Slice,
             inputs.clone(),
             cancel.clone(),
         )));
@@ -213,43 +212,63 @@ impl Mesh {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Service,
-    Slice,
+/// An object kind edgemesh is fed from the edge database.
+trait Fed: Sized {
+    /// For logs.
+    const NAME: &'static str;
+    fn from_json(json: &str) -> Result<Self, ModelError>;
+    fn applied(self) -> MeshInput;
+    fn deleted(self) -> MeshInput;
+    fn listed(all: Vec<Self>) -> MeshInput;
+}
+
+impl Fed for Service {
+    const NAME: &'static str = "Service";
+    fn from_json(json: &str) -> Result<Self, ModelError> {
+        Service::from_json(json)
+    }
+    fn applied(self) -> MeshInput {
+        MeshInput::Service(self)
+    }
+    fn deleted(self) -> MeshInput {
+        MeshInput::ServiceGone(self.key)
+    }
+    fn listed(all: Vec<Self>) -> MeshInput {
+        MeshInput::ServicesListed(all)
+    }
+}
+
+impl Fed for EndpointSlice {
+    const NAME: &'static str = "EndpointSlice";
+    fn from_json(json: &str) -> Result<Self, ModelError> {
+        EndpointSlice::from_json(json)
+    }
+    fn applied(self) -> MeshInput {
+        MeshInput::Slice(self)
+    }
+    fn deleted(self) -> MeshInput {
+        MeshInput::SliceGone(self.key)
+    }
+    fn listed(all: Vec<Self>) -> MeshInput {
+        MeshInput::SlicesListed(all)
+    }
 }
 
 /// One stored object as a mesh input (objects that do not parse are logged and skipped:
 /// the API server validated them, so only a broken database row could be one).
-fn to_input(kind: Kind, json: &str, deleted: bool) -> Option<MeshInput> {
-    let parsed = match kind {
-        Kind::Service => Service::from_json(json).map(|s| {
-            if deleted {
-                MeshInput::ServiceGone(s.key)
-            } else {
-                MeshInput::Service(s)
-            }
-        }),
-        Kind::Slice => EndpointSlice::from_json(json).map(|s| {
-            if deleted {
-                MeshInput::SliceGone(s.key)
-            } else {
-                MeshInput::Slice(s)
-            }
-        }),
-    };
-    match parsed {
-        Ok(i) => Some(i),
+fn to_input<K: Fed>(json: &str, deleted: bool) -> Option<MeshInput> {
+    match K::from_json(json) {
+        Ok(o) if deleted => Some(o.deleted()),
+        Ok(o) => Some(o.applied()),
         Err(e) => {
-            tracing::warn!(?kind, error = %e, "stored object not usable by edgemesh; skipped");
+            tracing::warn!(kind = K::NAME, error = %e, "stored object not usable by edgemesh; skipped");
             None
         }
     }
 }
 
-async fn feed_kind(
+async fn feed_kind<K: Fed>(
     mut informer: Informer,
-    kind: Kind,
     inputs: mpsc::Sender<MeshInput>,
     cancel: CancellationToken,
 ) {
@@ -261,29 +280,21 @@ async fn feed_kind(
         let batch: Vec<MeshInput> = match update {
             None => return,
             Some(Err(e)) => {
-                tracing::warn!(?kind, error = %e, "reading the edge database for edgemesh failed; retrying");
+                tracing::warn!(kind = K::NAME, error = %e, "reading the edge database for edgemesh failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
-            Some(Ok(Update::Listed(objects))) => vec![match kind {
-                Kind::Service => MeshInput::ServicesListed(
-                    objects
-                        .iter()
-                        .filter_map(|o| Service::from_json(o).ok())
-                        .collect(),
-                ),
-                Kind::Slice => MeshInput::SlicesListed(
-                    objects
-                        .iter()
-                        .filter_map(|o| EndpointSlice::from_json(o).ok())
-                        .collect(),
-                ),
-            }],
+            Some(Ok(Update::Listed(objects))) => vec![K::listed(
+                objects
+                    .iter()
+                    .filter_map(|o| K::from_json(o).ok())
+                    .collect(),
+            )],
             Some(Ok(Update::Changes(events))) => events
                 .iter()
                 .filter_map(|e| match e {
-                    InformerEvent::Applied(j) => to_input(kind, j, false),
-                    InformerEvent::Deleted(j) => to_input(kind, j, true),
+                    InformerEvent::Applied(j) => to_input::<K>(j, false),
+                    InformerEvent::Deleted(j) => to_input::<K>(j, true),
                 })
                 .collect(),
         };
