@@ -151,7 +151,14 @@ pub async fn run_with(
             }
         })
     };
-    let handler = UpstreamHandler::new(client, hub, 64, metrics, services, location);
+    let handler = UpstreamHandler::new(
+        client,
+        Arc::new(hub.clone()),
+        64,
+        metrics,
+        services,
+        location,
+    );
     loop {
         let up = tokio::select! {
             _ = shutdown.cancelled() => break,

@@ -8,7 +8,7 @@ use super::node_restriction::{self, Verdict};
 use super::rest::{self, ApiRequest, call_retrying, status_error, with_type_meta};
 use super::services::ServiceCache;
 use super::serving_certs;
-use crate::cloudhub::{CloudHub, Upstream};
+use crate::cloudhub::{HubSink, Upstream};
 use crate::metrics::{ControllerMetrics, OperationLabel};
 use kube::api::Patch;
 use kubeedge_shared::ResourceType as RT;
@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 #[derive(Clone)]
 pub struct UpstreamHandler {
     client: kube::Client,
-    hub: CloudHub,
+    hub: Arc<dyn HubSink>,
     status: Arc<Semaphore>,
     queries: Arc<Semaphore>,
     writes: Arc<Semaphore>,
@@ -51,7 +51,7 @@ pub enum Handled {
 impl UpstreamHandler {
     pub fn new(
         client: kube::Client,
-        hub: CloudHub,
+        hub: Arc<dyn HubSink>,
         concurrency: usize,
         metrics: ControllerMetrics,
         services: ServiceCache,
@@ -863,6 +863,9 @@ fn resource_version(obj: &Value) -> Option<String> {
         .as_str()
         .map(str::to_string)
 }
+
+#[cfg(test)]
+mod contract_tests;
 
 #[cfg(test)]
 mod tests {
