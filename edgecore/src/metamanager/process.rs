@@ -2,7 +2,7 @@
 //! edged, then acknowledged; edged's requests are answered from the cloud or the database.
 
 use super::client::MetaError;
-use super::store::{MetaRecord, MetaStore, ReplaceOutcome, StoreError, UpsertOutcome};
+use super::store::{MetaRecord, MetaStore, ObjectFacts, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
     ChangeAction, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig, ObjectChange,
     Routes, ToTwin, edged_acts_on, is_remote_query_type,
@@ -207,8 +207,15 @@ impl<L: CloudLink> Context<L> {
                     .await
             }
         } else {
+            // Serialised once for its row; what the store checks is taken from the value here.
             let record = MetaRecord::new(key, ty.as_str(), object.to_string());
-            store.submit(move |c| upsert_job(c, &record)).await
+            let facts = ObjectFacts::of(&object);
+            store
+                .submit(move |c| {
+                    super::store::upsert_known_object_in(c, &record, Some(facts))
+                        .map(Written::Upserted)
+                })
+                .await
         };
         Some(pending(msg, path, object, true, rx))
     }

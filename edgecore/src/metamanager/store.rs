@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::changes::{self, ChangeSink, SinkSlot, V2Change};
 
 mod v2;
-use v2::{max_v2_rv, mirror_v2, mirror_v2_value, unmirror_v2, v2_value};
+use v2::{V2Row, max_v2_rv, mirror_v2, mirror_v2_row, unmirror_v2, v2_value};
 
 /// Jobs queued for the database thread, at most. Producers wait (backpressure) beyond it.
 const JOB_QUEUE: usize = 1024;
@@ -729,23 +729,53 @@ pub(crate) fn upsert_object_in(
     conn: &Connection,
     r: &MetaRecord,
 ) -> Result<UpsertOutcome, StoreError> {
-    // The new object is parsed once, for the comparison and for its meta_v2 row.
-    let new = serde_json::from_str::<Value>(&r.value).ok();
-    if let Some(new) = &new
+    let facts = serde_json::from_str::<Value>(&r.value)
+        .ok()
+        .map(|v| ObjectFacts::of(&v));
+    upsert_known_object_in(conn, r, facts)
+}
+
+/// [`upsert_object_in`] of an object whose [`ObjectFacts`] the caller took from the value it
+/// holds (`None`: the record is not a JSON object): the new text is not parsed back here.
+pub(crate) fn upsert_known_object_in(
+    conn: &Connection,
+    r: &MetaRecord,
+    facts: Option<ObjectFacts>,
+) -> Result<UpsertOutcome, StoreError> {
+    if let Some(new) = &facts
+        && new.uid.is_some()
         && let Some(stored) = stored_value(conn, &r.key)?
         && let Ok(old) = serde_json::from_str::<Value>(&stored)
-        && uid_of(&old).is_some()
-        && uid_of(&old) == uid_of(new)
-        && let (Some(old_rv), Some(new_rv)) = (rv_of(&old), rv_of(new))
+        && uid_of(&old) == new.uid.as_deref()
+        && let (Some(old_rv), Some(new_rv)) = (rv_of(&old), new.rv)
         && old_rv > new_rv
     {
         return Ok(UpsertOutcome::KeptNewer { stored_rv: old_rv });
     }
     upsert_row(conn, r)?;
-    if let Some(new) = &new {
-        mirror_v2_value(conn, r, new)?;
+    if let Some(row) = facts.and_then(|f| f.v2) {
+        mirror_v2_row(conn, r, row)?;
     }
     Ok(UpsertOutcome::Written)
+}
+
+/// What the store needs to know of an object besides its text (its identity and version and
+/// its `meta_v2` row), taken from a parsed value so the store thread does not parse the text.
+#[derive(Debug, Clone)]
+pub struct ObjectFacts {
+    uid: Option<String>,
+    rv: Option<u64>,
+    v2: Option<V2Row>,
+}
+
+impl ObjectFacts {
+    pub fn of(v: &Value) -> Self {
+        ObjectFacts {
+            uid: uid_of(v).map(str::to_string),
+            rv: rv_of(v),
+            v2: v2::v2_row(v),
+        }
+    }
 }
 
 /// Removes `key` unless `uid` is given and the stored object has another one (a delete of an

@@ -260,7 +260,7 @@ impl Downstream {
                 for k in gone {
                     if let Some((p, released)) = self.remove_pod_entry(&k) {
                         self.pods.deleted.insert(&p.uid);
-                        self.send_pod(&p.node, Operation::Delete, &pod_stub(&k, &p.uid));
+                        self.send_pod(&p.node, Operation::Delete, &k, pod_stub(&k, &p.uid));
                         self.send_released(released);
                     }
                 }
@@ -344,11 +344,11 @@ impl Downstream {
             // nodeName never changes, but a pod recreated under the same name (its delete
             // missed while the watcher relisted) can land on another node.
             self.pods.deleted.insert(&old.uid);
-            self.send_pod(&old.node, Operation::Delete, &pod_stub(&key, &old.uid));
+            self.send_pod(&old.node, Operation::Delete, &key, pod_stub(&key, &old.uid));
             self.send_released(released);
         }
         let released = self.location.write().set_pod(key.clone(), &node, refs);
-        self.send_pod(&node, op, &value);
+        self.send_pod(&node, op, &key, value);
         self.send_released(released);
         self.pods.pods.insert(
             key,
@@ -369,7 +369,7 @@ impl Downstream {
         let object = serde_json::to_value(pod)
             .map(|v| with_type_meta(v, Kind::Pod))
             .unwrap_or_else(|_| pod_stub(&key, &p.uid));
-        self.send_pod(&p.node, Operation::Delete, &object);
+        self.send_pod(&p.node, Operation::Delete, &key, object);
         self.send_released(released);
     }
 
@@ -380,12 +380,9 @@ impl Downstream {
         Some((p, released))
     }
 
-    fn send_pod(&self, node: &str, op: Operation, pod: &Value) {
-        let (ns, name) = (
-            pod["metadata"]["namespace"].as_str().unwrap_or("default"),
-            pod["metadata"]["name"].as_str().unwrap_or_default(),
-        );
-        self.send(node, op, ResourceType::Pod, ns, name, pod.clone());
+    fn send_pod(&self, node: &str, op: Operation, key: &ObjectKey, pod: Value) {
+        let ns = if key.0.is_empty() { "default" } else { &key.0 };
+        self.send(node, op, ResourceType::Pod, ns, &key.1, pod);
     }
 }
 
@@ -405,21 +402,63 @@ pub(super) fn pod_stub(key: &ObjectKey, uid: &str) -> Value {
     super::configs::stub(Kind::Pod, key, uid)
 }
 
-/// Hash of what the edge acts on: metadata without volatile fields, and spec.
+/// Hash of what the edge acts on: metadata without volatile fields, and spec. Hashed from
+/// the value as it is (no copy, no serialisation: this runs on every pod event, status-only
+/// ones included).
 fn fingerprint(pod: &Value) -> u64 {
-    let mut meta = pod.get("metadata").cloned().unwrap_or(Value::Null);
-    if let Some(m) = meta.as_object_mut() {
-        for volatile in ["resourceVersion", "managedFields", "generation"] {
-            m.remove(volatile);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match pod.get("metadata") {
+        Some(Value::Object(meta)) => {
+            for (k, v) in meta {
+                if !matches!(
+                    k.as_str(),
+                    "resourceVersion" | "managedFields" | "generation"
+                ) {
+                    k.hash(&mut h);
+                    hash_value(v, &mut h);
+                }
+            }
+        }
+        other => hash_value(other.unwrap_or(&Value::Null), &mut h),
+    }
+    0xffu8.hash(&mut h); // metadata ends here
+    hash_value(pod.get("spec").unwrap_or(&Value::Null), &mut h);
+    h.finish()
+}
+
+/// Feeds a JSON value to a hasher, its structure included (a string "1" and a number 1, or
+/// `[["a"]]` and `["a"]`, hash differently).
+fn hash_value<H: Hasher>(v: &Value, h: &mut H) {
+    match v {
+        Value::Null => 0u8.hash(h),
+        Value::Bool(b) => {
+            1u8.hash(h);
+            b.hash(h);
+        }
+        Value::Number(n) => {
+            2u8.hash(h);
+            n.hash(h);
+        }
+        Value::String(s) => {
+            3u8.hash(h);
+            s.hash(h);
+        }
+        Value::Array(items) => {
+            4u8.hash(h);
+            items.len().hash(h);
+            for item in items {
+                hash_value(item, h);
+            }
+        }
+        Value::Object(map) => {
+            5u8.hash(h);
+            map.len().hash(h);
+            for (k, v) in map {
+                k.hash(h);
+                hash_value(v, h);
+            }
         }
     }
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    meta.to_string().hash(&mut h);
-    pod.get("spec")
-        .map(Value::to_string)
-        .unwrap_or_default()
-        .hash(&mut h);
-    h.finish()
 }
 
 #[cfg(test)]
@@ -434,5 +473,27 @@ mod tests {
         let c = json!({"metadata": {"name": "p", "resourceVersion": "3", "labels": {"x": "y"}}, "spec": {"nodeName": "e"}});
         assert_eq!(fingerprint(&a), fingerprint(&b));
         assert_ne!(fingerprint(&a), fingerprint(&c));
+    }
+
+    #[test]
+    fn the_fingerprint_sees_structure_not_just_text() {
+        let pod = |spec: Value| json!({"metadata": {"name": "p"}, "spec": spec});
+        let distinct = [
+            pod(json!({"a": "1"})),
+            pod(json!({"a": 1})),
+            pod(json!({"a": ["1"]})),
+            pod(json!({"a": [["1"]]})),
+            pod(json!({"a": null})),
+            pod(json!({"a": {}})),
+            pod(json!({"b": "1"})),
+            pod(json!({"a": "1", "b": "1"})),
+            json!({"metadata": {"name": "q"}, "spec": {"a": "1"}}),
+            json!({"metadata": {"name": "p", "generation": 2}, "spec": {"a": "1", "x": 0}}),
+        ];
+        let hashes: std::collections::HashSet<u64> = distinct.iter().map(fingerprint).collect();
+        assert_eq!(hashes.len(), distinct.len());
+        let volatile = json!({"metadata": {"name": "p", "generation": 7, "managedFields": []},
+                              "spec": {"a": "1"}});
+        assert_eq!(fingerprint(&volatile), fingerprint(&pod(json!({"a": "1"}))));
     }
 }

@@ -500,3 +500,50 @@ fn podpatch_keys_follow_pod_keys() {
     assert_eq!(podpatch_key("ns/pod/x").as_deref(), Some("ns/podpatch/x"));
     assert_eq!(podpatch_key("ns/configmap/x"), None);
 }
+
+/// The facts the caller takes from its value give the rows and outcomes the store's own
+/// parse of the text gives.
+#[test]
+fn an_upsert_with_known_facts_writes_what_a_parsed_upsert_writes() {
+    let d = tempfile::tempdir().unwrap();
+    let parsed = open_connection(&d.path().join("parsed.db")).unwrap();
+    let known = open_connection(&d.path().join("known.db")).unwrap();
+    let rows = |c: &Connection| {
+        let mut stmt = c
+            .prepare("SELECT key, groupversionresource, namespace, name, resourceversion, value FROM meta_v2 ORDER BY key")
+            .unwrap();
+        stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, String>(5)?,
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect::<Vec<_>>()
+    };
+    for (name, uid, rv) in [
+        ("a", "u1", "5"),
+        ("a", "u1", "3"),
+        ("a", "u2", "1"),
+        ("b", "u3", "9"),
+    ] {
+        let r = pod(name, uid, rv);
+        let v: Value = serde_json::from_str(&r.value).unwrap();
+        let by_parse = upsert_object_in(&parsed, &r).unwrap();
+        let by_facts = upsert_known_object_in(&known, &r, Some(ObjectFacts::of(&v))).unwrap();
+        assert_eq!(by_parse, by_facts, "{name} {uid} {rv}");
+    }
+    let (p, k) = (rows(&parsed), rows(&known));
+    assert_eq!(p.len(), 2);
+    assert_eq!(p[0].0, "/core/v1/pods/default/a");
+    assert_eq!(
+        p[0].4, 1,
+        "u1@3 was kept out as older, then u2@1 replaced it"
+    );
+    assert_eq!(p, k);
+}

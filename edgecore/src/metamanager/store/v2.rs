@@ -6,7 +6,8 @@ use super::*;
 
 /// The `meta_v2` row of an object (KubeEdge's MetaServer layout): key
 /// `/<group or core>/<version>/<plural>/<ns or null>/<name>`, GVR as Go prints it.
-struct V2Row {
+#[derive(Debug, Clone)]
+pub(super) struct V2Row {
     key: String,
     gvr: String,
     namespace: String,
@@ -14,7 +15,7 @@ struct V2Row {
     resource_version: u64,
 }
 
-fn v2_row(v: &Value) -> Option<V2Row> {
+pub(super) fn v2_row(v: &Value) -> Option<V2Row> {
     let api_version = v.get("apiVersion")?.as_str()?;
     let kind = v.get("kind")?.as_str()?;
     let name = v.pointer("/metadata/name")?.as_str()?;
@@ -68,13 +69,24 @@ pub(super) fn mirror_v2_value(
     r: &MetaRecord,
     v: &Value,
 ) -> Result<(), StoreError> {
+    match v2_row(v) {
+        Some(row) => mirror_v2_row(conn, r, row),
+        None => Ok(()),
+    }
+}
+
+/// [`mirror_v2`] of a record whose `meta_v2` row is known (`row`).
+pub(super) fn mirror_v2_row(
+    conn: &Connection,
+    r: &MetaRecord,
+    row: V2Row,
+) -> Result<(), StoreError> {
     let ty = ResourceType::parse(&r.resource_type);
     // ServiceAccountAccess objects are the MetaServer's authorization data, not served to
     // applications (their versions are the policy controller's, not the cluster's).
     if ty.is_request() || ty == ResourceType::ServiceAccountAccess {
         return Ok(());
     }
-    let Some(row) = v2_row(v) else { return Ok(()) };
     let previous = if changes::collecting() {
         v2_value(conn, &row.key)?
     } else {
