@@ -5,7 +5,7 @@
 use super::*;
 use crate::cri::fake::FakeCri;
 use crate::metamanager::{EdgedRequest, MetaError, MetaManagerConfig};
-use kubeedge_shared::{Group, Message, Operation, ResourceType};
+use kubeedge_shared::{Operation, ResourceType};
 use serde_json::json;
 
 struct Rig {
@@ -40,22 +40,16 @@ async fn rig(stored: Vec<Value>) -> Rig {
     let seen = patches.clone();
     tokio::spawn(async move {
         while let Some(req) = rx.recv().await {
-            let route = &req.msg.route;
-            let reply = if route.operation == Operation::Query && route.resource == "default/pod" {
-                Ok(Message::new(
-                    "metamanager",
-                    Group::Meta,
-                    Operation::Response,
-                    route.resource.clone(),
-                    Value::Array(stored.clone()),
-                ))
+            let (op, resource) = (&req.req.operation, req.req.path.to_wire());
+            let reply = if *op == Operation::Query && resource == "default/pod" {
+                Ok(Value::Array(stored.clone()))
             } else {
-                if route.resource.contains("/podpatch/") {
-                    let patch = match req.msg.content.clone() {
+                if resource.contains("/podpatch/") {
+                    let patch = match req.req.content.clone() {
                         Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::Null),
                         other => other,
                     };
-                    seen.lock().unwrap().push((route.resource.clone(), patch));
+                    seen.lock().unwrap().push((resource, patch));
                 }
                 Err(MetaError::NotConnected)
             };

@@ -1,13 +1,12 @@
-//! [`MetaClient`]: what edged calls instead of a Kubernetes client. Each call becomes the
-//! message KubeEdge's kubelet bridge sends to metamanager (`source: edged`, `group: meta`,
-//! protocol §5.5), and the reply is read back into a typed result.
+//! [`MetaClient`]: what edged calls instead of a Kubernetes client. Each call is a typed
+//! [`MetaRequest`] (what KubeEdge's kubelet bridge sends to metamanager as a `source: edged`,
+//! `group: meta` message, protocol §5.5), and the reply is read back into a typed result.
 
 use super::store::StoreError;
-use super::{EdgedRequest, MetaManagerConfig};
+use super::{EdgedRequest, MetaManagerConfig, MetaRequest};
 use crate::edgehub::HubError;
 use kubeedge_shared::content::{self, ObjectResp, StatusError};
-use kubeedge_shared::operation::source;
-use kubeedge_shared::{Group, Message, Operation, ResourcePath, ResourceType};
+use kubeedge_shared::{Operation, ResourcePath, ResourceType};
 use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -79,57 +78,57 @@ impl MetaClient {
         &self.node_name
     }
 
-    /// Sends one request message and waits for its reply.
+    /// Sends one request and waits for its reply's content.
     async fn call(
         &self,
         op: Operation,
-        resource: String,
+        path: ResourcePath,
         content: Value,
-    ) -> Result<Message, MetaError> {
-        let msg = Message::new(source::EDGED, Group::Meta, op, resource, content);
+    ) -> Result<Value, MetaError> {
         let (reply, rx) = oneshot::channel();
+        let req = MetaRequest::new(op, path, content);
         self.requests
-            .send(EdgedRequest { msg, reply })
+            .send(EdgedRequest { req, reply })
             .await
             .map_err(|_| MetaError::Stopped)?;
-        let reply = rx.await.map_err(|_| MetaError::Stopped)??;
-        if reply.route.operation == Operation::Error {
-            return Err(MetaError::Remote(text_of(&reply.content)));
-        }
-        Ok(reply)
+        rx.await.map_err(|_| MetaError::Stopped)?
     }
 
-    fn node_path(&self, resource_type: &str) -> String {
-        format!("{}/{resource_type}/{}", self.node_namespace, self.node_name)
+    fn node_path(&self, resource_type: ResourceType) -> ResourcePath {
+        // `null` is the cluster-scope token.
+        let ns = (&*self.node_namespace != kubeedge_shared::resource::CLUSTER_SCOPE_TOKEN)
+            .then_some(&*self.node_namespace);
+        ResourcePath::object(ns, resource_type, &self.node_name)
     }
 
     /// One object: from the cloud when connected for the types KubeEdge queries remotely
     /// (configmap, secret, pv, pvc, volumeattachment, node, lease), else from the database.
     pub async fn get(&self, path: &ResourcePath) -> Result<Value, MetaError> {
-        let resource = path.to_wire();
-        let reply = self
-            .call(Operation::Query, resource.clone(), Value::Null)
+        let content = self
+            .call(Operation::Query, path.clone(), Value::Null)
             .await?;
-        let mut objects = objects_of(&reply.content, &resource)?;
-        if objects.is_empty() {
-            return Err(MetaError::NotFound { resource });
-        }
-        Ok(objects.swap_remove(0))
+        first_object(&content, path)
     }
 
     /// Every stored object of a type (all namespaces), from the database. Stored values that
     /// are not JSON are skipped (and logged).
     pub async fn list(&self, resource_type: &str) -> Result<Vec<Value>, MetaError> {
-        let resource = format!("{}/{resource_type}", self.node_namespace);
-        let reply = self
-            .call(Operation::Query, resource.clone(), Value::Null)
+        let ns = (&*self.node_namespace != kubeedge_shared::resource::CLUSTER_SCOPE_TOKEN)
+            .then_some(&*self.node_namespace);
+        let path = ResourcePath::new(ns, resource_type, None);
+        let content = self
+            .call(Operation::Query, path.clone(), Value::Null)
             .await?;
-        objects_of(&reply.content, &resource)
+        objects_of(&content, &path)
     }
 
     pub async fn get_pod(&self, namespace: &str, name: &str) -> Result<Value, MetaError> {
-        self.get(&ResourcePath::new(Some(namespace), "pod", Some(name)))
-            .await
+        self.get(&ResourcePath::object(
+            Some(namespace),
+            ResourceType::Pod,
+            name,
+        ))
+        .await
     }
 
     /// The pods in the database (what edged runs at start, also while offline).
@@ -138,18 +137,30 @@ impl MetaClient {
     }
 
     pub async fn get_configmap(&self, namespace: &str, name: &str) -> Result<Value, MetaError> {
-        self.get(&ResourcePath::new(Some(namespace), "configmap", Some(name)))
-            .await
+        self.get(&ResourcePath::object(
+            Some(namespace),
+            ResourceType::ConfigMap,
+            name,
+        ))
+        .await
     }
 
     pub async fn get_secret(&self, namespace: &str, name: &str) -> Result<Value, MetaError> {
-        self.get(&ResourcePath::new(Some(namespace), "secret", Some(name)))
-            .await
+        self.get(&ResourcePath::object(
+            Some(namespace),
+            ResourceType::Secret,
+            name,
+        ))
+        .await
     }
 
     pub async fn get_persistent_volume(&self, name: &str) -> Result<Value, MetaError> {
-        self.get(&ResourcePath::new(None, "persistentvolume", Some(name)))
-            .await
+        self.get(&ResourcePath::object(
+            None,
+            ResourceType::PersistentVolume,
+            name,
+        ))
+        .await
     }
 
     pub async fn get_persistent_volume_claim(
@@ -157,38 +168,34 @@ impl MetaClient {
         namespace: &str,
         name: &str,
     ) -> Result<Value, MetaError> {
-        self.get(&ResourcePath::new(
+        self.get(&ResourcePath::object(
             Some(namespace),
-            "persistentvolumeclaim",
-            Some(name),
+            ResourceType::PersistentVolumeClaim,
+            name,
         ))
         .await
     }
 
     pub async fn get_volume_attachment(&self, name: &str) -> Result<Value, MetaError> {
-        self.get(&ResourcePath::new(None, "volumeattachment", Some(name)))
-            .await
-    }
-
-    /// This node's Node object.
-    pub async fn get_node(&self) -> Result<Value, MetaError> {
-        // Typed, not formatted and parsed back (`null` is the cluster-scope token).
-        let ns = (&*self.node_namespace != kubeedge_shared::resource::CLUSTER_SCOPE_TOKEN)
-            .then_some(&*self.node_namespace);
         self.get(&ResourcePath::object(
-            ns,
-            ResourceType::Node,
-            &self.node_name,
+            None,
+            ResourceType::VolumeAttachment,
+            name,
         ))
         .await
     }
 
+    /// This node's Node object.
+    pub async fn get_node(&self) -> Result<Value, MetaError> {
+        self.get(&self.node_path(ResourceType::Node)).await
+    }
+
     /// This node's Lease.
     pub async fn get_lease(&self) -> Result<Value, MetaError> {
-        self.get(&ResourcePath::new(
+        self.get(&ResourcePath::object(
             Some(LEASE_NAMESPACE),
-            "lease",
-            Some(&self.node_name),
+            ResourceType::Lease,
+            &self.node_name,
         ))
         .await
     }
@@ -196,31 +203,31 @@ impl MetaClient {
     /// Creates the Node object (`insert` `<ns>/node/<node>`). An existing node gives
     /// `Err(MetaError::Api(e))` with `e.reason() == "AlreadyExists"`; then use [`Self::get_node`].
     pub async fn register_node(&self, node: Value) -> Result<Value, MetaError> {
-        let resource = self.node_path("node");
-        let reply = self.call(Operation::Insert, resource.clone(), node).await?;
-        object_of(&reply.content, &resource)
+        let path = self.node_path(ResourceType::Node);
+        let content = self.call(Operation::Insert, path.clone(), node).await?;
+        object_of(&content, &path)
     }
 
     /// Replaces labels/annotations of the Node (`update`; kept locally, sent to the cloud
     /// without waiting).
     pub async fn update_node(&self, node: Value) -> Result<(), MetaError> {
-        let resource = self.node_path("node");
-        let reply = self.call(Operation::Update, resource.clone(), node).await?;
-        ok_of(&reply.content, &resource)
+        let path = self.node_path(ResourceType::Node);
+        let content = self.call(Operation::Update, path.clone(), node).await?;
+        ok_of(&content, &path)
     }
 
     /// Strategic-merge patch of the Node status (`patch` `<ns>/nodepatch/<node>`). Returns the
     /// patched Node.
     pub async fn patch_node_status(&self, patch: &Value) -> Result<Value, MetaError> {
-        let resource = self.node_path("nodepatch");
-        let reply = self
+        let path = self.node_path(ResourceType::NodePatch);
+        let content = self
             .call(
                 Operation::Patch,
-                resource.clone(),
+                path.clone(),
                 content::patch_content(patch),
             )
             .await?;
-        object_of(&reply.content, &resource)
+        object_of(&content, &path)
     }
 
     /// Strategic-merge patch of a pod's status (`patch` `<ns>/podpatch/<name>`). Returns the
@@ -231,15 +238,15 @@ impl MetaClient {
         name: &str,
         patch: &Value,
     ) -> Result<Value, MetaError> {
-        let resource = format!("{namespace}/podpatch/{name}");
-        let reply = self
+        let path = ResourcePath::object(Some(namespace), ResourceType::PodPatch, name);
+        let content = self
             .call(
                 Operation::Patch,
-                resource.clone(),
+                path.clone(),
                 content::patch_content(patch),
             )
             .await?;
-        object_of(&reply.content, &resource)
+        object_of(&content, &path)
     }
 
     /// Deletes a pod at the API server (`delete` `<ns>/pod/<name>` with `DeleteOptions`, e.g.
@@ -251,19 +258,17 @@ impl MetaClient {
         name: &str,
         options: Value,
     ) -> Result<(), MetaError> {
-        let resource = format!("{namespace}/pod/{name}");
-        let reply = self
-            .call(Operation::Delete, resource.clone(), options)
-            .await?;
-        ok_of(&reply.content, &resource)
+        let path = ResourcePath::object(Some(namespace), ResourceType::Pod, name);
+        let content = self.call(Operation::Delete, path.clone(), options).await?;
+        ok_of(&content, &path)
     }
 
     /// Creates a mirror pod for a static pod (`insert` `<ns>/pod/<name>`).
     pub async fn create_mirror_pod(&self, pod: Value) -> Result<Value, MetaError> {
         let (ns, name) = namespaced_name(&pod)?;
-        let resource = format!("{ns}/pod/{name}");
-        let reply = self.call(Operation::Insert, resource.clone(), pod).await?;
-        object_of(&reply.content, &resource)
+        let path = ResourcePath::object(Some(&ns), ResourceType::Pod, &name);
+        let content = self.call(Operation::Insert, path.clone(), pod).await?;
+        object_of(&content, &path)
     }
 
     pub async fn create_lease(&self, lease: Value) -> Result<Value, MetaError> {
@@ -279,33 +284,30 @@ impl MetaClient {
         let name = lease
             .pointer("/metadata/name")
             .and_then(Value::as_str)
-            .unwrap_or(&self.node_name)
-            .to_string();
-        let resource = format!("{LEASE_NAMESPACE}/lease/{name}");
-        let reply = self.call(op, resource.clone(), lease).await?;
-        object_of(&reply.content, &resource)
+            .unwrap_or(&self.node_name);
+        let path = ResourcePath::object(Some(LEASE_NAMESPACE), ResourceType::Lease, name);
+        let content = self.call(op, path.clone(), lease).await?;
+        object_of(&content, &path)
     }
 
     /// Sends a new Event (`insert` `<ns>/event/<name>`) to the cloud without waiting for the
     /// API server. Fails at once while offline.
     pub async fn create_event(&self, event: &Value) -> Result<(), MetaError> {
-        let resource = event_resource(event)?;
-        let reply = self
-            .call(Operation::Insert, resource.clone(), event.clone())
+        let path = event_path(event)?;
+        let content = self
+            .call(Operation::Insert, path.clone(), event.clone())
             .await?;
-        ok_of(&reply.content, &resource)
+        ok_of(&content, &path)
     }
 
     /// Updates a recorded Event (`patch` `<ns>/event/<name>`, content KubeEdge's
     /// `{"event": <Event>, "patchData": "<strategic merge patch>"}`; the cloud creates the
     /// Event from `event` when it no longer exists).
     pub async fn patch_event(&self, event: &Value, patch: &Value) -> Result<(), MetaError> {
-        let resource = event_resource(event)?;
-        let content = serde_json::json!({"event": event, "patchData": patch.to_string()});
-        let reply = self
-            .call(Operation::Patch, resource.clone(), content)
-            .await?;
-        ok_of(&reply.content, &resource)
+        let path = event_path(event)?;
+        let body = serde_json::json!({"event": event, "patchData": patch.to_string()});
+        let content = self.call(Operation::Patch, path.clone(), body).await?;
+        ok_of(&content, &path)
     }
 
     /// A service-account token (`query` `<ns>/serviceaccounttoken/<sa>` with a `TokenRequest`);
@@ -316,16 +318,26 @@ impl MetaClient {
         service_account: &str,
         token_request: Value,
     ) -> Result<Value, MetaError> {
-        let resource = format!("{namespace}/serviceaccounttoken/{service_account}");
-        let reply = self
-            .call(Operation::Query, resource.clone(), token_request)
+        let path = ResourcePath::object(
+            Some(namespace),
+            ResourceType::ServiceAccountToken,
+            service_account,
+        );
+        let content = self
+            .call(Operation::Query, path.clone(), token_request)
             .await?;
-        let mut objects = objects_of(&reply.content, &resource)?;
-        if objects.is_empty() {
-            return Err(MetaError::NotFound { resource });
-        }
-        Ok(objects.swap_remove(0))
+        first_object(&content, &path)
     }
+}
+
+/// The first object of a query reply (none: not found).
+fn first_object(content: &Value, path: &ResourcePath) -> Result<Value, MetaError> {
+    objects_of(content, path)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| MetaError::NotFound {
+            resource: path.to_wire(),
+        })
 }
 
 fn namespaced_name(obj: &Value) -> Result<(String, String), MetaError> {
@@ -340,12 +352,12 @@ fn namespaced_name(obj: &Value) -> Result<(String, String), MetaError> {
     Ok((ns.to_string(), name.to_string()))
 }
 
-fn event_resource(event: &Value) -> Result<String, MetaError> {
+fn event_path(event: &Value) -> Result<ResourcePath, MetaError> {
     let (ns, name) = namespaced_name(event)?;
-    Ok(format!("{ns}/event/{name}"))
+    Ok(ResourcePath::object(Some(&ns), ResourceType::Event, &name))
 }
 
-fn text_of(content: &Value) -> String {
+pub(super) fn text_of(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -353,10 +365,10 @@ fn text_of(content: &Value) -> String {
 }
 
 /// A `StatusError` in a reply becomes `NotFound` (404) or `Api`.
-fn api_error(e: StatusError, resource: &str) -> MetaError {
+fn api_error(e: StatusError, resource: &ResourcePath) -> MetaError {
     if e.code() == 404 {
         MetaError::NotFound {
-            resource: resource.to_string(),
+            resource: resource.to_wire(),
         }
     } else {
         MetaError::Api(e)
@@ -365,7 +377,7 @@ fn api_error(e: StatusError, resource: &str) -> MetaError {
 
 /// The objects of a query reply: a JSON array of JSON strings (database), a bare object
 /// (cloud), an `ObjectResp` (lease queries) or a `StatusError`.
-fn objects_of(content: &Value, resource: &str) -> Result<Vec<Value>, MetaError> {
+fn objects_of(content: &Value, resource: &ResourcePath) -> Result<Vec<Value>, MetaError> {
     if let Some(e) = StatusError::from_content(content) {
         return Err(api_error(e, resource));
     }
@@ -382,7 +394,7 @@ fn objects_of(content: &Value, resource: &str) -> Result<Vec<Value>, MetaError> 
             .filter_map(|item| match content::content_json(item) {
                 Ok(v) if v.is_object() => Some(v),
                 _ => {
-                    tracing::warn!(resource, "stored value is not a JSON object; skipped");
+                    tracing::warn!(%resource, "stored value is not a JSON object; skipped");
                     None
                 }
             })
@@ -390,25 +402,25 @@ fn objects_of(content: &Value, resource: &str) -> Result<Vec<Value>, MetaError> 
         Value::Null => Ok(Vec::new()),
         Value::Object(_) => Ok(vec![content.clone()]),
         other => Err(MetaError::Malformed {
-            resource: resource.to_string(),
+            resource: resource.to_wire(),
             detail: format!("expected objects, got {}", text_of(other)),
         }),
     }
 }
 
 /// The object of a create/patch/lease reply (`ObjectResp`), or a bare object.
-fn object_of(content: &Value, resource: &str) -> Result<Value, MetaError> {
+fn object_of(content: &Value, resource: &ResourcePath) -> Result<Value, MetaError> {
     objects_of(content, resource)?
         .into_iter()
         .next()
         .ok_or_else(|| MetaError::Malformed {
-            resource: resource.to_string(),
+            resource: resource.to_wire(),
             detail: "reply carries no object".into(),
         })
 }
 
 /// A reply that must be `"OK"` (or a `StatusError`).
-fn ok_of(content: &Value, resource: &str) -> Result<(), MetaError> {
+fn ok_of(content: &Value, resource: &ResourcePath) -> Result<(), MetaError> {
     if content::is_ok(content) {
         return Ok(());
     }
@@ -428,7 +440,7 @@ mod tests {
 
     #[test]
     fn replies_map_to_results() {
-        let r = "default/configmap/c";
+        let r = &ResourcePath::parse("default/configmap/c").unwrap();
         assert_eq!(
             objects_of(&json!([r#"{"a":1}"#, "garbage", r#"{"b":2}"#]), r).unwrap(),
             vec![json!({"a":1}), json!({"b":2})]
@@ -459,7 +471,7 @@ mod tests {
     /// is a failed renewal, not a lease to renew next time.
     #[test]
     fn a_transport_error_in_an_object_resp_is_a_failure() {
-        let r = "kube-node-lease/lease/edge-1";
+        let r = &ResourcePath::parse("kube-node-lease/lease/edge-1").unwrap();
         let reply = json!({"Object": {"metadata": {"creationTimestamp": null}, "spec": {}},
             "Err": {"Op": "Put", "URL": "https://10.96.0.1:443/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/edge-1",
                     "Err": {"Op": "dial", "Net": "tcp", "Source": null, "Addr": {"IP": "10.96.0.1", "Port": 443, "Zone": ""}, "Err": {}}}});
@@ -467,5 +479,39 @@ mod tests {
             Err(MetaError::Api(e)) => assert_eq!(e.code(), 500),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    /// What a resource string could not carry is refused before anything is stored or sent.
+    #[test]
+    fn typed_paths_that_no_resource_string_could_carry_are_refused() {
+        let req = |ns: Option<&str>, name: &str| {
+            MetaRequest::new(
+                Operation::Query,
+                ResourcePath::object(ns, ResourceType::Pod, name),
+                Value::Null,
+            )
+        };
+        assert_eq!(req(Some("ns"), "web-0").path_error(), None);
+        assert_eq!(req(None, "node-a").path_error(), None);
+        assert_eq!(
+            req(Some("ns"), "a/b").path_error(),
+            None,
+            "KubeEdge joins the rest"
+        );
+        for (ns, name) in [
+            (Some(""), "x"),
+            (Some("a/b"), "x"),
+            (Some("ns"), ""),
+            (Some("ns"), "a//b"),
+        ] {
+            assert!(req(ns, name).path_error().is_some(), "{ns:?} {name:?}");
+        }
+        let list = MetaRequest::new(
+            Operation::Query,
+            ResourcePath::new(Some("ns"), "pod", None),
+            Value::Null,
+        );
+        assert_eq!(list.path_error(), None);
+        assert_eq!(list.to_message().route.resource, "ns/pod");
     }
 }

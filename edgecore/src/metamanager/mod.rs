@@ -23,8 +23,9 @@ pub use client::{MetaClient, MetaError};
 pub use store::{DeleteOutcome, MetaRecord, MetaStore, StoreError, UpsertOutcome};
 
 use crate::edgehub::CloudLink;
+use kubeedge_shared::operation::source;
 use kubeedge_shared::resource_type::ConfigKind;
-use kubeedge_shared::{Message, ResourceType};
+use kubeedge_shared::{Group, Message, Operation, ResourcePath, ResourceType};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,11 +162,60 @@ pub struct Routes {
     pub tasks: Option<mpsc::Sender<Message>>,
 }
 
-/// A request from edged: the message KubeEdge's kubelet bridge would send to metamanager
-/// (`source: edged`, `group: meta`) and where to put the answer.
+/// A request to metamanager, typed: what KubeEdge's kubelet bridge sends as a `source:
+/// edged`, `group: meta` message (protocol §5.5). The wire message is built only when the
+/// request goes on to the cloud; local answers never make one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetaRequest {
+    pub operation: Operation,
+    pub path: ResourcePath,
+    pub content: Value,
+}
+
+impl MetaRequest {
+    pub fn new(operation: Operation, path: ResourcePath, content: Value) -> Self {
+        MetaRequest {
+            operation,
+            path,
+            content,
+        }
+    }
+
+    /// The message for the cloud.
+    pub fn to_message(&self) -> Message {
+        Message::new(
+            source::EDGED,
+            Group::Meta,
+            self.operation.clone(),
+            &self.path,
+            self.content.clone(),
+        )
+    }
+
+    /// Why the path could not travel as a resource string (what parsing one refuses: empty
+    /// segments, a `/` in the namespace or type), if it could not.
+    pub fn path_error(&self) -> Option<String> {
+        let p = &self.path;
+        let bad_ns = p
+            .namespace
+            .as_deref()
+            .is_some_and(|n| n.is_empty() || n.contains('/'));
+        let ty = p.resource_type.as_str();
+        let bad_ty = ty.is_empty() || ty.contains('/');
+        let bad_name = p
+            .name
+            .as_deref()
+            .is_some_and(|n| n.split('/').any(str::is_empty));
+        (bad_ns || bad_ty || bad_name)
+            .then(|| format!("resource path {p} has an empty or invalid segment"))
+    }
+}
+
+/// A request from edged and where to put the answer: the reply's content (an `Error`
+/// reply from the cloud is [`MetaError::Remote`]).
 pub(crate) struct EdgedRequest {
-    pub msg: Message,
-    pub reply: oneshot::Sender<Result<Message, MetaError>>,
+    pub req: MetaRequest,
+    pub reply: oneshot::Sender<Result<Value, MetaError>>,
 }
 
 /// The running metamanager.

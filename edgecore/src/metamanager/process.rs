@@ -4,8 +4,8 @@
 use super::client::MetaError;
 use super::store::{MetaRecord, MetaStore, ObjectFacts, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
-    ChangeAction, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig, ObjectChange,
-    Routes, ToTwin, edged_acts_on, is_remote_query_type,
+    ChangeAction, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig, MetaRequest,
+    ObjectChange, Routes, ToTwin, edged_acts_on, is_remote_query_type,
 };
 use crate::edgehub::{CloudLink, LinkEvent};
 use futures_util::StreamExt;
@@ -317,15 +317,16 @@ impl<L: CloudLink> Context<L> {
     }
 
     /// Serves one request from edged.
-    async fn serve(&self, msg: Message) -> Result<Message, MetaError> {
-        let path = msg
-            .resource_path()
-            .map_err(|e| MetaError::BadRequest(e.to_string()))?;
+    async fn serve(&self, req: MetaRequest) -> Result<Value, MetaError> {
+        if let Some(why) = req.path_error() {
+            return Err(MetaError::BadRequest(why));
+        }
+        let path = &req.path;
         let ty = &path.resource_type;
         if *ty == ResourceType::Event {
-            return self.forward_event(msg).await;
+            return self.forward_event(req.to_message()).await;
         }
-        match msg.route.operation {
+        match req.operation {
             Operation::Query => {
                 // The cloud sends every change of the configmaps and secrets this node's pods
                 // use (KubeEdge's cloudcore and ours): a stored copy is current, and asking
@@ -333,55 +334,51 @@ impl<L: CloudLink> Context<L> {
                 if matches!(ty, ResourceType::ConfigMap | ResourceType::Secret)
                     && path.name.is_some()
                 {
-                    let values = self.store.query(&path).await?;
+                    let values = self.store.query(path).await?;
                     if !values.is_empty() {
-                        return Ok(self.local_reply(&msg, content::query_reply(values)));
+                        return Ok(content::query_reply(values));
                     }
                 }
                 if is_remote_query_type(ty) && self.link.is_connected() {
-                    match self.remote(&msg, &path).await {
-                        Ok(reply) => return Ok(reply),
+                    match self.remote(&req.to_message(), path).await {
+                        Ok(reply) => return reply_content(reply),
                         Err(e) if e.is_link_failure() => {
-                            tracing::info!(resource = %msg.route.resource, error = %e, "remote query failed; answering from the database");
+                            tracing::info!(resource = %path, error = %e, "remote query failed; answering from the database");
                         }
                         Err(e) => return Err(e),
                     }
                 }
-                let values = self.store.query(&path).await?;
-                Ok(self.local_reply(&msg, content::query_reply(values)))
+                let values = self.store.query(path).await?;
+                Ok(content::query_reply(values))
             }
-            Operation::Insert | Operation::Delete => self.remote(&msg, &path).await,
-            Operation::Update if ty == "lease" => self.remote(&msg, &path).await,
+            Operation::Insert | Operation::Delete => {
+                reply_content(self.remote(&req.to_message(), path).await?)
+            }
+            Operation::Update if ty == "lease" => {
+                reply_content(self.remote(&req.to_message(), path).await?)
+            }
             Operation::Update => {
-                let value = content::content_json(&msg.content)
+                let value = content::content_json(&req.content)
                     .map(|v| v.to_string())
                     .map_err(|e| MetaError::BadRequest(format!("content is not JSON: {e}")))?;
                 self.store
-                    .upsert(MetaRecord::new(
-                        msg.route.resource.clone(),
-                        ty.as_str(),
-                        value,
-                    ))
+                    .upsert(MetaRecord::new(path.to_wire(), ty.as_str(), value))
                     .await?;
-                if let Err(e) = self.link.send(msg.clone()).await {
-                    tracing::debug!(resource = %msg.route.resource, error = %e, "update kept locally; not sent to the cloud");
+                if let Err(e) = self.link.send(req.to_message()).await {
+                    tracing::debug!(resource = %path, error = %e, "update kept locally; not sent to the cloud");
                 }
-                Ok(self.local_reply(&msg, content::ok()))
+                Ok(content::ok())
             }
             Operation::Patch => {
                 if !self.link.is_connected() {
                     return Err(MetaError::NotConnected);
                 }
                 let patch =
-                    String::from_utf8_lossy(&content::content_bytes(&msg.content)).into_owned();
+                    String::from_utf8_lossy(&content::content_bytes(&req.content)).into_owned();
                 self.store
-                    .upsert(MetaRecord::new(
-                        msg.route.resource.clone(),
-                        ty.as_str(),
-                        patch,
-                    ))
+                    .upsert(MetaRecord::new(path.to_wire(), ty.as_str(), patch))
                     .await?;
-                self.remote(&msg, &path).await
+                reply_content(self.remote(&req.to_message(), path).await?)
             }
             ref other => Err(MetaError::BadRequest(format!(
                 "operation {other:?} is not supported by metamanager"
@@ -392,7 +389,7 @@ impl<L: CloudLink> Context<L> {
     /// Events (`insert`/`update`/`patch` `<ns>/event/<name>`) go to the cloud as they are,
     /// unstored and unanswered (KubeEdge's `sendToCloud`), behind other traffic; offline they
     /// fail at once (edged drops them).
-    async fn forward_event(&self, msg: Message) -> Result<Message, MetaError> {
+    async fn forward_event(&self, msg: Message) -> Result<Value, MetaError> {
         if !matches!(
             msg.route.operation,
             Operation::Insert | Operation::Update | Operation::Patch
@@ -405,15 +402,8 @@ impl<L: CloudLink> Context<L> {
         if !self.link.is_connected() {
             return Err(MetaError::NotConnected);
         }
-        let reply = self.local_reply(&msg, content::ok());
         self.link.send_background(msg).await?;
-        Ok(reply)
-    }
-
-    fn local_reply(&self, req: &Message, content: Value) -> Message {
-        let mut reply = Message::response_to(req, content);
-        reply.route.source = source::METAMANAGER.to_string();
-        reply
+        Ok(content::ok())
     }
 
     /// Forwards an edged request to the cloud and waits for the reply; stores the object the
@@ -704,6 +694,14 @@ pub(crate) async fn run<L: CloudLink>(
     let _ = watcher.await;
 }
 
+/// The content of the cloud's reply to an edged request; an `Error` reply is a failure.
+fn reply_content(reply: Message) -> Result<Value, MetaError> {
+    if reply.route.operation == Operation::Error {
+        return Err(MetaError::Remote(super::client::text_of(&reply.content)));
+    }
+    Ok(reply.content)
+}
+
 async fn dispatch_requests<L: CloudLink>(
     ctx: Arc<Context<L>>,
     mut requests: mpsc::Receiver<EdgedRequest>,
@@ -723,9 +721,9 @@ async fn dispatch_requests<L: CloudLink>(
         let cancel = cancel.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let EdgedRequest { msg, reply } = req;
+            let EdgedRequest { req, reply } = req;
             let result = tokio::select! {
-                r = ctx.serve(msg) => r,
+                r = ctx.serve(req) => r,
                 _ = cancel.cancelled() => Err(MetaError::Stopped),
             };
             let _ = reply.send(result);

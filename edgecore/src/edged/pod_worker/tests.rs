@@ -92,8 +92,8 @@ async fn harness(object: Value) -> Harness {
     let seen = patches.clone();
     tokio::spawn(async move {
         while let Some(req) = rx.recv().await {
-            if req.msg.route.resource.contains("/podpatch/") {
-                let patch = req.msg.content.clone();
+            if req.req.path.resource_type == kubeedge_shared::ResourceType::PodPatch {
+                let patch = req.req.content.clone();
                 let patch = match patch {
                     Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::Null),
                     other => other,
