@@ -2,7 +2,7 @@
 
 pub mod apiserver_requests;
 pub mod app;
-pub mod certs;
+pub(crate) mod certs;
 pub mod cloudhub;
 pub mod cloudstream;
 pub mod config;

@@ -10,7 +10,7 @@ pub mod queue;
 mod server;
 mod session;
 mod sink;
-pub mod upstream;
+pub(crate) mod upstream;
 
 pub use sink::HubSink;
 

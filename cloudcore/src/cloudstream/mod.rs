@@ -8,15 +8,15 @@
 
 pub mod certificate;
 pub mod client_auth;
-pub mod exec;
+pub(crate) mod exec;
 pub mod iptables;
 pub mod mesh_relay;
-pub mod metrics;
-pub mod node_port;
-pub mod relay;
-pub mod server;
-pub mod session;
-pub mod tunnel;
+pub(crate) mod metrics;
+pub(crate) mod node_port;
+pub(crate) mod relay;
+pub(crate) mod server;
+pub(crate) mod session;
+pub(crate) mod tunnel;
 pub mod tunnel_port;
 
 use self::client_auth::{Authenticator, ClientAuth};

@@ -11,24 +11,24 @@
 //! connected nodes for downstream), so a shared one would take those as closures and read
 //! worse than the ten lines of `tokio::select!` each writes out.
 
-pub mod coalesce;
-pub mod devices;
+pub(crate) mod coalesce;
+pub(crate) mod devices;
 pub mod downstream;
-pub mod dynamic;
-pub mod endpoint_index;
+pub(crate) mod dynamic;
+pub(crate) mod endpoint_index;
 pub mod kind;
-pub mod location;
-pub mod node_fields;
+pub(crate) mod location;
+pub(crate) mod node_fields;
 pub mod node_lease;
-pub mod node_restriction;
-pub mod nodetask;
+pub(crate) mod node_restriction;
+pub(crate) mod nodetask;
 pub mod objectsync;
 pub mod policy;
-pub mod refs;
-pub mod rest;
+pub(crate) mod refs;
+pub(crate) mod rest;
 pub mod services;
-pub mod serving_certs;
-pub mod upstream;
+pub(crate) mod serving_certs;
+pub(crate) mod upstream;
 
 use crate::cloudhub::upstream::UpstreamClass;
 use crate::cloudhub::{CloudHub, Upstream};

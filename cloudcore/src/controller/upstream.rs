@@ -43,8 +43,6 @@ type ReadKey = (Kind, Option<String>, String);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handled {
     Replied,
-    /// Not for this handler (e.g. the inventory), returned to the caller.
-    NotMine,
     Dropped(String),
 }
 

@@ -132,6 +132,7 @@ impl Calls {
         self.waiting.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.waiting.is_empty()
     }

@@ -15,16 +15,16 @@
 //! edges send), `target.rs` (HTTP to rest targets and peers), `replicas.rs` (several
 //! cloudcores), `status.rs` (Rule status), `metrics.rs`. Off by default, as in KubeEdge.
 
-pub mod calls;
-pub mod edge;
+pub(crate) mod calls;
+pub(crate) mod edge;
 pub mod metrics;
-pub mod path;
-pub mod replicas;
-pub mod rest;
-pub mod rules;
-pub mod ruleset;
-pub mod status;
-pub mod table;
+pub(crate) mod path;
+pub(crate) mod replicas;
+pub(crate) mod rest;
+pub(crate) mod rules;
+pub(crate) mod ruleset;
+pub(crate) mod status;
+pub(crate) mod table;
 pub mod target;
 
 use crate::cloudhub::HubSink;

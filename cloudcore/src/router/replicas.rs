@@ -141,11 +141,6 @@ impl Replicas {
             }
         });
     }
-
-    #[cfg(test)]
-    pub fn set_holder(&self, node: &str, addr: SocketAddr) {
-        self.holders.insert(node.to_string(), addr);
-    }
 }
 
 #[cfg(test)]

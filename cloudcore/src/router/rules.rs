@@ -13,9 +13,6 @@ use kubeedge_shared::topic::{valid_filter, valid_topic};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub const GROUP: &str = "rules.kubeedge.io";
-pub const VERSION: &str = "v1";
-
 /// `(namespace, name)`.
 pub type ObjKey = (String, String);
 

@@ -121,6 +121,7 @@ impl RouteTable {
         self.count
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }

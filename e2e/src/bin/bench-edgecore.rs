@@ -11,7 +11,10 @@
 //! (with edgecore's CPU time during the burst), and the binary's size.
 //!
 //! `BENCH_EDGECORE_LOG=<filter>` sets edgecore's `RUST_LOG` (default `warn`);
-//! `BENCH_KEEP_LOG=<file>` copies edgecore's log there before cleaning up.
+//! `BENCH_KEEP_LOG=<file>` copies edgecore's log there before cleaning up;
+//! `BENCH_EDGECORE_OFF=eventBus,deviceTwin,…` switches those edgecore modules off (`enable:
+//! false`), to see what each costs; `BENCH_IDLE_SECONDS` (default 3) is how long the edge idles
+//! after its node is Ready before its idle RSS is read.
 
 use anyhow::Context;
 use e2e::apiserver::{ApiServer, Config};
@@ -20,7 +23,7 @@ use e2e::cloud::CloudFixture;
 use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
 use e2e::process::LoggedProcess;
-use e2e::procfs::{cpu_ticks, rss_kb};
+use e2e::procfs::{cpu_ticks, rss_kb, status_kb};
 use edgecore::cri::{CriClient, api};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
@@ -263,6 +266,19 @@ async fn bench() -> anyhow::Result<()> {
     std::fs::write(dir.join("ca.crt"), &pki.ca.cert.cert_pem)?;
     std::fs::write(dir.join("edge.crt"), &cert.cert_pem)?;
     std::fs::write(dir.join("edge.key"), &cert.key_pem)?;
+    let off: Vec<String> = std::env::var("BENCH_EDGECORE_OFF")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .collect();
+    if let Some(bad) = off
+        .iter()
+        .find(|m| !m.chars().all(|c| c.is_ascii_alphanumeric()))
+    {
+        anyhow::bail!("BENCH_EDGECORE_OFF: {bad:?} is not a module name (e.g. eventBus)");
+    }
     // Default settings (pod cgroups and QoS, eviction checks) except absolute disk thresholds:
     // the kubelet's 10%/15% would put a big, fairly full build disk under DiskPressure.
     let yaml = format!(
@@ -270,7 +286,7 @@ async fn bench() -> anyhow::Result<()> {
          database:\n  dataSource: {d}/edgecore.db\n\
          modules:\n  edgeHub:\n    tlsCaFile: {d}/ca.crt\n    tlsCertFile: {d}/edge.crt\n    tlsPrivateKeyFile: {d}/edge.key\n\
          \x20   websocket:\n      server: {server}\n\
-         \x20 deviceTwin:\n    dmiSockPath: {d}\n\
+         \x20 deviceTwin:\n    dmiSockPath: {d}\n{twin_off}{off}\
          \x20 edged:\n    hostnameOverride: edge-bench\n    nodeIP: 127.0.0.1\n    remoteRuntimeEndpoint: {endpoint}\n\
          \x20   podSandboxImage: {PAUSE_IMAGE}\n    rootDirectory: {d}/edged\n\
          \x20   tailoredKubeletConfig:\n      evictionHard:\n        memory.available: 100Mi\n\
@@ -278,6 +294,16 @@ async fn bench() -> anyhow::Result<()> {
         d = dir.display(),
         server = cloud.hub.local_addr(),
         endpoint = containerd.endpoint(),
+        twin_off = if off.iter().any(|m| m == "deviceTwin") {
+            "    enable: false\n"
+        } else {
+            ""
+        },
+        off = off
+            .iter()
+            .filter(|m| *m != "deviceTwin")
+            .map(|m| format!("  {m}:\n    enable: false\n"))
+            .collect::<String>(),
     );
     std::fs::write(dir.join("edgecore.yaml"), yaml)?;
     let bin = std::env::current_exe()?.with_file_name("edgecore");
@@ -308,16 +334,29 @@ async fn bench() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle = std::env::var("BENCH_IDLE_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    tokio::time::sleep(Duration::from_secs(idle)).await;
     let pid = edge.pid();
     println!(
         "bench-edgecore: {} ({:.1} MB on disk)",
         bin.display(),
         std::fs::metadata(&bin)?.len() as f64 / 1e6
     );
+    let kb = |field| status_kb(pid, field).unwrap_or(0) as f64 / 1024.0;
     println!(
-        "  edgecore RSS idle (node registered, 0 pods): {:.1} MB",
-        rss_kb(pid) as f64 / 1024.0
+        "  edgecore RSS idle (node registered, 0 pods, {idle} s after Ready): {:.1} MB (anonymous {:.1}, file {:.1}), {} threads{}",
+        kb("VmRSS:"),
+        kb("RssAnon:"),
+        kb("RssFile:"),
+        status_kb(pid, "Threads:").unwrap_or(0),
+        if off.is_empty() {
+            String::new()
+        } else {
+            format!(", modules off: {}", off.join(","))
+        }
     );
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");

@@ -61,6 +61,7 @@ impl DeviceTwinMetrics {
             .inc();
     }
 
+    #[cfg(test)]
     pub fn refused_count(&self, r: Refusal) -> u64 {
         self.refused
             .get_or_create(&ReasonLabel { reason: r.label() })

@@ -11,14 +11,14 @@
 //! * Bad MQTT payloads get KubeEdge's error `Result` on the result topic and a log line.
 
 mod bus;
-pub mod dmi;
+pub(crate) mod dmi;
 mod mappers;
-pub mod metrics;
-pub mod store;
+pub(crate) mod metrics;
+pub(crate) mod store;
 #[cfg(test)]
 mod tests;
-pub mod topics;
-pub mod twin;
+pub(crate) mod topics;
+pub(crate) mod twin;
 
 use crate::edgehub::CloudLink;
 use crate::edgehub::LinkEvent;

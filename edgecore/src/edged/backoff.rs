@@ -65,15 +65,16 @@ impl Backoff {
         self.entries.get(key).map(|e| e.delay)
     }
 
-    pub fn forget(&mut self, key: &str) {
-        self.entries.remove(key);
-    }
-
     /// Drops keys quiet for twice the maximum.
+    #[cfg(test)]
     pub fn gc(&mut self, now: SystemTime) {
         let max = self.max;
         self.entries
             .retain(|_, e| since(now, e.last_update) <= max * 2);
+    }
+
+    pub fn forget(&mut self, key: &str) {
+        self.entries.remove(key);
     }
 }
 

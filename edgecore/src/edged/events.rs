@@ -346,6 +346,7 @@ impl Correlator {
     }
 
     /// How many events, similar-message groups and spam buckets are remembered.
+    #[cfg(test)]
     pub fn remembered(&self) -> (usize, usize, usize) {
         (self.records.len(), self.similar.len(), self.spam.len())
     }

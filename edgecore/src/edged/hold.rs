@@ -215,6 +215,7 @@ impl HeldPods {
         self.pods.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }

@@ -20,34 +20,34 @@
 //!   MetaServer's `unhold-upgrade` releases them ([`hold`]).
 //! * On shutdown workers stop and containers keep running.
 
-pub mod backoff;
-pub mod cgroups;
-pub mod containers;
-pub mod env;
-pub mod events;
-pub mod eviction;
-pub mod gc;
-pub mod hold;
+pub(crate) mod backoff;
+pub(crate) mod cgroups;
+pub(crate) mod containers;
+pub(crate) mod env;
+pub(crate) mod events;
+pub(crate) mod eviction;
+pub(crate) mod gc;
+pub(crate) mod hold;
 #[cfg(test)]
 mod hold_dispatch_tests;
-pub mod hooks;
-pub mod image_gc;
-pub mod lifecycle;
-pub mod logs;
-pub mod node;
-pub mod objects;
-pub mod pod_worker;
-pub mod probes;
-pub mod pull_secrets;
-pub mod quantity;
-pub mod sandbox;
-pub mod settings;
-pub mod spec;
-pub mod static_pods;
+pub(crate) mod hooks;
+pub(crate) mod image_gc;
+pub(crate) mod lifecycle;
+pub(crate) mod logs;
+pub(crate) mod node;
+pub(crate) mod objects;
+pub(crate) mod pod_worker;
+pub(crate) mod probes;
+pub(crate) mod pull_secrets;
+pub(crate) mod quantity;
+pub(crate) mod sandbox;
+pub(crate) mod settings;
+pub(crate) mod spec;
+pub(crate) mod static_pods;
 pub mod stats;
-pub mod status;
+pub(crate) mod status;
 pub mod status_report;
-pub mod volumes;
+pub(crate) mod volumes;
 
 pub use settings::EdgedConfig;
 

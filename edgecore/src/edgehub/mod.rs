@@ -6,9 +6,9 @@
 //! everything else to the edge modules.
 
 mod connection;
-pub mod dial;
+pub(crate) mod dial;
 mod link;
-pub mod ratelimit;
+pub(crate) mod ratelimit;
 
 use kubeedge_shared::{Message, Operation};
 pub use link::CloudLink;

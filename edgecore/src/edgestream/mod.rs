@@ -11,13 +11,13 @@
 //! METRIC_CONNECT with the kubelet's `/stats/summary`, `/metrics/resource` and `/metrics`
 //! (see [`metrics`]).
 
-pub mod crilog;
-pub mod exec;
-pub mod logs;
-pub mod metrics;
-pub mod portforward;
+pub(crate) mod crilog;
+pub(crate) mod exec;
+pub(crate) mod logs;
+pub(crate) mod metrics;
+pub(crate) mod portforward;
 pub mod relay;
-pub mod sender;
+pub(crate) mod sender;
 pub mod tunnel;
 
 use crate::config::EdgeCoreConfig;

@@ -22,14 +22,14 @@
 //!   broker is not supported yet (refused at start).
 
 mod broker;
-pub mod cloud_ops;
-pub mod config;
+pub(crate) mod cloud_ops;
+pub(crate) mod config;
 mod dispatch;
 mod external;
 pub mod metrics;
 #[cfg(test)]
 mod tests;
-pub mod topics;
+pub(crate) mod topics;
 
 pub use config::{EventBusConfig, MqttMode};
 pub use metrics::EventBusMetrics;

@@ -11,12 +11,12 @@
 //! * On every connect it sends the cloud an inventory of the database (see
 //!   `edgecore/INVENTORY.md`).
 
-pub mod changes;
+pub(crate) mod changes;
 mod client;
 mod process;
-pub mod store;
+pub(crate) mod store;
 mod store_access;
-pub mod tokens;
+pub(crate) mod tokens;
 
 pub use changes::{ChangeSink, V2Change};
 pub use client::{MetaClient, MetaError};

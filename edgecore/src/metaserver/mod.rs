@@ -24,7 +24,7 @@ mod auth;
 mod authz;
 pub(crate) mod dummy;
 mod feed;
-pub mod informer;
+pub(crate) mod informer;
 mod keys;
 mod kinds;
 mod remote;

@@ -11,11 +11,11 @@
 //!
 //! Messages arrive from metamanager (group `user`, source `router_servicebus`).
 
-pub mod call;
-pub mod config;
-pub mod metrics;
-pub mod server;
-pub mod target_urls;
+pub(crate) mod call;
+pub(crate) mod config;
+pub(crate) mod metrics;
+pub(crate) mod server;
+pub(crate) mod target_urls;
 
 pub use config::ServiceBusConfig;
 pub use metrics::ServiceBusMetrics;

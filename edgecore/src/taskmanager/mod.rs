@@ -10,10 +10,10 @@
 //! Nothing from a job reaches a shell or a command line: images go to CRI as typed requests,
 //! upgrade images are read from the registry by this process.
 
-pub mod checks;
+pub(crate) mod checks;
 pub mod config_update;
-pub mod prepull;
-pub mod registry;
+pub(crate) mod prepull;
+pub(crate) mod registry;
 pub mod upgrade;
 
 use crate::cri::CriClient;

@@ -22,7 +22,7 @@ mod status;
 mod tests;
 mod watch;
 
-pub use messages::{IdForm, device_id};
+pub use messages::IdForm;
 pub use status::StatusWrite;
 
 use crate::cloudhub::HubSink;

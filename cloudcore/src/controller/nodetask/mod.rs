@@ -11,7 +11,7 @@
 //! writes are merge patches of `/status` carrying the resourceVersion they were computed from,
 //! so replicas never overwrite each other's results (a conflict is read again and redone).
 
-pub mod status;
+pub(crate) mod status;
 
 use crate::cloudhub::HubSink;
 use crate::controller::kind::Kind;

@@ -20,9 +20,9 @@
 //! * [`orphans`]: on start and on every edge-node deletion, records of nodes that no longer
 //!   exist are deleted — by one replica only, the holder of Lease `cloudcore-synccontroller`.
 
-pub mod orphans;
-pub mod records;
-pub mod writer;
+pub(crate) mod orphans;
+pub(crate) mod records;
+pub(crate) mod writer;
 
 use crate::cloudhub::CloudHub;
 use crate::controller::kind::Kind;

@@ -6,13 +6,13 @@
 //! Pod cgroups go when their pod goes, and those of pods this node no longer has are removed
 //! at start-up. cgroupfs and systemd naming, cgroup v1 and v2 ([`fs`]).
 
-pub mod fs;
-pub mod naming;
-pub mod qos;
+pub(crate) mod fs;
+pub(crate) mod naming;
+pub(crate) mod qos;
 
 use crate::edged::spec::Pod;
 use fs::{Hierarchy, Limits};
-use naming::{CgroupName, Driver, Naming};
+use naming::{Driver, Naming};
 use qos::QosClass;
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -78,6 +78,7 @@ impl PodCgroups {
         }
     }
 
+    #[cfg(test)]
     pub fn enabled(&self) -> bool {
         self.fs.is_some()
     }
@@ -175,11 +176,6 @@ impl PodCgroups {
             }
         }
         removed
-    }
-
-    /// The pod cgroup of `uid` and `qos` (tests and logs).
-    pub fn pod_cgroup(&self, qos: QosClass, uid: &str) -> CgroupName {
-        self.naming.pod(qos, uid)
     }
 }
 

@@ -8,9 +8,9 @@
 //! says `Failed`/`Evicted` with the kubelet's message, and an `Evicted` event is recorded.
 
 pub(super) mod check;
-pub mod rank;
-pub mod signals;
-pub mod storage;
+pub(crate) mod rank;
+pub(crate) mod signals;
+pub(crate) mod storage;
 
 use signals::{Reading, Signal, Threshold};
 use std::collections::{BTreeMap, HashMap};
@@ -42,10 +42,6 @@ impl Thresholds {
             thresholds,
             soft_since: HashMap::new(),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.thresholds.is_empty()
     }
 
     /// The signals with a threshold met now, grace periods aside (for the node's conditions).

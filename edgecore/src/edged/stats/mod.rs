@@ -7,9 +7,9 @@
 //! or sandbox, as the kubelet caches them when the runtime does not report them.
 
 pub mod host;
-pub mod resource;
-pub mod sample;
-pub mod summary;
+pub(crate) mod resource;
+pub(crate) mod sample;
+pub(crate) mod summary;
 
 use self::sample::{ContainerSample, Cpu, Memory, NodeSample, PodSample, Snapshot};
 use super::status_report::StatusReports;

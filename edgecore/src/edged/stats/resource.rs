@@ -7,9 +7,6 @@ use super::sample::Snapshot;
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
-/// The Prometheus text format's content type.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
 /// A float as Go's `strconv.FormatFloat(v, 'g', -1, 64)` (Prometheus' `+Inf`/`-Inf`/`NaN`).
 pub fn go_float(v: f64) -> String {
     if v.is_nan() {
