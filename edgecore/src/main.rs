@@ -137,12 +137,18 @@ fn main() -> ExitCode {
         let trim = tokio::spawn(edgecore::memory::release_freed_memory_every(
             edgecore::memory::TRIM_INTERVAL,
         ));
+        let startup_code = tokio::spawn(async {
+            tokio::time::sleep(edgecore::memory::STARTUP_CODE_SETTLE).await;
+            let bytes = edgecore::memory::release_startup_code();
+            tracing::debug!(bytes, "start-up code pages given back");
+        });
         let restart = tokio::select! {
             _ = wait_for_signal() => false,
             _ = supervisor.restart.notified() => true,
         };
         tracing::info!(restart, "shutting down");
         trim.abort();
+        startup_code.abort();
         edge.shutdown().await;
         Ok::<_, edgecore::app::StartError>(restart)
     });
