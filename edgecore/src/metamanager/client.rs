@@ -94,11 +94,14 @@ impl MetaClient {
         rx.await.map_err(|_| MetaError::Stopped)?
     }
 
+    /// The node's namespace as a path segment (`null`, the cluster-scope token, is none).
+    fn node_ns(&self) -> Option<&str> {
+        (&*self.node_namespace != kubeedge_shared::resource::CLUSTER_SCOPE_TOKEN)
+            .then_some(&*self.node_namespace)
+    }
+
     fn node_path(&self, resource_type: ResourceType) -> ResourcePath {
-        // `null` is the cluster-scope token.
-        let ns = (&*self.node_namespace != kubeedge_shared::resource::CLUSTER_SCOPE_TOKEN)
-            .then_some(&*self.node_namespace);
-        ResourcePath::object(ns, resource_type, &self.node_name)
+        ResourcePath::object(self.node_ns(), resource_type, &self.node_name)
     }
 
     /// One object: from the cloud when connected for the types KubeEdge queries remotely
@@ -113,9 +116,7 @@ impl MetaClient {
     /// Every stored object of a type (all namespaces), from the database. Stored values that
     /// are not JSON are skipped (and logged).
     pub async fn list(&self, resource_type: &str) -> Result<Vec<Value>, MetaError> {
-        let ns = (&*self.node_namespace != kubeedge_shared::resource::CLUSTER_SCOPE_TOKEN)
-            .then_some(&*self.node_namespace);
-        let path = ResourcePath::new(ns, resource_type, None);
+        let path = ResourcePath::new(self.node_ns(), resource_type, None);
         let content = self
             .call(Operation::Query, path.clone(), Value::Null)
             .await?;

@@ -58,20 +58,11 @@ fn kind_to_resource(kind: &str) -> String {
 
 pub(super) fn mirror_v2(conn: &Connection, r: &MetaRecord) -> Result<(), StoreError> {
     match serde_json::from_str::<Value>(&r.value) {
-        Ok(v) => mirror_v2_value(conn, r, &v),
+        Ok(v) => match v2_row(&v) {
+            Some(row) => mirror_v2_row(conn, r, row),
+            None => Ok(()),
+        },
         Err(_) => Ok(()),
-    }
-}
-
-/// [`mirror_v2`] of a record whose value the caller has parsed already (`v`).
-pub(super) fn mirror_v2_value(
-    conn: &Connection,
-    r: &MetaRecord,
-    v: &Value,
-) -> Result<(), StoreError> {
-    match v2_row(v) {
-        Some(row) => mirror_v2_row(conn, r, row),
-        None => Ok(()),
     }
 }
 
