@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use edgecore::cri::{CriClient, CriError, api};
+use kubeedge_edged::cri::{CriClient, CriError, api};
 use serde_json::json;
 
 use crate::images::{

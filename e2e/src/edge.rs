@@ -13,11 +13,11 @@ use crate::containerd::Containerd;
 use crate::images::PAUSE_IMAGE;
 use edgecore::app::EdgeCore;
 use edgecore::config::EdgeCoreConfig;
-use edgecore::cri::{CriClient, api};
-use edgecore::edged::EdgedConfig;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::PostParams;
+use kubeedge_edged::EdgedConfig;
+use kubeedge_edged::cri::{CriClient, api};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -198,7 +198,7 @@ pub fn write_edge_config(
 /// `edgecore.yaml`, are low, so that a test machine's own disk usage does not evict test
 /// pods.)
 pub fn test_edged_config(config: &EdgeCoreConfig, dir: &std::path::Path) -> EdgedConfig {
-    let mut e = EdgedConfig::from_edgecore(config);
+    let mut e = edgecore::edged_config::edged_config(config);
     e.pod_logs_directory = dir.join("pod-logs");
     e.crash_backoff_initial = Duration::from_secs(1);
     e.crash_backoff_max = Duration::from_secs(4);

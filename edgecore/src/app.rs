@@ -5,12 +5,12 @@
 
 use crate::config::EdgeCoreConfig;
 use crate::devicetwin::{BusMessage, DeviceTwin, DeviceTwinConfig};
-use crate::edged::{Edged, EdgedConfig};
 use crate::edgehub::{EdgeHub, EdgeHubConfig};
 use crate::eventbus::{BusSinks, EventBus, EventBusConfig};
 use crate::metamanager::MetaManagerConfig;
 use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, Routes, StoreError};
 pub use crate::tls_files::load_tls;
+use kubeedge_edged::{Edged, EdgedConfig};
 use kubeedge_shared::{Group, Message, Operation};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub enum StartError {
     #[error("joining the cloud: {0}")]
     Join(#[from] crate::certmanager::CertError),
     #[error("cannot start edged: {0}")]
-    Edged(#[from] crate::edged::EdgedError),
+    Edged(#[from] kubeedge_edged::EdgedError),
     #[error("cannot start devicetwin: {0}")]
     DeviceTwin(#[from] crate::devicetwin::DeviceTwinError),
     #[error("cannot start the eventbus: {0}")]
@@ -76,7 +76,7 @@ impl EdgeCore {
             .modules
             .edged
             .enable
-            .then(|| EdgedConfig::from_edgecore(config));
+            .then(|| crate::edged_config::edged_config(config));
         Self::start_with(config, edged).await
     }
 
@@ -104,7 +104,7 @@ impl EdgeCore {
             .modules
             .edged
             .enable
-            .then(|| EdgedConfig::from_edgecore(config));
+            .then(|| crate::edged_config::edged_config(config));
         let edge = Self::start_full(config, edged, Some(supervisor.clone())).await?;
         Ok((edge, supervisor))
     }
@@ -126,8 +126,8 @@ impl EdgeCore {
             ));
         }
         if let Some(e) = &edged {
-            crate::cri::socket_path(&e.runtime_endpoint)
-                .map_err(|e| StartError::Edged(crate::edged::EdgedError::Runtime(e)))?;
+            kubeedge_edged::cri::socket_path(&e.runtime_endpoint)
+                .map_err(|e| StartError::Edged(kubeedge_edged::EdgedError::Runtime(e)))?;
         }
         let tls = load_tls(config)?;
         let path = &config.database.data_source;
@@ -170,7 +170,7 @@ impl EdgeCore {
             routes.tasks = Some(task_tx);
         }
         // The MetaServer's `unhold-upgrade` releases the pods edged holds.
-        let (releaser, releases) = crate::edged::hold::channel();
+        let (releaser, releases) = kubeedge_edged::hold::channel();
         let (confirm_hook, confirms) = match supervisor.as_deref().filter(|_| tasks_on) {
             Some(sup) => crate::taskmanager::confirmations(sup).unzip(),
             None => (None, None),
@@ -263,7 +263,7 @@ impl EdgeCore {
                 client.clone(),
             )
         });
-        let status_reports = Arc::new(crate::edged::status_report::StatusReports::default());
+        let status_reports = Arc::new(kubeedge_edged::status_report::StatusReports::default());
         status_reports.attach(module_metrics);
         let stream = match (&edged, config.modules.edge_stream.enable) {
             (Some(e), true) => {
@@ -287,7 +287,7 @@ impl EdgeCore {
                     e,
                     client,
                     changes,
-                    Some(crate::edged::EdgedLink {
+                    Some(kubeedge_edged::EdgedLink {
                         events: hub.subscribe(),
                         terms: hub.terms(),
                     }),

@@ -3,9 +3,8 @@
 pub mod app;
 pub mod certmanager;
 pub mod config;
-pub mod cri;
 pub(crate) mod devicetwin;
-pub mod edged;
+pub mod edged_config;
 pub mod edgehub;
 pub mod edgestream;
 pub mod eventbus;

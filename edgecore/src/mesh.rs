@@ -195,7 +195,7 @@ impl Mesh {
     }
 
     /// What edged tells about this node's pods.
-    pub fn pod_observer(&self) -> Arc<dyn crate::edged::PodObserver> {
+    pub fn pod_observer(&self) -> Arc<dyn kubeedge_edged::PodObserver> {
         self.pods.clone()
     }
 
@@ -317,7 +317,7 @@ struct PodFeed {
     wake: Notify,
 }
 
-impl crate::edged::PodObserver for PodFeed {
+impl kubeedge_edged::PodObserver for PodFeed {
     fn pod_status(&self, pod: &Value, status: &Value) {
         let status = status.is_object().then_some(status);
         let p = match LocalPod::from_value(pod, status) {

@@ -14,10 +14,12 @@ impl ModuleMetrics {
     pub fn register(&self, f: impl FnOnce(&mut Registry)) {
         f(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
     }
+}
 
+impl kubeedge_edged::MetricsSource for ModuleMetrics {
     /// Appends the metrics in the text format (without OpenMetrics' `# EOF`, so the result can
     /// be followed by more).
-    pub fn render(&self, out: &mut String) {
+    fn render(&self, out: &mut String) {
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let mut text = String::new();
         if prometheus_client::encoding::text::encode(&mut text, &registry).is_ok() {
@@ -29,6 +31,7 @@ impl ModuleMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kubeedge_edged::MetricsSource;
     use prometheus_client::metrics::counter::Counter;
 
     #[test]

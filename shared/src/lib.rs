@@ -16,6 +16,7 @@ pub mod duration;
 #[doc(hidden)]
 pub mod fuzz_targets;
 pub mod inventory;
+pub mod link;
 pub mod message;
 pub mod names;
 pub mod net;

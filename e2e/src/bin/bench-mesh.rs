@@ -370,13 +370,13 @@ async fn relay_through_cloud() -> anyhow::Result<()> {
         handshake_timeout: Duration::from_secs(5),
         root_dir: std::env::temp_dir(),
     };
-    let cri = edgecore::cri::CriClient::connect_lazy("unix:///nonexistent/cri.sock")?;
-    let runtime = edgecore::cri::runtime::Runtime::new(cri, Duration::from_secs(2));
+    let cri = kubeedge_edged::cri::CriClient::connect_lazy("unix:///nonexistent/cri.sock")?;
+    let runtime = kubeedge_edged::cri::runtime::Runtime::new(cri, Duration::from_secs(2));
     let edge_b = EdgeStream::start(
         settings("edge-b"),
         tls_for("edge-b")?,
         runtime,
-        Arc::new(edgecore::edged::status_report::StatusReports::default()),
+        Arc::new(kubeedge_edged::status_report::StatusReports::default()),
     );
     let t = Instant::now();
     while !stream.is_connected("edge-b") {

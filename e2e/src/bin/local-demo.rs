@@ -30,7 +30,6 @@ use e2e::node_address::NodeAddress;
 use e2e::stream_client::node_facing_settings;
 use edgecore::app::EdgeCore;
 use edgecore::config::EdgeCoreConfig;
-use edgecore::edged::EdgedConfig;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use tokio::signal::unix::{SignalKind, signal};
@@ -232,7 +231,7 @@ async fn main() -> anyhow::Result<()> {
     let config_path = demo_dir.join("edgecore.yaml");
     std::fs::write(&config_path, yaml)?;
     let config = EdgeCoreConfig::load(&config_path).context("demo edgecore.yaml")?;
-    let mut edged = EdgedConfig::from_edgecore(&config);
+    let mut edged = edgecore::edged_config::edged_config(&config);
     edged.kubelet_port = i32::from(stream.stream_addr().port());
     let edge = EdgeCore::start_with(&config, Some(edged))
         .await

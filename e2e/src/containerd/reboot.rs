@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use edgecore::cri::{CriClient, api};
+use kubeedge_edged::cri::{CriClient, api};
 
 use super::{
     CRI_NAMESPACE, Containerd, HarnessError, SOCKET_TIMEOUT, block_on_fresh_runtime, cleanup_netns,

@@ -16,10 +16,10 @@ use e2e::edge::{
     runtime_objects, wait_for,
 };
 use e2e::images::BUSYBOX_IMAGE;
-use edgecore::cri::{CriClient, api};
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
+use kubeedge_edged::cri::{CriClient, api};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

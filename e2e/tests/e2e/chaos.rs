@@ -21,11 +21,11 @@
 use crate::churn::{self, Churn, Fault, FaultTarget, uses};
 use e2e::edge::{EdgeEnv, is_running_and_ready};
 use e2e::images::BUSYBOX_IMAGE;
-use edgecore::cri::{CriClient, api};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::ListParams;
+use kubeedge_edged::cri::{CriClient, api};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;

@@ -13,10 +13,10 @@ use e2e::edge::{
 };
 use e2e::images::{BUSYBOX_IMAGE, normalized_reference};
 use edgecore::app::EdgeCore;
-use edgecore::cri::api;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
+use kubeedge_edged::cri::api;
 use serde_json::json;
 use std::time::Duration;
 

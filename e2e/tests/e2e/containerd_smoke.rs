@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use e2e::containerd::Containerd;
 use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE, LayerBuilder, OciImage, PAUSE_IMAGE};
-use edgecore::cri::{CriClient, api};
+use kubeedge_edged::cri::{CriClient, api};
 
 fn containerd() -> &'static Containerd {
     Containerd::shared().unwrap_or_else(|e| panic!("{e}"))

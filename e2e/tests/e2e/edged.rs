@@ -12,11 +12,11 @@ use e2e::edge::{
 };
 use e2e::images::{BUSYBOX_DOCKER_HUB_IMAGE, BUSYBOX_IMAGE};
 use e2e::node_address::node_ip;
-use edgecore::cri::api;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
+use kubeedge_edged::cri::api;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 

@@ -101,7 +101,7 @@ async fn pods_over_their_local_storage_limits_are_evicted() {
 /// What edgemesh's and the kubelet's `memory.available` reads now: capacity minus the working
 /// set.
 fn memory_available() -> u64 {
-    let m = edgecore::edged::stats::host::read_memory().expect("/proc/meminfo");
+    let m = kubeedge_edged::stats::host::read_memory().expect("/proc/meminfo");
     m.capacity.saturating_sub(m.working_set)
 }
 

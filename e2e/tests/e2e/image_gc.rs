@@ -17,10 +17,10 @@ use e2e::edge::{EdgeEnv, WAIT, container_id, wait_for};
 use e2e::images::{BUSYBOX_IMAGE, LayerBuilder, OciImage, PAUSE_IMAGE, repository_and_tag};
 use edgecore::app::EdgeCore;
 use edgecore::config::TailoredKubeletConfig;
-use edgecore::cri::{CriClient, api};
 use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::ListParams;
+use kubeedge_edged::cri::{CriClient, api};
 use serde_json::json;
 use std::time::Duration;
 

@@ -122,7 +122,7 @@ fn last_round(env: &EdgeEnv, pod: &str, uid: &str) -> u64 {
 
 /// The pod's sandbox IDs on the node, to kill them (a "reboot" of one pod).
 async fn stop_sandboxes(env: &EdgeEnv, uid: &str) {
-    use edgecore::cri::api;
+    use kubeedge_edged::cri::api;
     let cri = env.cri().await;
     let mut rt = cri.runtime();
     let list = rt

@@ -17,7 +17,7 @@ fn manifest(ns: &str, name: &str, word: &str) -> String {
 
 /// The running containers of the static pod `name` (by the kubelet's pod-name label).
 async fn running_containers(env: &EdgeEnv, name: &str) -> Vec<String> {
-    use edgecore::cri::api;
+    use kubeedge_edged::cri::api;
     let cri = env.cri().await;
     let list = cri
         .runtime()

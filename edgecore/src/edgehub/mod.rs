@@ -10,6 +10,7 @@ pub(crate) mod dial;
 mod link;
 pub(crate) mod ratelimit;
 
+pub use kubeedge_shared::link::{CloudTerms, LinkEvent};
 use kubeedge_shared::{Message, Operation};
 pub use link::CloudLink;
 use ratelimit::TokenBucket;
@@ -123,39 +124,6 @@ impl Default for EdgeHubConfig {
             inbound_capacity: 1024,
         }
     }
-}
-
-/// What the cloud of the current link agreed to (the capabilities both sides advertised);
-/// all false while offline and with a cloud that advertises nothing (KubeEdge's).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CloudTerms {
-    pub connected: bool,
-    /// Heartbeats are WebSocket pings alone.
-    pub ping_keepalive: bool,
-    /// The cloud renews this node's Lease and says when the cluster marks the node Unknown.
-    pub cloud_lease: bool,
-}
-
-impl CloudTerms {
-    /// The terms of a link to a cloud that advertised `offered`, given what this edge asked.
-    pub fn agreed(asked: &[String], offered: &[String]) -> CloudTerms {
-        use kubeedge_shared::constants::{
-            CAPABILITY_CLOUD_LEASE, CAPABILITY_PING_KEEPALIVE, capability_parts,
-        };
-        let named = |list: &[String], c: &str| list.iter().any(|t| capability_parts(t).0 == c);
-        let both = |c: &str| named(asked, c) && named(offered, c);
-        CloudTerms {
-            connected: true,
-            ping_keepalive: both(CAPABILITY_PING_KEEPALIVE),
-            cloud_lease: both(CAPABILITY_CLOUD_LEASE),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LinkEvent {
-    Connected,
-    Disconnected { reason: String },
 }
 
 #[derive(Debug, thiserror::Error)]

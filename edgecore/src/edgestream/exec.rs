@@ -7,8 +7,8 @@
 //! the runtime's connection ends it. Errors are sent as the kubelet's HTTP error response.
 
 use super::sender::TunnelSender;
-use crate::cri::api;
-use crate::cri::runtime::{LABEL_CONTAINER_NAME, Runtime, pod_selector};
+use kubeedge_edged::cri::api;
+use kubeedge_edged::cri::runtime::{LABEL_CONTAINER_NAME, Runtime, pod_selector};
 use kubeedge_shared::stream::http::request_head;
 use kubeedge_shared::stream::{Connector, parse_query};
 use std::time::Duration;

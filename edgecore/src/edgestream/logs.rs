@@ -6,8 +6,10 @@
 
 use super::crilog::{Decoder, LogOptions, tail_start};
 use super::sender::TunnelSender;
-use crate::cri::api;
-use crate::cri::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, Runtime};
+use kubeedge_edged::cri::api;
+use kubeedge_edged::cri::runtime::{
+    LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, Runtime,
+};
 use kubeedge_shared::stream::Connector;
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -250,7 +252,7 @@ fn open_for_writing(file: &std::fs::File) -> Option<bool> {
 /// Rotated files of `log` newer than the one with inode `old` (all of them when it was
 /// already removed: the oldest go first), except the current file's inode `current`.
 fn rotated_after(log: &Path, old: u64, current: u64) -> Vec<PathBuf> {
-    let files: Vec<(PathBuf, u64)> = crate::edged::logs::rotated_files(log)
+    let files: Vec<(PathBuf, u64)> = kubeedge_edged::logs::rotated_files(log)
         .into_iter()
         .filter_map(|p| {
             let ino = std::fs::metadata(&p).ok()?.ino();

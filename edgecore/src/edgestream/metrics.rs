@@ -6,8 +6,8 @@
 //! lines per DATA frame.
 
 use super::sender::TunnelSender;
-use crate::edged::stats::StatsProvider;
-use crate::edged::stats::resource;
+use kubeedge_edged::stats::StatsProvider;
+use kubeedge_edged::stats::resource;
 use kubeedge_shared::stream::{self, Connector};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;

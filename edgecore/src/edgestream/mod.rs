@@ -21,9 +21,9 @@ pub(crate) mod sender;
 pub mod tunnel;
 
 use crate::config::EdgeCoreConfig;
-use crate::cri::runtime::Runtime;
-use crate::edged::EdgedConfig;
 use crate::tls_files::{TlsFileError, load_err};
+use kubeedge_edged::EdgedConfig;
+use kubeedge_edged::cri::runtime::Runtime;
 use kubeedge_shared::tls::{self, TlsError};
 use std::path::Path;
 use std::sync::Arc;
@@ -36,7 +36,7 @@ pub enum EdgeStreamError {
     #[error(transparent)]
     Tls(#[from] TlsFileError),
     #[error("edgestream cannot use the container runtime: {0}")]
-    Runtime(crate::cri::CriError),
+    Runtime(kubeedge_edged::cri::CriError),
 }
 
 /// Between tunnel attempts (KubeEdge's ticker).
@@ -63,11 +63,11 @@ impl EdgeStream {
         settings: EdgeStreamSettings,
         tls: Arc<rustls::ClientConfig>,
         runtime: Runtime,
-        status_reports: Arc<crate::edged::status_report::StatusReports>,
+        status_reports: Arc<kubeedge_edged::status_report::StatusReports>,
     ) -> EdgeStream {
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
-        let stats = Arc::new(crate::edged::stats::StatsProvider::new(
+        let stats = Arc::new(kubeedge_edged::stats::StatsProvider::new(
             runtime.clone(),
             settings.node_name.clone(),
             settings.root_dir.clone(),
@@ -98,12 +98,13 @@ impl EdgeStream {
     pub fn from_config(
         config: &EdgeCoreConfig,
         edged: &EdgedConfig,
-        status_reports: Arc<crate::edged::status_report::StatusReports>,
+        status_reports: Arc<kubeedge_edged::status_report::StatusReports>,
     ) -> Result<EdgeStream, EdgeStreamError> {
         let (settings, tls) = settings_and_tls(config, edged)?;
-        let cri = crate::cri::CriClient::connect_lazy(&edged.runtime_endpoint)
+        let cri = kubeedge_edged::cri::CriClient::connect_lazy(&edged.runtime_endpoint)
             .map_err(EdgeStreamError::Runtime)?;
-        let runtime = crate::cri::runtime::Runtime::new(cri, edged.runtime_request_timeout);
+        let runtime =
+            kubeedge_edged::cri::runtime::Runtime::new(cri, edged.runtime_request_timeout);
         Ok(EdgeStream::start(settings, tls, runtime, status_reports))
     }
 

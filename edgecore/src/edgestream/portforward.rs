@@ -14,8 +14,8 @@
 
 use super::exec::{Refusal, Upgrade};
 use super::sender::TunnelSender;
-use crate::cri::api;
-use crate::cri::runtime::{Runtime, pod_selector};
+use kubeedge_edged::cri::api;
+use kubeedge_edged::cri::runtime::{Runtime, pod_selector};
 use kubeedge_shared::stream::{Connector, parse_query};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

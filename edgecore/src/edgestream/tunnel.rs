@@ -4,8 +4,8 @@
 
 use super::EdgeStreamSettings;
 pub use super::sender::TunnelSender;
-use crate::cri::runtime::Runtime;
-use crate::edged::stats::StatsProvider;
+use kubeedge_edged::cri::runtime::Runtime;
+use kubeedge_edged::stats::StatsProvider;
 use kubeedge_shared::constants::{CAPABILITY_PORT_FORWARD, CAPABILITY_RELAY, HEADER_CAPABILITIES};
 use kubeedge_shared::stream::ws::{self, WsEvent, WsReader, WsWriter};
 use kubeedge_shared::stream::{self, Connector, MessageType, TunnelMessage};

@@ -12,24 +12,23 @@
 //!   `edgecore/INVENTORY.md`).
 
 pub(crate) mod changes;
-mod client;
 mod process;
 pub(crate) mod store;
 mod store_access;
 pub(crate) mod tokens;
 
 pub use changes::{ChangeSink, V2Change};
-pub use client::{MetaClient, MetaError};
+pub use kubeedge_edged::meta::{
+    ChangeAction, MetaCall, MetaClient, MetaError, MetaRequest, ObjectChange, edged_acts_on,
+};
 pub use store::{DeleteOutcome, MetaRecord, MetaStore, StoreError, UpsertOutcome};
 
-use crate::edgehub::CloudLink;
-use kubeedge_shared::operation::source;
-use kubeedge_shared::resource_type::ConfigKind;
-use kubeedge_shared::{Group, Message, Operation, ResourcePath, ResourceType};
+use crate::edgehub::{CloudLink, HubError};
+use kubeedge_shared::{Message, ResourceType};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -99,35 +98,6 @@ impl Default for MetaManagerConfig {
     }
 }
 
-/// Whether edged acts on objects of this type (it is told about their changes): pods, the
-/// configmaps and secrets they mount, and its own Node (cloudcore sends it when the cluster
-/// marked it Unknown).
-pub fn edged_acts_on(t: &ResourceType) -> bool {
-    matches!(t, ResourceType::Pod | ResourceType::Node) || ConfigKind::of(t).is_some()
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeAction {
-    /// Created or changed (KubeEdge `insert`/`update`; edged treats both as "apply").
-    Upsert,
-    /// Removed from the database. The object may carry only `metadata` (name, namespace, uid),
-    /// as synccontroller's deletes do.
-    Delete,
-}
-
-/// A change of the database that edged acts on. Sent only after the change is durable.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ObjectChange {
-    /// One of the types [`edged_acts_on`].
-    pub kind: ResourceType,
-    pub action: ChangeAction,
-    /// `<namespace>/<type>/<name>`, the database key.
-    pub key: String,
-    pub namespace: String,
-    pub name: String,
-    pub object: Value,
-}
-
 /// A device or device model the cloud sent, after its write is durable (for devicetwin).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceObject {
@@ -162,60 +132,24 @@ pub struct Routes {
     pub tasks: Option<mpsc::Sender<Message>>,
 }
 
-/// A request to metamanager, typed: what KubeEdge's kubelet bridge sends as a `source:
-/// edged`, `group: meta` message (protocol §5.5). The wire message is built only when the
-/// request goes on to the cloud; local answers never make one.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MetaRequest {
-    pub operation: Operation,
-    pub path: ResourcePath,
-    pub content: Value,
-}
+/// A request from edged and where to put the answer (metamanager serves
+/// [`kubeedge_edged::meta::MetaService`] over a channel of these).
+pub(crate) type EdgedRequest = MetaCall;
 
-impl MetaRequest {
-    pub fn new(operation: Operation, path: ResourcePath, content: Value) -> Self {
-        MetaRequest {
-            operation,
-            path,
-            content,
+impl From<HubError> for MetaError {
+    fn from(e: HubError) -> Self {
+        match e {
+            HubError::NotConnected => MetaError::NotConnected,
+            HubError::Disconnected | HubError::Timeout(_) => MetaError::Link(e.to_string()),
+            HubError::Shutdown => MetaError::Stopped,
         }
     }
-
-    /// The message for the cloud.
-    pub fn to_message(&self) -> Message {
-        Message::new(
-            source::EDGED,
-            Group::Meta,
-            self.operation.clone(),
-            &self.path,
-            self.content.clone(),
-        )
-    }
-
-    /// Why the path could not travel as a resource string (what parsing one refuses: empty
-    /// segments, a `/` in the namespace or type), if it could not.
-    pub fn path_error(&self) -> Option<String> {
-        let p = &self.path;
-        let bad_ns = p
-            .namespace
-            .as_deref()
-            .is_some_and(|n| n.is_empty() || n.contains('/'));
-        let ty = p.resource_type.as_str();
-        let bad_ty = ty.is_empty() || ty.contains('/');
-        let bad_name = p
-            .name
-            .as_deref()
-            .is_some_and(|n| n.split('/').any(str::is_empty));
-        (bad_ns || bad_ty || bad_name)
-            .then(|| format!("resource path {p} has an empty or invalid segment"))
-    }
 }
 
-/// A request from edged and where to put the answer: the reply's content (an `Error`
-/// reply from the cloud is [`MetaError::Remote`]).
-pub(crate) struct EdgedRequest {
-    pub req: MetaRequest,
-    pub reply: oneshot::Sender<Result<Value, MetaError>>,
+impl From<StoreError> for MetaError {
+    fn from(e: StoreError) -> Self {
+        MetaError::Store(e.to_string())
+    }
 }
 
 /// The running metamanager.
@@ -246,7 +180,7 @@ impl MetaManager {
     ) -> (MetaManager, MetaClient, mpsc::Receiver<ObjectChange>) {
         let (edged_tx, edged_rx) = mpsc::channel(config.edged_capacity.max(1));
         let (req_tx, req_rx) = mpsc::channel(config.request_capacity.max(1));
-        let client = MetaClient::new(req_tx, &config);
+        let client = MetaClient::new(Arc::new(req_tx), &config.node_name, &config.node_namespace);
         let link_events = link.subscribe();
         let cancel = CancellationToken::new();
         let ctx = Arc::new(process::Context::new(config, store, link, edged_tx, routes));

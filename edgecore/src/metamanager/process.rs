@@ -1,7 +1,7 @@
 //! Message handling (protocol §5.2): objects from the cloud are written, then handed to
 //! edged, then acknowledged; edged's requests are answered from the cloud or the database.
 
-use super::client::MetaError;
+use super::MetaError;
 use super::store::{MetaRecord, MetaStore, ObjectFacts, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
     ChangeAction, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig, MetaRequest,
@@ -697,7 +697,9 @@ pub(crate) async fn run<L: CloudLink>(
 /// The content of the cloud's reply to an edged request; an `Error` reply is a failure.
 fn reply_content(reply: Message) -> Result<Value, MetaError> {
     if reply.route.operation == Operation::Error {
-        return Err(MetaError::Remote(super::client::text_of(&reply.content)));
+        return Err(MetaError::Remote(kubeedge_edged::meta::text_of(
+            &reply.content,
+        )));
     }
     Ok(reply.content)
 }

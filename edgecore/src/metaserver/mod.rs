@@ -74,7 +74,7 @@ pub struct MetaServerConfig {
     /// watch (edgemesh: Services and EndpointSlices).
     pub standing: Vec<StandingWatch>,
     /// edged's held pods, which `unhold-upgrade` releases; `None` without edged.
-    pub held_pods: Option<crate::edged::hold::Releaser>,
+    pub held_pods: Option<kubeedge_edged::hold::Releaser>,
     /// Called on `POST /api/v1/taskupgrade/confirm-upgrade` (`keadm ctl confirm`): the task
     /// manager's, when node tasks are on.
     pub confirm_upgrade: Option<ConfirmHook>,

@@ -12,12 +12,12 @@
 use super::Shared;
 use super::request::{ResourceRequest, Unhold, UnholdOf, Verb};
 use super::serve::{Body, json_response, status};
-use crate::edged::hold::{self, Release, ReleaseError};
-use crate::edged::spec::is_path_element;
 use crate::edgehub::CloudLink;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use kubeedge_edged::hold::{self, Release, ReleaseError};
+use kubeedge_edged::spec::is_path_element;
 use serde_json::{Value, json};
 
 /// Largest body accepted: a namespace and a pod name fit many times over.

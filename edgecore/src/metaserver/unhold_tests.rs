@@ -3,8 +3,8 @@
 
 use super::tests::{FakeLink, body_json, http};
 use super::*;
-use crate::edged::hold::{self, Release};
 use crate::metamanager::MetaRecord;
+use kubeedge_edged::hold::{self, Release};
 use serde_json::{Value, json};
 use std::sync::Mutex;
 

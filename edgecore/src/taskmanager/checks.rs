@@ -86,7 +86,7 @@ pub fn parse_meminfo(text: &str) -> Option<f64> {
 
 /// Used over (used + available to unprivileged users), as `df` and KubeEdge compute it.
 fn disk_usage(path: &str) -> Result<f64, String> {
-    let u = crate::edged::stats::host::fs_usage(std::path::Path::new(path))
+    let u = kubeedge_edged::stats::host::fs_usage(std::path::Path::new(path))
         .ok_or_else(|| format!("statvfs {path} failed"))?;
     Ok(if u.used + u.available == 0 {
         0.0

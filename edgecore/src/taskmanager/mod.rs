@@ -16,10 +16,10 @@ pub(crate) mod prepull;
 pub(crate) mod registry;
 pub mod upgrade;
 
-use crate::cri::CriClient;
-use crate::cri::runtime::Runtime;
 use crate::edgehub::EdgeHub;
 use crate::metamanager::MetaClient;
+use kubeedge_edged::cri::CriClient;
+use kubeedge_edged::cri::runtime::Runtime;
 use kubeedge_shared::nodetask::{ActionStatus, JobKind, TaskResource, UPDATE_NODE_ACTION_STATUS};
 use kubeedge_shared::operation::source;
 use kubeedge_shared::{Group, Message, Operation};

@@ -6,8 +6,8 @@
 //! decodes the `.dockerconfigjson` straight into a CRI `AuthConfig`, so `{"auths": …}` secrets
 //! pull anonymously); image references are checked before they reach the runtime.
 
-use crate::cri::api::AuthConfig;
-use crate::cri::runtime::Runtime;
+use kubeedge_edged::cri::api::AuthConfig;
+use kubeedge_edged::cri::runtime::Runtime;
 use kubeedge_shared::nodetask::ImageStatus;
 use serde::Deserialize;
 use serde_json::Value;
@@ -79,7 +79,7 @@ pub async fn pull_all(
             }
         }
         let auths: Vec<AuthConfig> = secret
-            .map(|s| crate::edged::pull_secrets::credentials_for(s, image))
+            .map(|s| kubeedge_edged::pull_secrets::credentials_for(s, image))
             .unwrap_or_default();
         let mut result = Err(String::from("no attempt"));
         // Each matching credential in turn, then anonymously when there is none.
