@@ -5,10 +5,13 @@
 
 use crate::config::EdgeCoreConfig;
 use crate::devicetwin::{BusMessage, DeviceTwin, DeviceTwinConfig};
+use crate::edgehub::Routes;
 use crate::edgehub::{EdgeHub, EdgeHubConfig};
 use crate::eventbus::{BusSinks, EventBus, EventBusConfig};
 use crate::metamanager::MetaManagerConfig;
-use crate::metamanager::{MetaClient, MetaManager, MetaStore, ObjectChange, Routes, StoreError};
+use crate::metamanager::{
+    DeviceObject, MetaClient, MetaManager, MetaStore, ObjectChange, StoreError,
+};
 pub use crate::tls_files::load_tls;
 use kubeedge_edged::{Edged, EdgedConfig};
 use kubeedge_shared::{Group, Message, Operation};
@@ -138,22 +141,23 @@ impl EdgeCore {
                 source,
             })?;
         tracing::info!(database = %path, node = %config.node_name(), server = %config.modules.edge_hub.websocket.server, "edgecore starting");
-        let (hub, from_cloud) = EdgeHub::start(EdgeHubConfig::from_edgecore(config), tls);
+        // edgehub dials once every module that takes cloud messages runs (`routing.serve`).
+        let (hub, routing) = EdgeHub::start_routed(EdgeHubConfig::from_edgecore(config), tls);
         let rotation = tokio_util::sync::CancellationToken::new();
         let edge_hub = &config.modules.edge_hub;
         if edge_hub.rotate_certificates && !edge_hub.http_server.is_empty() {
             crate::certmanager::spawn_rotation(config, hub.clone(), rotation.clone());
         }
         let module_metrics = Arc::new(crate::module_metrics::ModuleMetrics::default());
-        let (devices, mut routes) = match start_devices(config, &store, &hub, &module_metrics).await
-        {
-            Ok(d) => d,
-            Err(e) => {
-                hub.shutdown();
-                store.close().await;
-                return Err(e);
-            }
-        };
+        let (devices, device_inputs) =
+            match start_devices(config, &store, &hub, &module_metrics).await {
+                Ok(d) => d,
+                Err(e) => {
+                    hub.shutdown();
+                    store.close().await;
+                    return Err(e);
+                }
+            };
         let servicebus = match start_servicebus(config, &store, &hub, &module_metrics).await {
             Ok(s) => s,
             Err(e) => {
@@ -162,13 +166,9 @@ impl EdgeCore {
                 return Err(e);
             }
         };
-        routes.servicebus = servicebus.as_ref().map(|s| s.sender());
         // Node tasks (`modules.taskManager.enable`, off by default as in KubeEdge).
         let (task_tx, task_rx) = mpsc::channel(16);
         let tasks_on = config.modules.task_manager.enable;
-        if tasks_on {
-            routes.tasks = Some(task_tx);
-        }
         // The MetaServer's `unhold-upgrade` releases the pods edged holds.
         let (releaser, releases) = kubeedge_edged::hold::channel();
         let (confirm_hook, confirms) = match supervisor.as_deref().filter(|_| tasks_on) {
@@ -228,13 +228,21 @@ impl EdgeCore {
         if let Some(m) = &mesh {
             module_metrics.register(|r| m.edgemesh().register_metrics(r));
         }
-        let (meta, client, changes) = MetaManager::start_routed(
+        let (to_meta, from_cloud) = mpsc::channel(hub.inbound_capacity());
+        let (meta, client, changes) = MetaManager::start_with_devices(
             MetaManagerConfig::from_edgecore(config),
             store.clone(),
             hub.clone(),
             from_cloud,
-            routes,
+            device_inputs.objects,
         );
+        routing.serve(Routes {
+            meta: to_meta,
+            twin: device_inputs.twin,
+            bus: device_inputs.bus,
+            servicebus: servicebus.as_ref().map(|s| s.sender()),
+            tasks: tasks_on.then_some(task_tx),
+        });
         crate::taskmanager::resume_pending(supervisor.as_ref(), &hub);
         let tasks = tasks_on.then(|| {
             let (endpoint, request, pull) = match &edged {
@@ -381,17 +389,26 @@ impl EdgeCore {
     }
 }
 
+/// Where the device modules take their inputs: devicetwin the cloud's `twin` messages and the
+/// devices metamanager stored, the eventbus the router's operations (none: not running).
+#[derive(Default)]
+struct DeviceInputs {
+    twin: Option<mpsc::Sender<Message>>,
+    objects: Option<mpsc::Sender<DeviceObject>>,
+    bus: Option<mpsc::Sender<Message>>,
+}
+
 /// Starts devicetwin (`modules.deviceTwin.enable`) and the eventbus (`modules.eventBus.enable`)
 /// between MQTT and devicetwin; messages on other topics go to the cloud as KubeEdge's
-/// `upload`. Returns where metamanager hands device traffic.
+/// `upload`.
 async fn start_devices(
     config: &EdgeCoreConfig,
     store: &MetaStore,
     hub: &EdgeHub,
     metrics: &crate::module_metrics::ModuleMetrics,
-) -> Result<(Option<Devices>, Routes), StartError> {
+) -> Result<(Option<Devices>, DeviceInputs), StartError> {
     if !config.modules.device_twin.enable {
-        return Ok((None, Routes::default()));
+        return Ok((None, DeviceInputs::default()));
     }
     let (publish_tx, mut publish_rx) = mpsc::channel::<BusMessage>(1024);
     let (twin, inputs) = DeviceTwin::start(
@@ -408,9 +425,10 @@ async fn start_devices(
                 tracing::debug!(topic = %m.topic, "eventbus disabled; MQTT message not published");
             }
         });
-        let routes = Routes {
-            twin: Some(inputs.meta),
-            ..Routes::default()
+        let routes = DeviceInputs {
+            twin: Some(inputs.cloud),
+            objects: Some(inputs.objects),
+            bus: None,
         };
         return Ok((Some(Devices { twin, bus: None }), routes));
     }
@@ -466,10 +484,10 @@ async fn start_devices(
             apply_cloud_op(&ops_bus, &node, &m).await;
         }
     });
-    let routes = Routes {
-        twin: Some(inputs.meta),
+    let routes = DeviceInputs {
+        twin: Some(inputs.cloud),
+        objects: Some(inputs.objects),
         bus: Some(ops_tx),
-        ..Routes::default()
     };
     Ok((
         Some(Devices {

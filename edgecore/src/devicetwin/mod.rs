@@ -2,8 +2,9 @@
 //! twins (desired/reported values with KubeEdge's versioning), device state — in KubeEdge's
 //! SQLite tables, served to MQTT clients and mappers and reported to the cloud.
 //!
-//! * Inputs: cloud messages of group `twin` and stored Device/DeviceModel objects from
-//!   metamanager ([`ToTwin`]), MQTT messages from eventbus ([`BusMessage`]), link events.
+//! * Inputs ([`TwinInputs`]): cloud messages of group `twin` (edgehub routes them here),
+//!   stored Device/DeviceModel objects from metamanager ([`DeviceObject`]), MQTT messages
+//!   from eventbus ([`BusMessage`]), link events.
 //! * Every change is durable before it is published or reported. A device whose twin
 //!   changes the cloud has not confirmed is marked in `device_twin_unreported`; its current
 //!   twins are sent when the link is up, again after [`DeviceTwinConfig::resend_interval`]
@@ -22,7 +23,7 @@ pub(crate) mod twin;
 
 use crate::edgehub::CloudLink;
 use crate::edgehub::LinkEvent;
-use crate::metamanager::{ChangeAction, DeviceObject, MetaStore, StoreError, ToTwin};
+use crate::metamanager::{ChangeAction, DeviceObject, MetaStore, StoreError};
 use kubeedge_shared::devices::{
     DeviceCondition, DeviceReport, DeviceState, DeviceStateMsg, DeviceTwinUpdate, ErrorResult,
     MAPPER_READY, MemberDevice, MembershipUpdate, MsgTwin, decode_content,
@@ -166,7 +167,10 @@ pub struct DeviceTwin {
 
 /// Where devicetwin's inputs go.
 pub struct TwinInputs {
-    pub meta: mpsc::Sender<ToTwin>,
+    /// Cloud messages of group `twin` (edgehub's route).
+    pub cloud: mpsc::Sender<Message>,
+    /// Devices and device models metamanager stored.
+    pub objects: mpsc::Sender<DeviceObject>,
     pub bus: mpsc::Sender<BusMessage>,
 }
 
@@ -233,7 +237,8 @@ impl DeviceTwin {
             unreported = unreported.len(),
             "devicetwin loaded"
         );
-        let (meta_tx, meta_rx) = mpsc::channel(1024);
+        let (cloud_tx, cloud_rx) = mpsc::channel(1024);
+        let (objects_tx, objects_rx) = mpsc::channel(1024);
         let (bus_tx, bus_rx) = mpsc::channel(1024);
         let events = link.subscribe();
         let state = State {
@@ -254,7 +259,17 @@ impl DeviceTwin {
         let metrics = state.metrics.clone();
         metrics.devices.set(state.devices.len() as i64);
         metrics.unreported.set(state.unreported.len() as i64);
-        let task = tokio::spawn(run(state, meta_rx, bus_rx, dmi_rx, events, cancel.clone()));
+        let task = tokio::spawn(run(
+            state,
+            Inputs {
+                cloud: cloud_rx,
+                objects: objects_rx,
+                bus: bus_rx,
+                dmi: dmi_rx,
+                events,
+            },
+            cancel.clone(),
+        ));
         Ok((
             DeviceTwin {
                 cancel,
@@ -262,7 +277,8 @@ impl DeviceTwin {
                 metrics,
             },
             TwinInputs {
-                meta: meta_tx,
+                cloud: cloud_tx,
+                objects: objects_tx,
                 bus: bus_tx,
             },
         ))
@@ -278,14 +294,23 @@ impl DeviceTwin {
     }
 }
 
-async fn run<L: CloudLink>(
-    mut st: State<L>,
-    mut meta: mpsc::Receiver<ToTwin>,
-    mut bus: mpsc::Receiver<BusMessage>,
-    mut dmi: mpsc::Receiver<dmi::DmiRequest>,
-    mut events: broadcast::Receiver<LinkEvent>,
-    cancel: CancellationToken,
-) {
+/// The receiving ends of devicetwin's inputs.
+struct Inputs {
+    cloud: mpsc::Receiver<Message>,
+    objects: mpsc::Receiver<DeviceObject>,
+    bus: mpsc::Receiver<BusMessage>,
+    dmi: mpsc::Receiver<dmi::DmiRequest>,
+    events: broadcast::Receiver<LinkEvent>,
+}
+
+async fn run<L: CloudLink>(mut st: State<L>, inputs: Inputs, cancel: CancellationToken) {
+    let Inputs {
+        mut cloud,
+        mut objects,
+        mut bus,
+        mut dmi,
+        mut events,
+    } = inputs;
     let mut resend = tokio::time::interval(st.config.resend_interval);
     resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     resend.tick().await;
@@ -295,9 +320,17 @@ async fn run<L: CloudLink>(
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
-            m = meta.recv() => match m {
-                Some(ToTwin::Cloud(msg)) => st.cloud(msg).await,
-                Some(ToTwin::Object(o)) => st.object(o).await,
+            Some(msg) = cloud.recv() => {
+                // Devices metamanager handed over before this message are known first (a
+                // membership naming them finds them).
+                while let Ok(o) = objects.try_recv() {
+                    st.object(o).await;
+                }
+                st.cloud(msg).await
+            }
+            // metamanager stopped: so does the edge.
+            o = objects.recv() => match o {
+                Some(o) => st.object(o).await,
                 None => return,
             },
             Some(b) = bus.recv() => st.bus(b).await,

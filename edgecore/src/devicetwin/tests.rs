@@ -114,7 +114,7 @@ impl Rig {
             "membership",
             json!({"event_id": "e", "timestamp": 1, "added_devices": list(added), "removed_devices": list(removed)}),
         );
-        self.inputs.meta.send(ToTwin::Cloud(m)).await.unwrap();
+        self.inputs.cloud.send(m).await.unwrap();
     }
 
     async fn mqtt(&self, topic: &str, payload: &str) {
@@ -261,7 +261,7 @@ async fn a_twin_update_is_stored_published_and_reported_until_confirmed() {
         m.header.parent_id = again[0].header.id.clone();
         m
     };
-    r.inputs.meta.send(ToTwin::Cloud(ok)).await.unwrap();
+    r.inputs.cloud.send(ok).await.unwrap();
     tokio::time::sleep(Duration::from_millis(900)).await;
     r.link.take();
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -444,20 +444,20 @@ async fn a_mapper_gets_its_devices_also_after_an_offline_restart() {
             .await
             .unwrap();
         r.inputs
-            .meta
-            .send(ToTwin::Object(DeviceObject {
+            .objects
+            .send(DeviceObject {
                 resource_type: ty,
                 action: ChangeAction::Upsert,
                 namespace: "default".into(),
                 name: v["metadata"]["name"].as_str().unwrap().into(),
                 object: v.clone(),
-            }))
+            })
             .await
             .unwrap();
     }
     r.membership(&["t1"], &[]).await;
-    // The objects came before the membership on the same input: once it is published, they
-    // are known (DMI is a separate input).
+    // The objects came before the membership: once it is published, they are known (a cloud
+    // message is handled after the objects handed over before it).
     let mut r = r;
     r.published_on("$hw/events/node/edge-1/membership/updated")
         .await;

@@ -1,6 +1,7 @@
 //! The connect loop and one live connection: a reader task and a writer task.
 
 use super::dial::{Ws, dial};
+use super::routes::{Route, Routes};
 use super::{CloudTerms, LinkEvent, Shared};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -17,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 pub(super) async fn connect_loop(
     shared: Arc<Shared>,
     mut outbound: mpsc::Receiver<Message>,
-    inbound: mpsc::Sender<Message>,
+    routes: Routes,
 ) {
     let cfg = shared.config.clone();
     let mut failures: u32 = 0;
@@ -40,7 +41,7 @@ pub(super) async fn connect_loop(
                 shared.connected.store(true, Ordering::Release);
                 tracing::info!(server = %cfg.server, node = %cfg.node_name, ping_keepalive = terms.ping_keepalive, cloud_lease = terms.cloud_lease, "connected to cloudhub");
                 let _ = shared.events.send(LinkEvent::Connected);
-                let reason = run(&shared, ws, terms, &mut outbound, &inbound, &recycle).await;
+                let reason = run(&shared, ws, terms, &mut outbound, &routes, &recycle).await;
                 shared.connected.store(false, Ordering::Release);
                 shared.terms.send_replace(CloudTerms::default());
                 // Waiters for replies on this link will not get them.
@@ -92,7 +93,7 @@ async fn run(
     ws: Ws,
     terms: CloudTerms,
     outbound: &mut mpsc::Receiver<Message>,
-    inbound: &mpsc::Sender<Message>,
+    routes: &Routes,
     recycle: &CancellationToken,
 ) -> String {
     let (sink, stream) = ws.split();
@@ -105,7 +106,7 @@ async fn run(
     let reader = tokio::spawn(read_loop(
         shared.clone(),
         stream,
-        inbound.clone(),
+        routes.clone(),
         live.clone(),
         stop.clone(),
     ));
@@ -121,7 +122,7 @@ async fn run(
 async fn read_loop(
     shared: Arc<Shared>,
     mut stream: SplitStream<Ws>,
-    inbound: mpsc::Sender<Message>,
+    routes: Routes,
     live: Arc<Liveness>,
     stop: CancellationToken,
 ) -> Option<String> {
@@ -158,15 +159,31 @@ async fn read_loop(
             let _ = waiter.send(msg);
             continue;
         }
+        let (module, tx) = match routes.of(&msg) {
+            Route::Meta(tx) => ("metamanager", tx),
+            Route::Module(module, tx) => (module, tx),
+            Route::Drop(module, why) => {
+                if msg.route.group == kubeedge_shared::Group::TaskManager {
+                    tracing::info!(resource = %msg.route.resource, "node task for a disabled taskmanager; dropped (modules.taskManager.enable)");
+                } else {
+                    tracing::debug!(module, group = %msg.route.group, resource = %msg.route.resource, why, "cloud message dropped");
+                }
+                continue;
+            }
+        };
+        // A full module queue pauses reading from the cloud (never drops).
         live.reader_busy.store(true, Ordering::Release);
         let delivered = tokio::select! {
-            r = inbound.send(msg) => r.is_ok(),
+            r = tx.send(msg) => r.is_ok(),
             _ = stop.cancelled() => return None,
         };
         live.reader_busy.store(false, Ordering::Release);
         live.touch();
         if !delivered {
-            break "edge modules stopped".to_string();
+            if module == "metamanager" {
+                break "edge modules stopped".to_string();
+            }
+            tracing::debug!(module, "module stopped; cloud message dropped");
         }
     };
     stop.cancel();

@@ -3,17 +3,19 @@
 //! Dials cloudhub, sends keepalives, detects a dead link (also a half-open one, by WebSocket
 //! pings the cloud must answer), reconnects with jittered exponential backoff, rate-limits
 //! edge-originated requests, matches replies to waiting requests by `parent_msg_id` and hands
-//! everything else to the edge modules.
+//! everything else to the module that owns its group ([`Routes`]).
 
 mod connection;
 pub(crate) mod dial;
 mod link;
 pub(crate) mod ratelimit;
+mod routes;
 
 pub use kubeedge_shared::link::{CloudTerms, LinkEvent};
 use kubeedge_shared::{Message, Operation};
 pub use link::CloudLink;
 use ratelimit::TokenBucket;
+pub use routes::Routes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -157,14 +159,41 @@ pub struct EdgeHub {
     shared: Arc<Shared>,
 }
 
+/// An edgehub that does not dial yet: it waits to be told where the modules take what the
+/// cloud sends.
+pub struct Routing {
+    shared: Arc<Shared>,
+    outbound: mpsc::Receiver<Message>,
+}
+
+impl Routing {
+    /// Starts the connect loop, handing cloud messages to `routes`.
+    pub fn serve(self, routes: Routes) {
+        tokio::spawn(connection::connect_loop(self.shared, self.outbound, routes));
+    }
+}
+
 impl EdgeHub {
-    /// Starts the connect loop. Messages for the edge modules arrive on the receiver.
+    /// Starts the connect loop; what the cloud sends arrives on the receiver (metamanager's
+    /// groups only: [`Routes::meta_only`]).
     pub fn start(
         config: EdgeHubConfig,
         tls: Arc<rustls::ClientConfig>,
     ) -> (EdgeHub, mpsc::Receiver<Message>) {
-        let (out_tx, out_rx) = mpsc::channel(1024);
         let (in_tx, in_rx) = mpsc::channel(config.inbound_capacity.max(1));
+        let (hub, routing) = Self::start_routed(config, tls);
+        routing.serve(Routes::meta_only(in_tx));
+        (hub, in_rx)
+    }
+
+    /// Starts edgehub without dialling: it connects once [`Routing::serve`] says where each
+    /// module takes its messages (the modules need the hub to start; then they are routed).
+    /// Dropping the [`Routing`] unserved leaves the hub offline.
+    pub fn start_routed(
+        config: EdgeHubConfig,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> (EdgeHub, Routing) {
+        let (out_tx, out_rx) = mpsc::channel(1024);
         let (events, _) = broadcast::channel(64);
         let shared = Arc::new(Shared {
             limiter: TokenBucket::new(config.message_qps, config.message_burst),
@@ -178,8 +207,16 @@ impl EdgeHub {
             shutdown: CancellationToken::new(),
             recycle: Mutex::new(CancellationToken::new()),
         });
-        tokio::spawn(connection::connect_loop(shared.clone(), out_rx, in_tx));
-        (EdgeHub { shared }, in_rx)
+        let routing = Routing {
+            shared: shared.clone(),
+            outbound: out_rx,
+        };
+        (EdgeHub { shared }, routing)
+    }
+
+    /// The capacity a module's queue from edgehub should have (`inbound_capacity`).
+    pub fn inbound_capacity(&self) -> usize {
+        self.shared.config.inbound_capacity.max(1)
     }
 
     pub fn is_connected(&self) -> bool {

@@ -110,28 +110,6 @@ pub struct DeviceObject {
     pub object: Value,
 }
 
-/// What metamanager hands to devicetwin: cloud messages of group `twin` (membership, the
-/// answers to twin reports) and device objects once stored.
-#[derive(Debug, Clone)]
-pub enum ToTwin {
-    Cloud(Message),
-    Object(DeviceObject),
-}
-
-/// Where metamanager hands what is for other modules (`None`: that module does not run and
-/// its messages are dropped).
-#[derive(Debug, Default, Clone)]
-pub struct Routes {
-    /// devicetwin: group `twin` and stored device objects.
-    pub twin: Option<mpsc::Sender<ToTwin>>,
-    /// eventbus: group `user` (the router's subscribe/publish operations).
-    pub bus: Option<mpsc::Sender<Message>>,
-    /// servicebus: group `user` from `router_servicebus` (calls, `start`/`stop`).
-    pub servicebus: Option<mpsc::Sender<Message>>,
-    /// taskmanager: group `taskmanager` (node tasks).
-    pub tasks: Option<mpsc::Sender<Message>>,
-}
-
 /// A request from edged and where to put the answer (metamanager serves
 /// [`kubeedge_edged::meta::MetaService`] over a channel of these).
 pub(crate) type EdgedRequest = MetaCall;
@@ -167,23 +145,26 @@ impl MetaManager {
         link: L,
         from_cloud: mpsc::Receiver<Message>,
     ) -> (MetaManager, MetaClient, mpsc::Receiver<ObjectChange>) {
-        Self::start_routed(config, store, link, from_cloud, Routes::default())
+        Self::start_with_devices(config, store, link, from_cloud, None)
     }
 
-    /// Like [`MetaManager::start`], handing device and bus traffic on through `routes`.
-    pub fn start_routed<L: CloudLink>(
+    /// Like [`MetaManager::start`], handing the devices and device models it stored to
+    /// devicetwin on `devices`.
+    pub fn start_with_devices<L: CloudLink>(
         config: MetaManagerConfig,
         store: MetaStore,
         link: L,
         from_cloud: mpsc::Receiver<Message>,
-        routes: Routes,
+        devices: Option<mpsc::Sender<DeviceObject>>,
     ) -> (MetaManager, MetaClient, mpsc::Receiver<ObjectChange>) {
         let (edged_tx, edged_rx) = mpsc::channel(config.edged_capacity.max(1));
         let (req_tx, req_rx) = mpsc::channel(config.request_capacity.max(1));
         let client = MetaClient::new(Arc::new(req_tx), &config.node_name, &config.node_namespace);
         let link_events = link.subscribe();
         let cancel = CancellationToken::new();
-        let ctx = Arc::new(process::Context::new(config, store, link, edged_tx, routes));
+        let ctx = Arc::new(process::Context::new(
+            config, store, link, edged_tx, devices,
+        ));
         let task = tokio::spawn(process::run(
             ctx,
             from_cloud,

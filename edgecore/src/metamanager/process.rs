@@ -5,7 +5,7 @@ use super::MetaError;
 use super::store::{MetaRecord, MetaStore, ObjectFacts, ReplaceOutcome, StoreError, UpsertOutcome};
 use super::{
     ChangeAction, DeleteOutcome, DeviceObject, EdgedRequest, MetaManagerConfig, MetaRequest,
-    ObjectChange, Routes, ToTwin, edged_acts_on, is_remote_query_type,
+    ObjectChange, edged_acts_on, is_remote_query_type,
 };
 use crate::edgehub::{CloudLink, LinkEvent};
 use futures_util::StreamExt;
@@ -29,7 +29,8 @@ pub(crate) struct Context<L> {
     store: MetaStore,
     link: L,
     edged: mpsc::Sender<ObjectChange>,
-    routes: Routes,
+    /// devicetwin's input of stored devices and device models (none: it does not run).
+    devices: Option<mpsc::Sender<DeviceObject>>,
 }
 
 /// Where an object carried by a reply is written.
@@ -63,66 +64,32 @@ impl<L: CloudLink> Context<L> {
         store: MetaStore,
         link: L,
         edged: mpsc::Sender<ObjectChange>,
-        routes: Routes,
+        devices: Option<mpsc::Sender<DeviceObject>>,
     ) -> Self {
         Context {
             config,
             store,
             link,
             edged,
-            routes,
+            devices,
         }
     }
 
-    /// Hands devicetwin its message; without devicetwin it is dropped.
-    async fn to_twin(&self, input: ToTwin) {
-        match &self.routes.twin {
+    /// Hands devicetwin a stored device object; without devicetwin it is dropped.
+    async fn to_twin(&self, change: DeviceObject) {
+        match &self.devices {
             Some(tx) => {
-                if tx.send(input).await.is_err() {
-                    tracing::debug!("devicetwin stopped; device message dropped");
+                if tx.send(change).await.is_err() {
+                    tracing::debug!("devicetwin stopped; device object not handed on");
                 }
             }
-            None => tracing::debug!("devicetwin is disabled; device message dropped"),
+            None => tracing::debug!("devicetwin is disabled; device object not handed on"),
         }
     }
 
     /// Validates a cloud message and queues its write. `None` when there is nothing to write.
     async fn begin(&self, msg: Message) -> Option<BoxFuture<'static, Applied>> {
-        if msg.route.group == Group::Twin {
-            self.to_twin(ToTwin::Cloud(msg)).await;
-            return None;
-        }
-        if msg.route.group == Group::User {
-            // As KubeEdge's edgehub: `router_servicebus` to the servicebus, the rest to the bus.
-            let (module, route) = if msg.route.source == source::ROUTER_SERVICEBUS {
-                ("servicebus", &self.routes.servicebus)
-            } else {
-                ("eventbus", &self.routes.bus)
-            };
-            match route {
-                Some(tx) => {
-                    if tx.send(msg).await.is_err() {
-                        tracing::debug!(module, "module stopped; router message dropped");
-                    }
-                }
-                None => {
-                    tracing::debug!(module, resource = %msg.route.resource, "module is disabled; router message dropped")
-                }
-            }
-            return None;
-        }
-        if msg.route.group == Group::TaskManager {
-            match &self.routes.tasks {
-                Some(tx) => {
-                    if tx.send(msg).await.is_err() {
-                        tracing::debug!("taskmanager stopped; node task dropped");
-                    }
-                }
-                None => tracing::info!(resource = %msg.route.resource,
-                    "node task for a disabled taskmanager; dropped (modules.taskManager.enable)"),
-            }
-            return None;
-        }
+        // edgehub routes the other groups to their modules.
         if !matches!(msg.route.group, Group::Resource | Group::Func) {
             tracing::debug!(group = %msg.route.group, resource = %msg.route.resource, "message for a module this edgecore does not run; dropped");
             return None;
@@ -283,7 +250,7 @@ impl<L: CloudLink> Context<L> {
                 name: path.name.clone().unwrap_or_default(),
                 object: object.clone(),
             };
-            self.to_twin(ToTwin::Object(change)).await;
+            self.to_twin(change).await;
         }
         if let Some(action) = action.filter(|_| edged_acts_on(&path.resource_type)) {
             let change = ObjectChange {

@@ -80,7 +80,7 @@ impl ServiceBus {
         })
     }
 
-    /// Where metamanager hands the router's messages.
+    /// Where edgehub hands the router's messages (group `user` from `router_servicebus`).
     pub fn sender(&self) -> mpsc::Sender<Message> {
         self.tx.clone()
     }

@@ -469,47 +469,6 @@ async fn node_registration_returns_the_object_or_the_api_error() {
     );
 }
 
-/// Router traffic (group `user`) goes where KubeEdge's edgehub sends it: `router_servicebus`
-/// to the servicebus, everything else to the eventbus.
-#[tokio::test]
-async fn router_messages_go_to_the_servicebus_or_the_eventbus_by_source() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = MetaStore::open(dir.path().join("edgecore.db"))
-        .await
-        .unwrap();
-    let (bus, mut bus_rx) = mpsc::channel(4);
-    let (servicebus, mut sb_rx) = mpsc::channel(4);
-    let (edged, _edged_rx) = mpsc::channel(4);
-    let routes = Routes {
-        bus: Some(bus),
-        servicebus: Some(servicebus),
-        ..Routes::default()
-    };
-    let ctx = Context::new(
-        MetaManagerConfig::default(),
-        store,
-        FakeLink::new(true),
-        edged,
-        routes,
-    );
-    let user = |src: &str, op: Operation, resource: &str| {
-        Message::new(src, Group::User, op, resource, Value::Null)
-    };
-    let start = user(source::ROUTER_SERVICEBUS, Operation::Start, "http://c/api");
-    let call = user(source::ROUTER_SERVICEBUS, Operation::from("GET"), "80:/");
-    let subscribe = user(source::ROUTER_EVENTBUS, Operation::Subscribe, "default/t");
-    for m in [start, call, subscribe] {
-        assert!(ctx.begin(m).await.is_none(), "nothing to store");
-    }
-    assert_eq!(sb_rx.try_recv().unwrap().route.operation, Operation::Start);
-    assert_eq!(sb_rx.try_recv().unwrap().route.resource, "80:/");
-    assert_eq!(
-        bus_rx.try_recv().unwrap().route.operation,
-        Operation::Subscribe
-    );
-    assert!(sb_rx.try_recv().is_err() && bus_rx.try_recv().is_err());
-}
-
 /// Frames exactly as a KubeEdge v1.15 cloudhub writes them (gorilla `WriteJSON`: Go key
 /// order, `\u003c` escapes, trailing newline). Device-twin, router and upgrade traffic
 /// (`cloud/pkg/devicecontroller/controller/downstream.go` membership updates with group
