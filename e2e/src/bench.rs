@@ -2,6 +2,41 @@
 
 use std::time::Duration;
 
+/// The command line of a benchmark configured by environment variables: `--help` (or `-h`)
+/// prints the binary's documentation (the `//!` lines of `source`, its own file) and exits;
+/// any other argument is refused with a pointer to it.
+pub fn env_configured_cli(source: &str) {
+    let name = std::env::args()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "benchmark".into());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{}", doc_of(source));
+        std::process::exit(0);
+    }
+    if let Some(a) = args.first() {
+        eprintln!(
+            "{name}: unexpected argument {a:?}: settings come from environment variables (see {name} --help)"
+        );
+        std::process::exit(2);
+    }
+}
+
+/// The module documentation (`//!` lines) of a source file, as text.
+pub fn doc_of(source: &str) -> String {
+    source
+        .lines()
+        .map_while(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A numeric setting from the environment (`BENCH_…`), or `default`.
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -191,5 +226,14 @@ mod tests {
             apiserver_requests(&api),
             (5.0, "list pods 4, get configmaps 1".to_string())
         );
+    }
+}
+
+#[cfg(test)]
+mod cli_tests {
+    #[test]
+    fn help_is_the_module_documentation() {
+        let src = "//! Bench.\n//!\n//!     run it\nuse x;\n//! not this\n";
+        assert_eq!(super::doc_of(src), "Bench.\n\n    run it");
     }
 }

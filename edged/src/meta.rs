@@ -76,12 +76,17 @@ impl MetaRequest {
 
     /// The message for the cloud.
     pub fn to_message(&self) -> Message {
+        self.clone().into_message()
+    }
+
+    /// The message for the cloud, the content moved into it.
+    pub fn into_message(self) -> Message {
         Message::new(
             source::EDGED,
             Group::Meta,
-            self.operation.clone(),
+            self.operation,
             &self.path,
-            self.content.clone(),
+            self.content,
         )
     }
 

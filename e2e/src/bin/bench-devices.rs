@@ -191,6 +191,7 @@ fn report(name: &str, value: usize) -> pb::ReportDeviceStatusRequest {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    e2e::bench::env_configured_cli(include_str!("bench-devices.rs"));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BENCH_LOG")

@@ -476,6 +476,7 @@ async fn relay_through_cloud() -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    e2e::bench::env_configured_cli(include_str!("bench-mesh.rs"));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BENCH_LOG")

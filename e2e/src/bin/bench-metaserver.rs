@@ -330,6 +330,7 @@ async fn memory(objects: usize) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    e2e::bench::env_configured_cli(include_str!("bench-metaserver.rs"));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BENCH_LOG")

@@ -71,6 +71,7 @@ fn cluster_role(verbs: &[&str]) -> Input {
 }
 
 fn main() {
+    e2e::bench::env_configured_cli(include_str!("bench-policy.rs"));
     let nodes = env_usize("BENCH_NODES", 100_000);
     let namespaces = env_usize("BENCH_NAMESPACES", 100).max(1);
     let hub = Arc::new(Counter::default());

@@ -81,6 +81,7 @@ fn edge_config(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    e2e::bench::env_configured_cli(include_str!("bench-router.rs"));
     let requests = env_usize("BENCH_REQUESTS", 20_000);
     let concurrency = env_usize("BENCH_CONCURRENCY", 32).max(1);
     let messages = env_usize("BENCH_MESSAGES", 20_000);

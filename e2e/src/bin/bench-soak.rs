@@ -735,6 +735,7 @@ async fn soak() -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    e2e::bench::env_configured_cli(include_str!("bench-soak.rs"));
     kubeedge_shared::tls::install_default_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

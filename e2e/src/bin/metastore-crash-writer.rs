@@ -34,6 +34,13 @@ fn record(j: u64) -> MetaRecord {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!(
+            "{}",
+            e2e::bench::doc_of(include_str!("metastore-crash-writer.rs"))
+        );
+        return Ok(());
+    }
     let mut args = std::env::args().skip(1);
     let path = args
         .next()

@@ -288,11 +288,11 @@ impl<L: CloudLink> Context<L> {
         if let Some(why) = req.path_error() {
             return Err(MetaError::BadRequest(why));
         }
+        if req.path.resource_type == ResourceType::Event {
+            return self.forward_event(req.into_message()).await;
+        }
         let path = &req.path;
         let ty = &path.resource_type;
-        if *ty == ResourceType::Event {
-            return self.forward_event(req.to_message()).await;
-        }
         match req.operation {
             Operation::Query => {
                 // The cloud sends every change of the configmaps and secrets this node's pods
@@ -307,7 +307,7 @@ impl<L: CloudLink> Context<L> {
                     }
                 }
                 if is_remote_query_type(ty) && self.link.is_connected() {
-                    match self.remote(&req.to_message(), path).await {
+                    match self.remote(req.to_message(), path).await {
                         Ok(reply) => return reply_content(reply),
                         Err(e) if e.is_link_failure() => {
                             tracing::info!(resource = %path, error = %e, "remote query failed; answering from the database");
@@ -318,21 +318,18 @@ impl<L: CloudLink> Context<L> {
                 let values = self.store.query(path).await?;
                 Ok(content::query_reply(values))
             }
-            Operation::Insert | Operation::Delete => {
-                reply_content(self.remote(&req.to_message(), path).await?)
-            }
-            Operation::Update if ty == "lease" => {
-                reply_content(self.remote(&req.to_message(), path).await?)
-            }
+            Operation::Insert | Operation::Delete => self.remote_reply(req).await,
+            Operation::Update if ty == "lease" => self.remote_reply(req).await,
             Operation::Update => {
                 let value = content::content_json(&req.content)
                     .map(|v| v.to_string())
                     .map_err(|e| MetaError::BadRequest(format!("content is not JSON: {e}")))?;
+                let key = path.to_wire();
                 self.store
-                    .upsert(MetaRecord::new(path.to_wire(), ty.as_str(), value))
+                    .upsert(MetaRecord::new(key.clone(), ty.as_str(), value))
                     .await?;
-                if let Err(e) = self.link.send(req.to_message()).await {
-                    tracing::debug!(resource = %path, error = %e, "update kept locally; not sent to the cloud");
+                if let Err(e) = self.link.send(req.into_message()).await {
+                    tracing::debug!(resource = %key, error = %e, "update kept locally; not sent to the cloud");
                 }
                 Ok(content::ok())
             }
@@ -345,7 +342,7 @@ impl<L: CloudLink> Context<L> {
                 self.store
                     .upsert(MetaRecord::new(path.to_wire(), ty.as_str(), patch))
                     .await?;
-                reply_content(self.remote(&req.to_message(), path).await?)
+                self.remote_reply(req).await
             }
             ref other => Err(MetaError::BadRequest(format!(
                 "operation {other:?} is not supported by metamanager"
@@ -375,18 +372,26 @@ impl<L: CloudLink> Context<L> {
 
     /// Forwards an edged request to the cloud and waits for the reply; stores the object the
     /// reply carries, and acknowledges the reply when the cloud waits for that.
-    async fn remote(&self, msg: &Message, path: &ResourcePath) -> Result<Message, MetaError> {
+    /// Sends the request to the cloud (its content moved into the message) and answers with
+    /// the reply's content.
+    async fn remote_reply(&self, req: MetaRequest) -> Result<Value, MetaError> {
+        let path = req.path.clone();
+        reply_content(self.remote(req.into_message(), &path).await?)
+    }
+
+    async fn remote(&self, msg: Message, path: &ResourcePath) -> Result<Message, MetaError> {
         if !self.link.is_connected() {
             return Err(MetaError::NotConnected);
         }
+        let operation = msg.route.operation.clone();
         let reply = self
             .link
-            .request(msg.clone(), self.config.remote_query_timeout)
+            .request(msg, self.config.remote_query_timeout)
             .await?;
         if path.resource_type == ResourceType::ServiceAccountToken {
             self.remember_token(path, &reply).await;
         }
-        let durable = match store_plan(&msg.route.operation, path, &reply.content) {
+        let durable = match store_plan(&operation, path, &reply.content) {
             None => true,
             Some(plan) => {
                 let key = plan.record.key.clone();
