@@ -1,6 +1,7 @@
 //! The controllers a real control plane runs next to the apiserver, reduced to what clients of
 //! this server observe. Here: namespace termination, per-namespace defaults (the `default`
-//! ServiceAccount, `kube-root-ca.crt`) and periodic watch bookmarks; node lifecycle and pod GC
+//! ServiceAccount, `kube-root-ca.crt`) and periodic watch bookmarks; Events expiring after
+//! `--event-ttl` in `event_ttl.rs`; node lifecycle and pod GC
 //! live in `node_lifecycle.rs`, endpoints in `endpoints.rs`, the CSR signers in
 //! `certificates/signer.rs` (always on), the scheduler and the workload controllers in
 //! `workloads/` (switched by `Config::workload_controllers`).
@@ -22,6 +23,7 @@ pub fn spawn_all(st: &Arc<State>, cancel: &CancellationToken) -> Vec<tokio::task
         tokio::spawn(super::endpoints::run(st.clone(), cancel.clone())),
         tokio::spawn(super::gc::run(st.clone(), cancel.clone())),
         tokio::spawn(namespaces(st.clone(), cancel.clone())),
+        tokio::spawn(super::event_ttl::run(st.clone(), cancel.clone())),
         tokio::spawn(super::workloads::run(
             st.clone(),
             cancel.clone(),

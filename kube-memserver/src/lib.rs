@@ -23,6 +23,7 @@ mod certificates;
 mod controllers;
 mod discovery;
 mod endpoints;
+mod event_ttl;
 mod faults;
 mod gc;
 mod handlers;
@@ -101,6 +102,9 @@ pub struct Config {
     pub gc_period: Duration,
     /// How often terminating namespaces are emptied and namespace defaults ensured.
     pub namespace_sync_period: Duration,
+    /// kube-apiserver `--event-ttl`: an Event is deleted this long after its last write (etcd
+    /// lets its lease expire; watchers see it deleted).
+    pub event_ttl: Duration,
     /// Request body limit (the real server allows 3 MiB).
     pub max_body_bytes: usize,
     /// Snapshot interval when `data_dir` is set.
@@ -138,6 +142,7 @@ impl Default for Config {
             node_monitor_period: Duration::from_secs(5),
             pod_gc_orphan_quarantine: Duration::from_secs(40),
             endpoints_sync_delay: Duration::from_millis(100),
+            event_ttl: Duration::from_secs(3600),
             gc_period: Duration::from_secs(1),
             namespace_sync_period: Duration::from_millis(500),
             max_body_bytes: 3 * 1024 * 1024,

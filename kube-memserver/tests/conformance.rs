@@ -28,6 +28,8 @@ const WAIT: Duration = Duration::from_secs(20);
 
 #[path = "conformance/certificates.rs"]
 mod certificates;
+#[path = "conformance/event_ttl.rs"]
+mod event_ttl;
 #[path = "conformance/faults.rs"]
 mod faults;
 #[path = "conformance/workloads.rs"]
