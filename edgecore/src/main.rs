@@ -1,5 +1,7 @@
 //! edgecore: the edge agent of kubeedge-rs. Reads KubeEdge's edgecore.yaml.
 
+mod own_libm;
+
 use clap::Parser;
 use edgecore::app::{EdgeCore, log_changes_without_edged};
 use edgecore::config::{DEFAULT_CONFIG_PATH, EdgeCoreConfig};
@@ -7,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// The edge part of kubeedge-rs: keeps the link to cloudcore, the local database of the
-/// objects this node runs, and (soon) the pods on the local container runtime.
+/// objects this node runs, and the pods on the local container runtime.
 #[derive(Parser)]
 #[command(name = "edgecore", version)]
 struct Args {
