@@ -108,6 +108,18 @@ impl From<&str> for ResourceType {
     }
 }
 
+impl From<String> for ResourceType {
+    fn from(token: String) -> Self {
+        ResourceType::parse(&token)
+    }
+}
+
+impl From<&ResourceType> for ResourceType {
+    fn from(t: &ResourceType) -> Self {
+        t.clone()
+    }
+}
+
 impl PartialEq<str> for ResourceType {
     fn eq(&self, other: &str) -> bool {
         self.as_str() == other

@@ -51,8 +51,8 @@ impl From<rusqlite::Error> for StoreError {
 pub struct MetaRecord {
     /// The wire resource string, e.g. `default/pod/nginx`.
     pub key: String,
-    /// The type token, e.g. `pod`.
-    pub resource_type: String,
+    /// The type (its token, e.g. `pod`, is the row's `type` column).
+    pub resource_type: ResourceType,
     /// The object JSON (or, for patch rows, the patch text).
     pub value: String,
 }
@@ -60,7 +60,7 @@ pub struct MetaRecord {
 impl MetaRecord {
     pub fn new(
         key: impl Into<String>,
-        resource_type: impl Into<String>,
+        resource_type: impl Into<ResourceType>,
         value: impl Into<String>,
     ) -> Self {
         MetaRecord {
@@ -303,11 +303,11 @@ impl MetaStore {
                 let Some(r) = skip_corrupt(row)? else {
                     continue;
                 };
-                let ty = ResourceType::parse(&r.resource_type);
+                let ty = &r.resource_type;
                 if ty.is_request()
-                    || ty == ResourceType::Node
-                    || ty == ResourceType::Lease
-                    || r.resource_type == "devicemapper"
+                    || *ty == ResourceType::Node
+                    || *ty == ResourceType::Lease
+                    || *ty == *"devicemapper"
                 {
                     continue;
                 }
@@ -320,7 +320,7 @@ impl MetaStore {
                     continue;
                 };
                 out.push(InventoryEntry {
-                    resource_type: r.resource_type,
+                    resource_type: r.resource_type.as_str().to_string(),
                     key: r.key,
                     uid: uid.to_string(),
                     resource_version: v
@@ -681,7 +681,7 @@ fn run_batch(conn: &Connection, work: Vec<Work>, sink: &SinkSlot) {
 fn record_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MetaRecord> {
     Ok(MetaRecord {
         key: row.get(0)?,
-        resource_type: row.get(1)?,
+        resource_type: ResourceType::parse(&row.get::<_, String>(1)?),
         value: row.get(2)?,
     })
 }
@@ -713,7 +713,7 @@ pub(crate) fn stored_value(conn: &Connection, key: &str) -> Result<Option<String
 fn upsert_row(conn: &Connection, r: &MetaRecord) -> Result<(), StoreError> {
     let mut stmt =
         conn.prepare_cached("INSERT OR REPLACE INTO meta (key, type, value) VALUES (?1, ?2, ?3)")?;
-    stmt.execute(params![r.key, r.resource_type, r.value])?;
+    stmt.execute(params![r.key, r.resource_type.as_str(), r.value])?;
     Ok(())
 }
 

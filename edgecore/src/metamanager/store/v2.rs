@@ -72,10 +72,10 @@ pub(super) fn mirror_v2_row(
     r: &MetaRecord,
     row: V2Row,
 ) -> Result<(), StoreError> {
-    let ty = ResourceType::parse(&r.resource_type);
+    let ty = &r.resource_type;
     // ServiceAccountAccess objects are the MetaServer's authorization data, not served to
     // applications (their versions are the policy controller's, not the cluster's).
-    if ty.is_request() || ty == ResourceType::ServiceAccountAccess {
+    if ty.is_request() || *ty == ResourceType::ServiceAccountAccess {
         return Ok(());
     }
     let previous = if changes::collecting() {
