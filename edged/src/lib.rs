@@ -63,7 +63,7 @@ pub mod status_report;
 pub(crate) mod volumes;
 
 pub use meta::{ChangeAction, MetaClient, MetaError, ObjectChange};
-pub use settings::EdgedConfig;
+pub use settings::{EVICTION_HARD_DEFAULTS, EdgedConfig};
 pub use status_report::MetricsSource;
 
 use crate::cri::runtime::{LABEL_NODE, LABEL_POD_UID, Runtime};

@@ -93,6 +93,14 @@ pub struct EdgedConfig {
     pub cgroups: super::cgroups::CgroupSettings,
 }
 
+/// The kubelet's `evictionHard` default (also `edgecore.yaml`'s).
+pub const EVICTION_HARD_DEFAULTS: [(&str, &str); 4] = [
+    ("imagefs.available", "15%"),
+    ("memory.available", "100Mi"),
+    ("nodefs.available", "10%"),
+    ("nodefs.inodesFree", "5%"),
+];
+
 impl Default for EdgedConfig {
     /// The kubelet's defaults (and KubeEdge's for `modules.edged`), node name and hostname
     /// empty.
@@ -115,16 +123,10 @@ impl Default for EdgedConfig {
             max_pods: 110,
             system_reserved: BTreeMap::new(),
             kube_reserved: BTreeMap::new(),
-            // The kubelet's `evictionHard` default (also `edgecore.yaml`'s).
-            eviction_hard: [
-                ("imagefs.available", "15%"),
-                ("memory.available", "100Mi"),
-                ("nodefs.available", "10%"),
-                ("nodefs.inodesFree", "5%"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+            eviction_hard: EVICTION_HARD_DEFAULTS
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             eviction_soft: BTreeMap::new(),
             eviction_soft_grace_period: BTreeMap::new(),
             eviction_max_pod_grace_period: Duration::ZERO,

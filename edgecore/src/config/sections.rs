@@ -559,15 +559,10 @@ impl Default for TailoredKubeletConfig {
             serialize_image_pulls: true,
             registry_pull_qps: 5,
             registry_burst: 10,
-            eviction_hard: [
-                ("imagefs.available", "15%"),
-                ("memory.available", "100Mi"),
-                ("nodefs.available", "10%"),
-                ("nodefs.inodesFree", "5%"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+            eviction_hard: kubeedge_edged::EVICTION_HARD_DEFAULTS
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             eviction_soft: BTreeMap::new(),
             eviction_soft_grace_period: BTreeMap::new(),
             eviction_max_pod_grace_period: 0,
