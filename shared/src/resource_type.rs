@@ -114,12 +114,6 @@ impl From<String> for ResourceType {
     }
 }
 
-impl From<&ResourceType> for ResourceType {
-    fn from(t: &ResourceType) -> Self {
-        t.clone()
-    }
-}
-
 impl PartialEq<str> for ResourceType {
     fn eq(&self, other: &str) -> bool {
         self.as_str() == other

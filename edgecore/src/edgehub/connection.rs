@@ -159,9 +159,10 @@ async fn read_loop(
             let _ = waiter.send(msg);
             continue;
         }
-        let (module, tx) = match routes.of(&msg) {
-            Route::Meta(tx) => ("metamanager", tx),
-            Route::Module(module, tx) => (module, tx),
+        // metamanager stopping means the edge stops; another module's, that it is off.
+        let (module, tx, vital) = match routes.of(&msg) {
+            Route::Meta(tx) => ("metamanager", tx, true),
+            Route::Module(module, tx) => (module, tx, false),
             Route::Drop(module, why) => {
                 if msg.route.group == kubeedge_shared::Group::TaskManager {
                     tracing::info!(resource = %msg.route.resource, "node task for a disabled taskmanager; dropped (modules.taskManager.enable)");
@@ -180,7 +181,7 @@ async fn read_loop(
         live.reader_busy.store(false, Ordering::Release);
         live.touch();
         if !delivered {
-            if module == "metamanager" {
+            if vital {
                 break "edge modules stopped".to_string();
             }
             tracing::debug!(module, "module stopped; cloud message dropped");

@@ -175,7 +175,7 @@ impl<L: CloudLink> Context<L> {
             }
         } else {
             // Serialised once for its row; what the store checks is taken from the value here.
-            let record = MetaRecord::new(key, ty, object.to_string());
+            let record = MetaRecord::new(key, ty.clone(), object.to_string());
             let facts = ObjectFacts::of(&object);
             store
                 .submit(move |c| {
@@ -326,7 +326,7 @@ impl<L: CloudLink> Context<L> {
                     .map_err(|e| MetaError::BadRequest(format!("content is not JSON: {e}")))?;
                 let key = path.to_wire();
                 self.store
-                    .upsert(MetaRecord::new(key.clone(), ty, value))
+                    .upsert(MetaRecord::new(key.clone(), ty.clone(), value))
                     .await?;
                 if let Err(e) = self.link.send(req.into_message()).await {
                     tracing::debug!(resource = %key, error = %e, "update kept locally; not sent to the cloud");
@@ -340,7 +340,7 @@ impl<L: CloudLink> Context<L> {
                 let patch =
                     String::from_utf8_lossy(&content::content_bytes(&req.content)).into_owned();
                 self.store
-                    .upsert(MetaRecord::new(path.to_wire(), ty, patch))
+                    .upsert(MetaRecord::new(path.to_wire(), ty.clone(), patch))
                     .await?;
                 self.remote_reply(req).await
             }
