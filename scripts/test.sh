@@ -26,6 +26,9 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "cargo doc: the libraries' API documentation builds without a broken link"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p cloudcore -p edgecore -p kubeedge-edged -p kubeedge-shared
+
 step "cargo test --workspace --no-fail-fast"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -99,7 +99,11 @@ fn resource_label(plural: &str, sub: Option<&str>) -> &'static str {
 }
 
 /// The verb and resource of a request, from its method, path and `watch` parameter.
-pub fn classify(method: &Method, path: &str, query: Option<&str>) -> (&'static str, &'static str) {
+pub(crate) fn classify(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> (&'static str, &'static str) {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let rest = match segs.as_slice() {
         ["api", _version, rest @ ..] => rest,

@@ -16,7 +16,7 @@ pub async fn kube_client(cfg: &CloudCoreConfig) -> anyhow::Result<kube::Client> 
 
 /// The same client, its requests counted in `metrics` (`/metrics`:
 /// `cloudcore_apiserver_requests_total` and the bytes).
-pub async fn counted_kube_client(
+pub(crate) async fn counted_kube_client(
     cfg: &CloudCoreConfig,
     metrics: crate::apiserver_requests::ApiRequestMetrics,
 ) -> anyhow::Result<kube::Client> {

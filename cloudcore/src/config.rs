@@ -599,7 +599,7 @@ const MAX_SIGNING_DAYS: u64 = 365 * 100;
 const MAX_TOKEN_REFRESH_HOURS: u64 = 24 * 365 * 10;
 
 /// The socket address of a listener section (`path` names it in the error).
-pub fn listen_addr(l: &Listener, path: &str) -> Result<SocketAddr, (String, String)> {
+pub(crate) fn listen_addr(l: &Listener, path: &str) -> Result<SocketAddr, (String, String)> {
     let ip: IpAddr = l.address.parse().map_err(|_| {
         (
             format!("{path}.address"),

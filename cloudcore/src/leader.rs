@@ -59,7 +59,7 @@ impl ElectionConfig {
 }
 
 /// `<host name>_<random>`, like client-go's `id + "_" + uuid`.
-pub fn default_identity() -> String {
+pub(crate) fn default_identity() -> String {
     let host = ["POD_NAME", "HOSTNAME"]
         .iter()
         .filter_map(|v| std::env::var(v).ok())

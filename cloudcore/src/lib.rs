@@ -2,20 +2,26 @@
 //!
 //! # Public API
 //!
-//! The binary (`src/main.rs`), the e2e tests and the benchmarks use this crate through these
-//! modules; the rest is crate-private.
+//! The binary (`src/main.rs`), the e2e tests and the benchmarks use this crate through the
+//! modules below and only what each of them names at its top level; every module inside them
+//! is crate-private (`cargo doc -p cloudcore` shows all of it: 12 modules, about 125 items,
+//! most of them the configuration's sections and the metrics' label sets).
 //!
 //! * Running cloudcore: [`app::run`] (every enabled module from a [`config::CloudCoreConfig`]),
 //!   [`app::run_iptables_manager`], [`leader`] (leader election between replicas), [`http`]
 //!   (`/metrics`, `/healthz`, `/readyz`), [`metrics`] and [`apiserver_requests`] (what it
 //!   counts, with bounded labels).
-//! * The edge channel: [`cloudhub`] (the WebSocket server, per-node queues, the `HubSink`
-//!   the controllers send through), [`join`] (tokens, CSRs, certificates).
-//! * The controllers: [`controller`] (downstream and upstream of pods, nodes, configmaps,
-//!   secrets, services; objectsync; devices; the MetaServers' backend and RBAC policy; node
-//!   leases; the one vocabulary of API-server kinds, `controller::kind`).
-//! * Streams and routes: [`cloudstream`] (logs, exec, port-forward, metrics and the tunnel to
-//!   edges; its certificate), [`router`] (`rules.kubeedge.io` and its endpoints).
+//! * The edge channel: [`cloudhub`] ([`cloudhub::CloudHub`], the WebSocket server with its
+//!   per-node queues; [`cloudhub::HubSink`], what the controllers send through), [`join`]
+//!   (the token Secret, [`join::JoinServer`] and its HTTPS server for CSRs).
+//! * The controllers: [`controller`] ([`controller::run_with`] starts them on a hub;
+//!   [`controller::Kind`], the one vocabulary of API-server kinds; the downstream actor and
+//!   its fetcher, the MetaServers' RBAC [`controller::Policy`], [`controller::SyncOptions`]
+//!   of the objectsync records, [`controller::ServiceCache`]).
+//! * Streams and routes: [`cloudstream`] ([`cloudstream::CloudStream`]: logs, exec,
+//!   port-forward, metrics and the tunnel to edges; its certificate, the client
+//!   authentication, the tunnel-port ConfigMap and the iptables manager), [`router`]
+//!   ([`router::Router`]: `rules.kubeedge.io` and its endpoints).
 //! * `fuzz_targets` (hidden): the decoders the fuzzer drives.
 
 pub mod apiserver_requests;

@@ -103,7 +103,7 @@ fn gettoken(
         .and_then(|rt| {
             rt.block_on(async {
                 let client = cloudcore::app::kube_client(&cfg).await?;
-                cloudcore::join::token_secret::read(client).await
+                cloudcore::join::read_token(client).await
             })
         });
     match result {
@@ -120,15 +120,17 @@ fn gettoken(
 
 /// `cloudcore stream-certificate`: what it wrote, or why not.
 fn stream_certificate(a: &StreamCertificateArgs) -> anyhow::Result<String> {
-    use cloudcore::cloudstream::certificate::{self, StreamCertRequest};
-    let ca = certificate::load_ca(&a.ca_cert, &a.ca_key)?;
+    use cloudcore::cloudstream::{
+        StreamCertRequest, issue_certificate, load_ca, write_certificate,
+    };
+    let ca = load_ca(&a.ca_cert, &a.ca_key)?;
     let req = StreamCertRequest {
         ips: &a.ips,
         dns: &a.dns,
         days: a.days,
     };
-    let cert = certificate::issue(&ca, &req)?;
-    let (cert_path, key_path) = certificate::write(&a.out_dir, &cert)?;
+    let cert = issue_certificate(&ca, &req)?;
+    let (cert_path, key_path) = write_certificate(&a.out_dir, &cert)?;
     let names: Vec<String> = a
         .ips
         .iter()

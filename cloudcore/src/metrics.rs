@@ -483,7 +483,7 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
-pub const OPENMETRICS_CONTENT_TYPE: &str =
+pub(crate) const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]

@@ -731,7 +731,6 @@ fn iptables_config(docs: &[Value]) -> cloudcore::config::IptablesManagerConfig {
 
 #[test]
 fn iptables_manager_defaults_to_an_external_daemonset_running_cloudcore_iptables_manager() {
-    use cloudcore::cloudstream::tunnel_port;
     // KubeEdge's default: enabled, mode external; cloudcore itself stays unprivileged.
     let docs = render_chart(installed_values());
     let m = iptables_config(&docs);
@@ -788,7 +787,10 @@ fn iptables_manager_defaults_to_an_external_daemonset_running_cloudcore_iptables
     assert!(find(&docs, "ServiceAccount", sa).is_some());
     let role_name = binding["roleRef"]["name"].as_str().expect("role");
     let role = find(&docs, "Role", role_name).expect("Role");
-    assert_eq!(role["metadata"]["namespace"], tunnel_port::NAMESPACE);
+    assert_eq!(
+        role["metadata"]["namespace"],
+        cloudcore::cloudstream::TUNNEL_PORT_NAMESPACE
+    );
     assert_eq!(
         role["rules"],
         json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}])
@@ -830,7 +832,7 @@ fn iptables_manager_internal_runs_in_cloudcore_with_net_admin_and_the_host_lock(
 
 #[test]
 fn stream_clients_are_verified_against_the_service_account_ca_or_a_stream_ca_secret() {
-    use cloudcore::cloudstream::client_auth::SERVICE_ACCOUNT_CA;
+    use cloudcore::cloudstream::SERVICE_ACCOUNT_CA;
     let cfg_of = |docs: &[Value]| {
         let cm = find(docs, "ConfigMap", "cloudcore").expect("ConfigMap");
         let text = cm["data"]["cloudcore.yaml"]

@@ -2,7 +2,7 @@
 
 use crate::channel::{Pki, test_hub_config};
 use cloudcore::cloudhub::CloudHub;
-use cloudcore::controller::objectsync::SyncOptions;
+use cloudcore::controller::SyncOptions;
 use cloudcore::http::Readiness;
 use cloudcore::leader::ElectionConfig;
 use cloudcore::metrics::{ControllerMetrics, HubMetrics};
@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 pub struct CloudFixture {
     pub hub: CloudHub,
     /// The controllers' Services and EndpointSlices (what a cloudstream's relay checks).
-    pub services: cloudcore::controller::services::ServiceCache,
+    pub services: cloudcore::controller::ServiceCache,
     pub ready: Readiness,
     pub metrics: HubMetrics,
     pub controller_metrics: ControllerMetrics,
@@ -79,7 +79,7 @@ impl CloudFixture {
         let shutdown = CancellationToken::new();
         let controller_metrics = ControllerMetrics::default();
         let (cm, token) = (controller_metrics.clone(), shutdown.clone());
-        let services = cloudcore::controller::services::ServiceCache::default();
+        let services = cloudcore::controller::ServiceCache::default();
         let fixture_services = services.clone();
         let h = hub.clone();
         let r = ready.clone();

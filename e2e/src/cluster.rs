@@ -224,7 +224,7 @@ impl TestCluster {
                 let (ca_cert, ca_key) = self
                     .cluster_ca_files(dir.path())
                     .expect("the cluster CA as files")?;
-                let ca = cloudcore::cloudstream::certificate::load_ca(&ca_cert, &ca_key)
+                let ca = cloudcore::cloudstream::load_ca(&ca_cert, &ca_key)
                     .unwrap_or_else(|e| panic!("{CLUSTER_CA_KEY_ENV}: {e}"));
                 let c = ca
                     .issue_client("kube-apiserver-kubelet-client", Some("system:masters"), 1)

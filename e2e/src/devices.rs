@@ -4,7 +4,7 @@
 
 use crate::process::LoggedProcess;
 use anyhow::Context;
-use cloudcore::controller::kind::Kind;
+use cloudcore::controller::Kind;
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use std::net::SocketAddr;

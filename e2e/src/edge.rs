@@ -271,7 +271,7 @@ impl EdgeEnv {
         let pki = Pki::new().expect("test PKI");
         // The MetaServer's RBAC comes from the policy controller (the cloud's
         // `featureGates.requireAuthorization`).
-        let sync = cloudcore::controller::objectsync::SyncOptions {
+        let sync = cloudcore::controller::SyncOptions {
             policy: options.metaserver_dummy.is_some(),
             ..crate::cloud::test_sync_options("default")
         };

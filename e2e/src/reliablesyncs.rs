@@ -1,7 +1,18 @@
 //! KubeEdge's ObjectSync / ClusterObjectSync CRDs for tests: installed from cloudcore's own
 //! manifest (`manifests/crds/reliablesyncs-crds.yaml`), and read back.
 
-use cloudcore::controller::objectsync::api_resource;
+use cloudcore::controller::Kind;
+use kube::discovery::ApiResource;
+
+/// ObjectSync, or ClusterObjectSync for cluster-scoped objects.
+fn api_resource(cluster_scoped: bool) -> ApiResource {
+    if cluster_scoped {
+        Kind::ClusterObjectSync
+    } else {
+        Kind::ObjectSync
+    }
+    .api_resource()
+}
 use kube::api::{Api, DynamicObject, ListParams};
 use std::collections::BTreeMap;
 

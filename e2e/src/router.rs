@@ -5,8 +5,8 @@
 
 use crate::cloud::CloudFixture;
 use bytes::Bytes;
-use cloudcore::controller::kind::Kind;
-use cloudcore::router::target::HttpClient;
+use cloudcore::controller::Kind;
+use cloudcore::router::HttpClient;
 use cloudcore::router::{Router, RouterMetrics, RouterSettings};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;

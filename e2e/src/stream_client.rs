@@ -6,8 +6,9 @@
 use crate::channel::Pki;
 use crate::cluster::TestCluster;
 use crate::edge::WAIT;
-use cloudcore::cloudstream::certificate::{self, ServerIdentity, StreamCertRequest};
-use cloudcore::cloudstream::client_auth::ClientAuth;
+use cloudcore::cloudstream::{
+    ClientAuth, ServerIdentity, StreamCertRequest, issue_certificate, load_ca, write_certificate,
+};
 use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use kubeedge_shared::stream::TunnelMessage;
 use kubeedge_shared::stream::http::{ResponseHead, parse_response_head};
@@ -66,14 +67,14 @@ pub fn cluster_stream_certificate(
     ip: IpAddr,
 ) -> Option<ServerIdentity> {
     let (ca_cert, ca_key) = cluster.cluster_ca_files(dir).expect("cluster CA files")?;
-    let ca = certificate::load_ca(&ca_cert, &ca_key).unwrap_or_else(|e| panic!("{e}"));
+    let ca = load_ca(&ca_cert, &ca_key).unwrap_or_else(|e| panic!("{e}"));
     let req = StreamCertRequest {
         ips: &[ip],
         dns: &[],
         days: 1,
     };
-    let cert = certificate::issue(&ca, &req).expect("a stream certificate");
-    let (crt, key) = certificate::write(&dir.join("stream"), &cert).expect("writing it");
+    let cert = issue_certificate(&ca, &req).expect("a stream certificate");
+    let (crt, key) = write_certificate(&dir.join("stream"), &cert).expect("writing it");
     Some(
         ServerIdentity::load(&crt, &key)
             .expect("loading it")
@@ -149,7 +150,7 @@ pub async fn read_at_least(io: &mut RawClient, buf: &mut Vec<u8>, len: usize) {
 /// WebSocket handshake with KubeEdge's headers naming the node and its internal `ip`.
 pub async fn dial_tunnel(stream: &CloudStream, pki: &Pki, node: &str, ip: &str) -> RawClient {
     let cert = pki.node_cert(node).expect("edge cert");
-    let tls = edgecore::edgestream::tunnel::tunnel_tls(
+    let tls = edgecore::edgestream::tunnel_tls(
         std::slice::from_ref(&pki.ca.cert.cert_der),
         vec![cert.cert_der.clone()],
         cert.key_der(),

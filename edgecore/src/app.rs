@@ -93,7 +93,7 @@ impl EdgeCore {
     }
 
     /// Starts edgecore as its binary does: from the file at `config_path`, which node tasks
-    /// may update, with restarts requested through the returned [`Supervisor`].
+    /// may update, with restarts requested through the returned `Supervisor`.
     pub async fn start_supervised(
         config: &EdgeCoreConfig,
         config_path: &std::path::Path,

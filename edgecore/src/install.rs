@@ -13,7 +13,7 @@ pub const UNIT_NAME: &str = "edgecore.service";
 
 /// The unit for `binary` reading `config` (`manifests/edgecore.service` is this for
 /// `/usr/local/bin/edgecore` and `/etc/kubeedge/config/edgecore.yaml`).
-pub fn unit_text(binary: &Path, config: &Path) -> String {
+pub(crate) fn unit_text(binary: &Path, config: &Path) -> String {
     format!(
         "[Unit]\n\
          Description=kubeedge-rs edgecore: the edge node agent\n\
@@ -63,7 +63,7 @@ impl Systemctl for SystemSystemctl {
 }
 
 /// Whether systemd manages this machine (`sd_booted`: `/run/systemd/system` exists).
-pub fn systemd_runs(root: &Path) -> bool {
+pub(crate) fn systemd_runs(root: &Path) -> bool {
     root.join("run/systemd/system").is_dir()
 }
 

@@ -2,22 +2,26 @@
 //!
 //! # Public API
 //!
-//! The binary (`src/main.rs`), the e2e tests and the benchmarks use this crate through these
-//! modules; every other module is crate-private. edged itself is the library crate
+//! The binary (`src/main.rs`), the e2e tests and the benchmarks use this crate through the
+//! modules below and only what each of them names at its top level; every module inside them
+//! is crate-private (`cargo doc -p edgecore` shows all of it: 14 modules, about 130 items,
+//! half of them the configuration's sections). edged itself is the library crate
 //! `kubeedge-edged` (pods over CRI), which this crate runs.
 //!
 //! * Running an edge: [`app::EdgeCore`] (start every enabled module from an
 //!   [`config::EdgeCoreConfig`], or with a given `EdgedConfig`, and stop them),
 //!   [`edged_config::edged_config`] (`modules.edged` → the edged library's settings),
-//!   [`install`] (`edgecore join`/`install`), [`memory`] (giving start-up code and freed heap
-//!   back).
+//!   [`install`] (`edgecore join`/`install`/`reset`), [`memory`] (giving start-up code and
+//!   freed heap back).
 //! * The link to the cloud: [`edgehub::EdgeHub`] (dial, send, request/reply, link events,
 //!   [`edgehub::Routes`]: which module takes which group), [`certmanager`] (the node
-//!   certificate from a join token, its rotation).
-//! * Storage and the modules around it: [`metamanager`] (the SQLite store and its message
-//!   handling, serving edged's `MetaService`), [`metaserver`] (the local Kubernetes API),
-//!   [`eventbus`] (MQTT), [`taskmanager`] (node jobs), [`edgestream`] (logs, exec, metrics and
-//!   the tunnel), [`mesh`] (Services at the edge, around `kubeedge-edgemesh`).
+//!   certificate from a join token, its rotation, `edgecore join`).
+//! * Storage and the modules around it: [`metamanager`] (the SQLite store
+//!   [`metamanager::MetaStore`] and [`metamanager::MetaManager`], serving edged's
+//!   `MetaService`), [`metaserver`] (the local Kubernetes API), [`eventbus`] (MQTT),
+//!   [`taskmanager`] (node jobs: the upgrade and configuration-update markers a restart
+//!   reads), [`edgestream`] (logs, exec, metrics and the tunnel; its TLS and relay dialer for
+//!   tests), [`mesh`] (Services at the edge, around `kubeedge-edgemesh`).
 //! * `fuzz_targets` (hidden): the decoders the fuzzer drives.
 
 pub mod app;

@@ -30,7 +30,7 @@ struct Args {
 enum Command {
     /// Write edgecore.yaml for a cloudcore and obtain this node's certificate with a join
     /// token (like `keadm join --token`), then exit; start edgecore afterwards.
-    Join(edgecore::certmanager::join::JoinOptions),
+    Join(edgecore::certmanager::JoinOptions),
     /// Undo `join` (like `keadm reset`): stop and disable edgecore.service, remove the unit,
     /// the certificates and the configuration (--config), and the edge database after
     /// confirmation (or with --yes). Pods and containers are left to the runtime.
@@ -75,7 +75,7 @@ fn main() -> ExitCode {
         return reset(&args.config, *yes);
     }
     // An upgrade in progress counts this start before anything a broken build could fail at.
-    if edgecore::taskmanager::upgrade::on_start(&args.config) {
+    if edgecore::taskmanager::count_upgrade_start(&args.config) {
         eprintln!(
             "edgecore: the upgraded edgecore never reached the cloud; the previous binary is back"
         );
@@ -164,9 +164,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn join(opts: &edgecore::certmanager::join::JoinOptions, path: &std::path::Path) -> ExitCode {
-    use edgecore::certmanager::join;
-    let config = match join::join_config(opts, EdgeCoreConfig::default_config()) {
+fn join(opts: &edgecore::certmanager::JoinOptions, path: &std::path::Path) -> ExitCode {
+    let config = match edgecore::certmanager::join_config(opts, EdgeCoreConfig::default_config()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("edgecore join: {e}");
@@ -183,7 +182,7 @@ fn join(opts: &edgecore::certmanager::join::JoinOptions, path: &std::path::Path)
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(join::join(
+    match rt.block_on(edgecore::certmanager::join_node(
         &config,
         path,
         std::time::Duration::from_secs(300),
@@ -332,7 +331,7 @@ fn restart_self(config: &std::path::Path) -> ExitCode {
         .exec();
     eprintln!("edgecore: cannot restart {}: {err}", exe.display());
     // A new binary an upgrade put there that cannot even be executed: the previous one.
-    if edgecore::taskmanager::upgrade::roll_back_after_failed_start(config) {
+    if edgecore::taskmanager::roll_back_failed_upgrade(config) {
         let err = std::process::Command::new(&exe)
             .args(std::env::args_os().skip(1))
             .exec();

@@ -2,7 +2,7 @@
 
 /// Gives the memory a large transient job freed back to the system (glibc keeps freed heap
 /// otherwise, and the process's RSS would stay at the job's peak).
-pub fn release_freed_memory() {
+pub(crate) fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free heap pages to the kernel; it has no preconditions.
     unsafe {
@@ -33,9 +33,9 @@ pub async fn release_freed_memory_every(every: std::time::Duration) {
 /// another, so after a burst (thousands of objects arriving at once) the RSS stays at the
 /// sum of every arena's peak. Two arenas: measured with 1,000 Services and 10,000 endpoints,
 /// edgecore with edgemesh stayed 8 MB above an idle edge instead of 18 MB (BENCHMARKS.md).
-pub const MALLOC_ARENAS: i32 = 2;
+pub(crate) const MALLOC_ARENAS: i32 = 2;
 
-/// Limits glibc's malloc arenas ([`MALLOC_ARENAS`]); call before any thread starts. A
+/// Limits glibc's malloc arenas (`MALLOC_ARENAS`); call before any thread starts. A
 /// `MALLOC_ARENA_MAX` in the environment wins.
 pub fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

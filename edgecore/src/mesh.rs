@@ -25,10 +25,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The dummy interface carrying `listenAddress` (EdgeMesh's name).
-pub const LINK: &str = "edgemesh0";
+pub(crate) const LINK: &str = "edgemesh0";
 
 /// The kinds edgemesh reads: Services and EndpointSlices, cluster-wide.
-pub fn standing_watches() -> Vec<StandingWatch> {
+pub(crate) fn standing_watches() -> Vec<StandingWatch> {
     vec![
         StandingWatch {
             group: String::new(),
@@ -44,7 +44,7 @@ pub fn standing_watches() -> Vec<StandingWatch> {
 }
 
 /// An upstream resolver: `IP` (port 53) or `IP:port`.
-pub fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
@@ -54,13 +54,13 @@ pub fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
 }
 
 /// The DNS address pods get with `dnsPolicy: ClusterFirst` when `clusterDNS` is empty.
-pub fn cluster_dns(c: &EdgeCoreConfig) -> Option<String> {
+pub(crate) fn cluster_dns(c: &EdgeCoreConfig) -> Option<String> {
     let m = &c.modules.edge_mesh;
     (m.enable && m.dns.enable && m.dns.port == 53).then(|| m.listen_address.clone())
 }
 
 /// The edgemesh settings of a validated configuration; `None` when it is disabled.
-pub fn mesh_config(c: &EdgeCoreConfig) -> Result<Option<MeshConfig>, String> {
+pub(crate) fn mesh_config(c: &EdgeCoreConfig) -> Result<Option<MeshConfig>, String> {
     let m = &c.modules.edge_mesh;
     if !m.enable {
         return Ok(None);
@@ -134,7 +134,7 @@ pub fn cleanup(c: &EdgeCoreConfig) -> Result<(), String> {
 }
 
 /// The running edgemesh with its feeders.
-pub struct Mesh {
+pub(crate) struct Mesh {
     mesh: EdgeMesh,
     pods: Arc<PodFeed>,
     cancel: CancellationToken,

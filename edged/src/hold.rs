@@ -4,10 +4,10 @@
 //! The MetaServer's `unhold-upgrade` endpoints release it ([`Releaser`]), and edged starts it.
 //!
 //! * [`holds`] decides (annotation `"true"`, no `deletionTimestamp`, phase `Pending`).
-//! * [`HeldPods`] keeps the newest copy of each held pod: a later update replaces it, a
+//! * `HeldPods` keeps the newest copy of each held pod: a later update replaces it, a
 //!   deletion forgets it, an update that no longer qualifies (annotation removed) lets it run.
 //!   At most one entry per pod of this node, so bounded by the node's pods.
-//! * [`report`] sends the condition through the pod status patch every pod status takes,
+//! * `report` sends the condition through the pod status patch every pod status takes,
 //!   again after the cloud link comes back when it could not be sent.
 //!
 //! Unlike KubeEdge, a pod edged already runs is not held again (its phase may still be

@@ -18,15 +18,15 @@
 //! ```
 //!
 //! * [`Edged::start`] lists the pods of this node from the metamanager (the local database,
-//!   so this works offline) and starts one [`pod_worker::PodWorker`] per pod, which adopts
+//!   so this works offline) and starts one `pod_worker::PodWorker` per pod, which adopts
 //!   the sandbox and containers the runtime already runs for it (by the kubelet's labels)
 //!   without restarting them. The runtime is dialled lazily (edgecore may start first);
-//!   once it answers, runtime objects of pods this node does not know are removed ([`gc`]),
-//!   and unused images are collected when the disk fills up ([`image_gc`]).
+//!   once it answers, runtime objects of pods this node does not know are removed (`gc`),
+//!   and unused images are collected when the disk fills up (`image_gc`).
 //! * The dispatcher routes pod changes to workers, tells workers when a configmap or secret
 //!   their volumes use changed, and lists the runtime every `relist_period` to wake the
 //!   workers whose containers changed state.
-//! * [`node`] registers the Node, reports its status and renews its Lease.
+//! * `node` registers the Node, reports its status and renews its Lease.
 //! * Pods annotated `edge.kubeedge.io/hold-upgrade: "true"` wait, `Pending`, until the
 //!   MetaServer's `unhold-upgrade` releases them ([`hold`]).
 //! * On shutdown workers stop and containers keep running.

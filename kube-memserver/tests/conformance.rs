@@ -2136,7 +2136,7 @@ async fn fake_kubelet(
     std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     tokio::task::JoinHandle<()>,
 ) {
-    let ca = cloudcore::cloudstream::certificate::load_ca(&ca_files.0, &ca_files.1).unwrap();
+    let ca = cloudcore::cloudstream::load_ca(&ca_files.0, &ca_files.1).unwrap();
     let client_ca = ca.cert.cert_der.clone();
     fake_kubelet_with(&ca, client_ca, ip).await
 }

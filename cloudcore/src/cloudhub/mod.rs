@@ -6,19 +6,20 @@
 
 mod admission;
 pub(crate) mod handshake;
-pub mod queue;
+pub(crate) mod queue;
 mod server;
 mod session;
 mod sink;
 pub(crate) mod upstream;
 
+pub use queue::Enqueued;
 pub use sink::HubSink;
 
 use crate::metrics::{HubMetrics, ReasonLabel};
 use dashmap::DashMap;
 use kubeedge_shared::config::ConfigError;
 use kubeedge_shared::{CodecError, FrameCodec, Message};
-use queue::{AckedMessage, Enqueued, NodeQueue, QueueFull, QueueLimits};
+use queue::{AckedMessage, NodeQueue, QueueFull, QueueLimits};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -40,7 +41,7 @@ pub struct HubConfig {
     /// TLS + WebSocket handshake must finish within this (waiting for admission included).
     pub handshake_timeout: Duration,
     /// Most handshakes past their first bytes at once (`cloudHub.maxConcurrentHandshakes`);
-    /// the rest wait their turn ([`admission`]).
+    /// the rest wait their turn (`admission`).
     pub max_handshakes: usize,
     /// An admitted handshake must finish within this.
     pub admitted_handshake_timeout: Duration,
@@ -101,7 +102,7 @@ impl Default for HubConfig {
 }
 
 /// What a connected edge said about itself in the handshake (this cloudcore offers every
-/// one of them: [`OFFERED`]).
+/// one of them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Capabilities {
     /// The edge sends an inventory on connect and expects only the difference.
@@ -114,7 +115,8 @@ pub struct Capabilities {
 }
 
 /// The capabilities this cloudcore advertises in its answer to the upgrade.
-pub const OFFERED: &[&str] = &[
+#[cfg(test)]
+pub(crate) const OFFERED: &[&str] = &[
     kubeedge_shared::constants::CAPABILITY_INVENTORY,
     kubeedge_shared::constants::CAPABILITY_PING_KEEPALIVE,
     kubeedge_shared::constants::CAPABILITY_CLOUD_LEASE,

@@ -444,16 +444,14 @@ impl NodeQueue {
         st.pending.len() + st.inflight.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[cfg(test)]
     pub fn inflight_len(&self) -> usize {
         self.lock().inflight.len()
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.lock().bytes
     }
 }
 

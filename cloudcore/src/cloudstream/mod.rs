@@ -1,25 +1,38 @@
 //! cloudstream (protocol §8): `kubectl logs`, `exec` and `attach` for pods on edge nodes.
 //! The apiserver calls the node's "kubelet" at `<InternalIP>:<daemonEndpoints.kubeletEndpoint.Port>`.
-//! As KubeEdge: each replica negotiates a tunnel port (10351…, [`tunnel_port`]), writes it as
-//! the kubelet port of the nodes whose tunnel it holds ([`node_port`]), and the iptables
-//! manager ([`iptables`], mode internal) DNATs `--dport <port>` to `<replica IP>:<streamPort>`.
+//! As KubeEdge: each replica negotiates a tunnel port (10351…, `tunnel_port`), writes it as
+//! the kubelet port of the nodes whose tunnel it holds (`node_port`), and the iptables
+//! manager (`iptables`, mode internal) DNATs `--dport <port>` to `<replica IP>:<streamPort>`.
 //! Unlike KubeEdge, the stream server serves only clients whose certificate chains to the
-//! stream CA, as a kubelet with `--client-ca-file` ([`client_auth`]).
+//! stream CA, as a kubelet with `--client-ca-file` (`client_auth`).
 
-pub mod certificate;
-pub mod client_auth;
+pub(crate) mod certificate;
+pub(crate) mod client_auth;
 pub(crate) mod exec;
-pub mod iptables;
-pub mod mesh_relay;
+pub(crate) mod iptables;
+pub(crate) mod mesh_relay;
 pub(crate) mod metrics;
 pub(crate) mod node_port;
 pub(crate) mod relay;
 pub(crate) mod server;
 pub(crate) mod session;
 pub(crate) mod tunnel;
-pub mod tunnel_port;
+pub(crate) mod tunnel_port;
 
-use self::client_auth::{Authenticator, ClientAuth};
+pub use certificate::{
+    CERT_FILE, KEY_FILE, ServerIdentity, StreamCertError, StreamCertRequest,
+    issue as issue_certificate, load_ca, write as write_certificate,
+};
+pub use client_auth::{ClientAuth, SERVICE_ACCOUNT_CA};
+pub use iptables::{Iptables, IptablesError, run as manage_iptables};
+pub use mesh_relay::RelayTargets;
+pub use tunnel_port::{
+    ANNOTATION as TUNNEL_PORT_ANNOTATION, CONFIGMAP as TUNNEL_PORT_CONFIGMAP,
+    NAMESPACE as TUNNEL_PORT_NAMESPACE, NegotiateError, TunnelPortRecord,
+    negotiate as negotiate_tunnel_port,
+};
+
+use self::client_auth::Authenticator;
 use self::session::Sessions;
 use crate::metrics::StreamMetrics;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -30,10 +43,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// How long a client may take to send a request's headers on :10003/:10004 (slowloris).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a TLS handshake on :10003/:10004 may take.
-pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) type TlsConn = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
 
@@ -92,7 +105,7 @@ pub struct StreamSettings {
     pub chain: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
     /// The stream server's own certificate (`tlsStreamCertFile`/`tlsStreamPrivateKeyFile`,
-    /// from the cluster CA for an apiserver that verifies kubelets: [`certificate`]).
+    /// from the cluster CA for an apiserver that verifies kubelets: `certificate`).
     pub stream_cert: Option<certificate::ServerIdentity>,
     /// The CA edge (tunnel client) certificates must chain to.
     pub ca: Vec<CertificateDer<'static>>,
@@ -103,7 +116,7 @@ pub struct StreamSettings {
     /// connects here (None: nodes keep the port they report; Some(0): the stream server's own
     /// port, for an apiserver that reaches it directly).
     pub node_port: Option<u16>,
-    /// Who may use the stream server: the stream CA ([`client_auth::select`]).
+    /// Who may use the stream server: the stream CA (`client_auth::select`).
     pub client_auth: ClientAuth,
     pub metrics: StreamMetrics,
     /// What edgemesh's relay may connect edges to (none: every relay request is refused).

@@ -60,7 +60,6 @@ impl EdgeCapabilities {
 
 pub struct Session {
     pub node: String,
-    pub ip: String,
     pub capabilities: EdgeCapabilities,
     serial: u64,
     out: mpsc::Sender<Outgoing>,
@@ -159,7 +158,6 @@ impl Sessions {
     ) -> Arc<Session> {
         let session = Arc::new(Session {
             node: node.to_string(),
-            ip: ip.to_string(),
             capabilities,
             serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
             out,
@@ -220,14 +218,6 @@ impl Sessions {
         let (tx, rx) = mpsc::channel(CONN_BUFFER);
         conns.insert(id, tx);
         Ok((id, rx))
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

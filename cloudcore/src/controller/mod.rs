@@ -3,7 +3,7 @@
 //!
 //! Each stateful controller (downstream, devices, policy, node tasks) is an actor: one task
 //! owning its state, fed by a channel, cloudhub's node events and its own timers. They share
-//! what is common — [`crate::cloudhub::HubSink`] to send, [`UpstreamClass`] to receive,
+//! what is common — [`crate::cloudhub::HubSink`] to send, `UpstreamClass` to receive,
 //! `kubeedge_shared::backoff` to retry — but not a generic actor shell: their loops differ in
 //! exactly the parts a shell would have to abstract (extra `select!` arms: the policy
 //! debounce, the downstream comparison tick and watch stream, the node-task tick; and what a
@@ -13,29 +13,37 @@
 
 pub(crate) mod coalesce;
 pub(crate) mod devices;
-pub mod downstream;
+pub(crate) mod downstream;
 pub(crate) mod dynamic;
 pub(crate) mod endpoint_index;
-pub mod kind;
+pub(crate) mod kind;
 pub(crate) mod location;
 pub(crate) mod node_fields;
-pub mod node_lease;
+pub(crate) mod node_lease;
 pub(crate) mod node_restriction;
 pub(crate) mod nodetask;
-pub mod objectsync;
-pub mod policy;
+pub(crate) mod objectsync;
+pub(crate) mod policy;
 pub(crate) mod refs;
 pub(crate) mod rest;
-pub mod services;
+pub(crate) mod services;
 pub(crate) mod serving_certs;
 pub(crate) mod upstream;
+
+pub use downstream::{
+    ConfigKind, ConfigWant, Downstream, Fetch, Input as DownstreamInput, spawn_fetcher,
+};
+pub use kind::Kind;
+pub use node_lease::ResultLabel as LeaseResultLabel;
+pub use objectsync::{LEASE_NAME as OBJECTSYNC_LEASE_NAME, SyncOptions};
+pub use policy::{Change as PolicyChange, Input as PolicyInput, PodRef, Policy};
+pub use services::ServiceCache;
 
 use crate::cloudhub::upstream::UpstreamClass;
 use crate::cloudhub::{CloudHub, Upstream};
 use crate::http::Readiness;
-use downstream::{Downstream, HeldObject, Input};
+use downstream::{HeldObject, Input};
 use kubeedge_shared::inventory::Inventory;
-use services::ServiceCache;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -225,7 +233,7 @@ pub async fn run_with(
 
 /// Reads an edge's inventory (`kubeedge_shared::inventory`, `edgecore/INVENTORY.md`) into the
 /// objects it holds; entries with unusable keys are skipped.
-pub fn parse_inventory(up: &Upstream) -> Result<Vec<HeldObject>, String> {
+pub(crate) fn parse_inventory(up: &Upstream) -> Result<Vec<HeldObject>, String> {
     let inventory = Inventory::from_message(&up.message).map_err(|e| e.to_string())?;
     Ok(inventory
         .objects

@@ -1,10 +1,15 @@
 //! Node join (protocol §6): the join token kept in Secret `kubeedge/tokensecret`
-//! ([`token_secret`]) and the HTTPS certificate server on `cloudHub.https` ([`server`]) that
+//! (`token_secret`) and the HTTPS certificate server on `cloudHub.https` (`server`) that
 //! hands out the CA and signs edge certificates for holders of that token or of a valid
 //! edge certificate.
 
-pub mod server;
-pub mod token_secret;
+pub(crate) mod server;
+pub(crate) mod token_secret;
+
+pub use server::{JoinServer, MAX_CSR_BYTES, serve, tls_config};
+pub use token_secret::{
+    TOKEN_KEY, TOKEN_SECRET, ensure as ensure_token_secret, read as read_token,
+};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -17,7 +17,7 @@
 
 pub(crate) mod calls;
 pub(crate) mod edge;
-pub mod metrics;
+pub(crate) mod metrics;
 pub(crate) mod path;
 pub(crate) mod replicas;
 pub(crate) mod rest;
@@ -25,20 +25,21 @@ pub(crate) mod rules;
 pub(crate) mod ruleset;
 pub(crate) mod status;
 pub(crate) mod table;
-pub mod target;
+pub(crate) mod target;
 
 use crate::cloudhub::HubSink;
 use crate::cloudhub::{ByteBudget, CloudHub, NodeEvent};
 use calls::Calls;
 use kubeedge_shared::config::ConfigError;
 use kubeedge_shared::servicebus::max_body_for_frame;
-pub use metrics::RouterMetrics;
+pub use metrics::{EdgeLabel, RouterMetrics};
 use replicas::Replicas;
 use ruleset::{Input, RuleSet, TableHandle};
 use status::StatusTally;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+pub use target::HttpClient;
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 

@@ -329,15 +329,15 @@ async fn data_path() -> anyhow::Result<()> {
 
 /// Allows every relay (the bench has no EndpointSlices in a cluster).
 struct AnyTarget;
-impl cloudcore::cloudstream::mesh_relay::RelayTargets for AnyTarget {
+impl cloudcore::cloudstream::RelayTargets for AnyTarget {
     fn endpoint_on_node(&self, _node: &str, _addr: SocketAddr) -> bool {
         true
     }
 }
 
 async fn relay_through_cloud() -> anyhow::Result<()> {
+    use cloudcore::cloudstream::ClientAuth;
     use cloudcore::cloudstream::CloudStream;
-    use cloudcore::cloudstream::client_auth::ClientAuth;
     use edgecore::edgestream::{EdgeStream, EdgeStreamSettings};
     println!("3. the relay through the cloud: edge A → cloudcore tunnel port → edge B → backend");
     let pki = e2e::channel::Pki::new()?;
@@ -357,7 +357,7 @@ async fn relay_through_cloud() -> anyhow::Result<()> {
     let tls_for = |node: &str| -> anyhow::Result<Arc<rustls::ClientConfig>> {
         let cert = pki.node_cert(node)?;
         let chain = vec![cert.cert_der.clone()];
-        edgecore::edgestream::tunnel::tunnel_tls(
+        edgecore::edgestream::tunnel_tls(
             std::slice::from_ref(&pki.ca.cert.cert_der),
             chain,
             cert.key_der(),
@@ -383,8 +383,7 @@ async fn relay_through_cloud() -> anyhow::Result<()> {
         anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "edge B's tunnel");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let dialer =
-        edgecore::edgestream::relay::TunnelDialer::new(settings("edge-a"), tls_for("edge-a")?);
+    let dialer = edgecore::edgestream::TunnelDialer::new(settings("edge-a"), tls_for("edge-a")?);
     let backend = echo_server().await?;
     let target = RelayTarget {
         node: "edge-b".into(),

@@ -15,10 +15,10 @@
 //!   nodes and the messages it sends (only the nodes using that account);
 //! - one ClusterRole changed (every account): time and messages.
 
+use cloudcore::cloudhub::Enqueued;
 use cloudcore::cloudhub::HubSink;
-use cloudcore::cloudhub::queue::Enqueued;
 use cloudcore::cloudhub::{Capabilities, SendError};
-use cloudcore::controller::policy::{Change, Input, PodRef, Policy};
+use cloudcore::controller::{PodRef, Policy, PolicyChange as Change, PolicyInput as Input};
 use e2e::bench::env_usize;
 use e2e::procfs::rss_kb;
 use kubeedge_shared::Message;

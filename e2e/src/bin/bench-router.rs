@@ -171,8 +171,8 @@ async fn main() -> anyhow::Result<()> {
     r::request_until("GET", &url, b"", "the rule in force", |a| a.status == 200).await;
 
     // ── rest → servicebus ────────────────────────────────────────────────────────────────
-    let http = cloudcore::router::target::HttpClient::new();
-    let call = |http: cloudcore::router::target::HttpClient, url: String| async move {
+    let http = cloudcore::router::HttpClient::new();
+    let call = |http: cloudcore::router::HttpClient, url: String| async move {
         let req = http::Request::get(&url)
             .body(Full::new(Bytes::new()))
             .expect("request");
@@ -280,7 +280,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let busy = router_metrics
         .edge_messages
-        .get_or_create(&cloudcore::router::metrics::EdgeLabel {
+        .get_or_create(&cloudcore::router::EdgeLabel {
             kind: "eventbus_upload",
             outcome: "busy",
         })

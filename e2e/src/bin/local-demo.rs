@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use cloudcore::cloudstream::ClientAuth;
 use cloudcore::cloudstream::CloudStream;
-use cloudcore::cloudstream::client_auth::ClientAuth;
 use e2e::apiserver::{ApiServer, Config as ApiConfig};
 use e2e::channel::Pki;
 use e2e::cloud::CloudFixture;

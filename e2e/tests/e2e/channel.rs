@@ -1,6 +1,6 @@
 //! The cloud–edge channel over real sockets and real TLS on loopback.
 
-use cloudcore::cloudhub::queue::Enqueued;
+use cloudcore::cloudhub::Enqueued;
 use cloudcore::cloudhub::{CloudHub, NodeEvent};
 use e2e::channel::*;
 use edgecore::edgehub::LinkEvent;

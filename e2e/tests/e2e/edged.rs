@@ -90,7 +90,7 @@ async fn the_node_registers_as_a_ready_edge_node_and_renews_its_lease() {
     let renewals = || {
         ctl.node_leases
             .renewals
-            .get_or_create(&cloudcore::controller::node_lease::ResultLabel { result: "renewed" })
+            .get_or_create(&cloudcore::controller::LeaseResultLabel { result: "renewed" })
             .get()
     };
     let before = (up("keepalive"), received("lease"), renewals());

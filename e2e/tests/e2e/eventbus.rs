@@ -4,7 +4,7 @@
 
 use e2e::mosquitto::Mosquitto;
 use e2e::mqtt::MqttClient as Device;
-use edgecore::eventbus::metrics::DropReason;
+use edgecore::eventbus::DropReason;
 use edgecore::eventbus::{BusMessage, BusSinks, EventBus, EventBusConfig};
 use edgecore::metamanager::MetaStore;
 use rumqttc::QoS;
@@ -154,7 +154,7 @@ async fn eventbus_cloud_subscription_survives_broker_and_bus_restarts() {
     assert!(
         bus.metrics()
             .connection_losses
-            .get_or_create(&edgecore::eventbus::metrics::BrokerLabel { broker: "external" })
+            .get_or_create(&edgecore::eventbus::BrokerLabel { broker: "external" })
             .get()
             >= 1
     );

@@ -5,7 +5,9 @@
 //! only make the list of all pods longer).
 
 use cloudcore::apiserver_requests::{ApiRequestMetrics, CountRequests, RequestLabels};
-use cloudcore::controller::downstream::{ConfigKind, ConfigWant, Fetch, Input, spawn_fetcher};
+use cloudcore::controller::{
+    ConfigKind, ConfigWant, DownstreamInput as Input, Fetch, spawn_fetcher,
+};
 use e2e::cluster;
 use e2e::sim_edge::{WAIT, delete_node, edge_node, unique};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};

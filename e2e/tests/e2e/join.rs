@@ -5,10 +5,9 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use cloudcore::join::JoinMetrics;
-use cloudcore::join::server::{self, JoinServer};
-use cloudcore::join::token_secret;
+use cloudcore::join::{self as server, JoinServer};
 use e2e::channel::*;
-use edgecore::certmanager::{self, CertError, CertPaths, client};
+use edgecore::certmanager::{self, CertError, CertPaths};
 use hmac::Mac;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -247,9 +246,9 @@ async fn bad_tokens_are_refused_with_clear_errors() {
 
     // Raw requests: no Authorization → 401; unparseable CSR → 400 with a message.
     let ca = j.pki.ca.cert.cert_der.clone();
-    let cfg = client::verified_config(&ca, None).unwrap();
+    let cfg = certmanager::verified_config(&ca, None).unwrap();
     let node = ("NodeName", "join-bad".to_string());
-    let (status, _) = client::get(
+    let (status, _) = certmanager::https_get(
         &j.url,
         "/edge.crt",
         cfg.clone(),
@@ -262,7 +261,7 @@ async fn bad_tokens_are_refused_with_clear_errors() {
     assert_eq!(status.as_u16(), 401);
     let (_, jwt) = token::split(&good).unwrap();
     let bearer = ("Authorization", format!("Bearer {jwt}"));
-    let (status, body) = client::get(
+    let (status, body) = certmanager::https_get(
         &j.url,
         "/edge.crt",
         cfg.clone(),
@@ -276,7 +275,7 @@ async fn bad_tokens_are_refused_with_clear_errors() {
     assert!(String::from_utf8_lossy(&body).contains("PKCS#10"));
     // A CSR naming another node: the certificate names the NodeName the token let in.
     let (csr, _) = pki::node_csr("someone-else").unwrap();
-    let (status, body) = client::get(
+    let (status, body) = certmanager::https_get(
         &j.url,
         "/edge.crt",
         cfg.clone(),
@@ -293,7 +292,7 @@ async fn bad_tokens_are_refused_with_clear_errors() {
         Some("system:node:join-bad")
     );
     // A NodeName that cannot be a node's name → 400.
-    let (status, body) = client::get(
+    let (status, body) = certmanager::https_get(
         &j.url,
         "/edge.crt",
         cfg.clone(),
@@ -316,7 +315,7 @@ async fn kubeedge_v1_15_csr_gets_the_node_identity_and_cloudhub_accepts_it() {
     let j = Join::start().await;
     let node = "kubeedge-115";
     let ca = j.pki.ca.cert.cert_der.clone();
-    let cfg = client::verified_config(&ca, None).unwrap();
+    let cfg = certmanager::verified_config(&ca, None).unwrap();
     let token = j.token(3600);
     let (_, jwt) = token::split(&token).unwrap();
     let (csr, key) = pki::legacy_kubeedge_csr().unwrap();
@@ -326,7 +325,7 @@ async fn kubeedge_v1_15_csr_gets_the_node_identity_and_cloudhub_accepts_it() {
     );
     // As KubeEdge's certmanager sends it: a GET with the DER CSR as body, the token's JWT
     // as bearer, NodeName, and no ExtKeyUsages header.
-    let (status, body) = client::get(
+    let (status, body) = certmanager::https_get(
         &j.url,
         "/edge.crt",
         cfg,
@@ -407,13 +406,13 @@ async fn a_node_certificate_cannot_obtain_another_nodes_certificate() {
     // A certificate from another CA does not get past TLS.
     let other = Pki::new().unwrap();
     let foreign = other.node_cert("node-a").unwrap();
-    let cfg = client::verified_config(
+    let cfg = certmanager::verified_config(
         &j.pki.ca.cert.cert_der,
         Some((vec![foreign.cert_der.clone()], foreign.key_der())),
     )
     .unwrap();
     let (csr, _) = pki::node_csr("node-a").unwrap();
-    let r = client::get(
+    let r = certmanager::https_get(
         &j.url,
         "/edge.crt",
         cfg,
@@ -435,8 +434,8 @@ async fn token_secret_is_written_once_by_racing_replicas_and_verifies() {
     let pki = Pki::new().unwrap();
     let (m1, m2) = (JoinMetrics::default(), JoinMetrics::default());
     let (r1, r2) = tokio::join!(
-        token_secret::ensure(&secrets, &pki.ca, REFRESH, &m1),
-        token_secret::ensure(&secrets, &pki.ca, REFRESH, &m2),
+        cloudcore::join::ensure_token_secret(&secrets, &pki.ca, REFRESH, &m1),
+        cloudcore::join::ensure_token_secret(&secrets, &pki.ca, REFRESH, &m2),
     );
     let ((t1, due1), (t2, _)) = (r1.unwrap(), r2.unwrap());
     assert_eq!(t1, t2, "both replicas use the one token");
@@ -449,7 +448,7 @@ async fn token_secret_is_written_once_by_racing_replicas_and_verifies() {
         .metadata
         .resource_version;
     // Later checks within the period leave it alone.
-    let (t3, _) = token_secret::ensure(&secrets, &pki.ca, REFRESH, &m1)
+    let (t3, _) = cloudcore::join::ensure_token_secret(&secrets, &pki.ca, REFRESH, &m1)
         .await
         .unwrap();
     assert_eq!(t3, t1);
@@ -480,7 +479,7 @@ async fn token_secret_is_written_once_by_racing_replicas_and_verifies() {
 
     // A token of another CA (or one nearly due) is replaced, once.
     let other = Pki::new().unwrap();
-    let (t4, _) = token_secret::ensure(&secrets, &other.ca, REFRESH, &m2)
+    let (t4, _) = cloudcore::join::ensure_token_secret(&secrets, &other.ca, REFRESH, &m2)
         .await
         .unwrap();
     assert_ne!(t4, t1);
@@ -607,7 +606,7 @@ async fn edgecore_join_writes_the_config_and_obtains_the_certificate() {
     base.modules.edge_hub.tls_cert_file = paths.cert_file.clone();
     base.modules.edge_hub.tls_private_key_file = paths.key_file.clone();
     let port = j.url.rsplit(':').next().unwrap().parse().unwrap();
-    let opts = certmanager::join::JoinOptions {
+    let opts = certmanager::JoinOptions {
         cloudcore_ipport: "127.0.0.1:10000".into(),
         token: j.token(3600),
         edgenode_name: Some("join-cmd".into()),
@@ -615,9 +614,9 @@ async fn edgecore_join_writes_the_config_and_obtains_the_certificate() {
         remote_runtime_endpoint: None,
         no_service: true,
     };
-    let config = certmanager::join::join_config(&opts, base).unwrap();
+    let config = certmanager::join_config(&opts, base).unwrap();
     let path = j.dir.path().join("config/edgecore.yaml");
-    certmanager::join::join(&config, &path, Duration::from_secs(20))
+    certmanager::join_node(&config, &path, Duration::from_secs(20))
         .await
         .unwrap();
     let written = edgecore::config::EdgeCoreConfig::load(&path).unwrap();

@@ -4,7 +4,7 @@
 //! (restarts, roll-backs, confirmation through the MetaServer, shell payloads refused) — and a
 //! KubeEdge-shaped raw edge against our cloud, in KubeEdge v1.23's message shapes.
 
-use cloudcore::controller::kind::Kind;
+use cloudcore::controller::Kind;
 use e2e::channel::{Pki, RawEdge};
 use e2e::cloud::CloudFixture;
 use e2e::edge::{EdgeEnv, WAIT, init_logs, node_name, wait_for};
@@ -490,7 +490,7 @@ async fn config_update_jobs_change_edgecore_yaml_and_roll_back_when_the_cloud_is
     assert_eq!(done["status"]["phase"], "Completed", "{done}");
     assert_eq!(actions(&done), ["Check", "BackUp", "Update"], "{done}");
     assert_eq!(loaded().modules.edge_hub.heartbeat, 7);
-    assert!(!edgecore::taskmanager::config_update::marker_path(&path).exists());
+    assert!(!edgecore::taskmanager::config_update_marker(&path).exists());
 
     // 2. A shell payload: refused at the check, nothing changes, no restart.
     let bad = format!("cfg-bad-{suffix}");
@@ -582,7 +582,13 @@ async fn post_metaserver(addr: std::net::SocketAddr, path: &str) -> (u16, String
 async fn node_upgrade_jobs_swap_the_binary_and_roll_back_when_the_cloud_is_lost() {
     use e2e::process::LoggedProcess;
     use e2e::sim_edge::delete_node;
-    use edgecore::taskmanager::config_update::digest;
+    let digest = |data: &[u8]| -> String {
+        use sha2::Digest;
+        sha2::Sha256::digest(data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
     init_logs();
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();

@@ -3,7 +3,7 @@
 //! replicas on one cluster, and the Lease election itself. In-memory API server only: the tests
 //! install cluster-wide CRDs and would share a real cluster's Lease.
 
-use cloudcore::controller::objectsync::LEASE_NAME;
+use cloudcore::controller::OBJECTSYNC_LEASE_NAME as LEASE_NAME;
 use cloudcore::leader::{self, ElectionConfig};
 use e2e::apiserver::Config;
 use e2e::channel::Pki;
@@ -333,7 +333,7 @@ async fn records_of_deleted_nodes_are_removed_by_the_leader() {
 }
 
 async fn create_record(c: &TestCluster, ns: &str, name: &str) {
-    let ar = cloudcore::controller::objectsync::api_resource(false);
+    let ar = cloudcore::controller::Kind::ObjectSync.api_resource();
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(c.client(), ns, &ar);
     let obj = kube::api::DynamicObject::new(name, &ar).data(json!({
         "spec": {"objectAPIVersion": "v1", "objectKind": "Pod", "objectName": "old"}
@@ -557,7 +557,7 @@ async fn lease_election_one_leader_at_a_time_takeover_on_release_and_on_expiry()
 async fn pods_listed_before_their_edge_node_reach_the_edge_after_a_restart() {
     use cloudcore::cloudhub::Capabilities;
     use cloudcore::cloudhub::CloudHub;
-    use cloudcore::controller::downstream::{Downstream, Input, spawn_fetcher};
+    use cloudcore::controller::{Downstream, DownstreamInput as Input, spawn_fetcher};
     use cloudcore::http::Readiness;
     use cloudcore::metrics::HubMetrics;
     use e2e::channel::{RawEdge, test_hub_config};

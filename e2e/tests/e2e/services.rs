@@ -587,8 +587,8 @@ const TWO_NODE_SCRIPT: &str = "i=0; while true; do i=$((i+1)); \
 /// at once instead of hanging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_service_with_backends_on_another_edge_is_relayed_through_cloudcore() {
+    use cloudcore::cloudstream::ClientAuth;
     use cloudcore::cloudstream::CloudStream;
-    use cloudcore::cloudstream::client_auth::ClientAuth;
     use e2e::stream_client::loopback_settings;
     if !root() {
         return;

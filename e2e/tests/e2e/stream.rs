@@ -7,8 +7,8 @@
 //! `--kubelet-certificate-authority` requires (on a real multi-host cluster an iptables DNAT
 //! makes `<node IP>:<port>` reach cloudcore).
 
+use cloudcore::cloudstream::ClientAuth;
 use cloudcore::cloudstream::CloudStream;
-use cloudcore::cloudstream::client_auth::ClientAuth;
 use e2e::edge::{EdgeEnv, EdgeOptions, WAIT, wait_for};
 use e2e::images::BUSYBOX_IMAGE;
 use e2e::stream_client::{

@@ -4,7 +4,7 @@
 //! or with one from another CA (an edge's own node certificate included), gets 401 on every
 //! route and nothing reaches the edge.
 
-use cloudcore::cloudstream::client_auth::ClientAuth;
+use cloudcore::cloudstream::ClientAuth;
 use cloudcore::cloudstream::{CloudStream, StreamSettings};
 use cloudcore::metrics::{ReasonLabel, StreamMetrics};
 use e2e::edge::{WAIT, wait_for};

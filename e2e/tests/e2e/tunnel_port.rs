@@ -2,9 +2,9 @@
 //! the iptables manager's DNAT rules in a fresh network namespace: a TCP connect to
 //! `<any IP>:<tunnel port>` lands on the replica's stream port.
 
-use cloudcore::cloudstream::iptables::{self, Iptables};
-use cloudcore::cloudstream::tunnel_port::{
-    self, ANNOTATION, CONFIGMAP, NAMESPACE, TunnelPortRecord,
+use cloudcore::cloudstream::{
+    Iptables, TUNNEL_PORT_ANNOTATION as ANNOTATION, TUNNEL_PORT_CONFIGMAP as CONFIGMAP,
+    TUNNEL_PORT_NAMESPACE as NAMESPACE, TunnelPortRecord, manage_iptables, negotiate_tunnel_port,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
@@ -38,8 +38,8 @@ async fn replicas_negotiate_distinct_tunnel_ports_and_a_restart_keeps_its_port()
     // Two replicas start at once: both read "no ConfigMap" or the same version; one write
     // loses with 409 and that replica negotiates again.
     let (a, b) = tokio::join!(
-        tunnel_port::negotiate(&client, "10.0.0.1"),
-        tunnel_port::negotiate(&client, "10.0.0.2"),
+        negotiate_tunnel_port(&client, "10.0.0.1"),
+        negotiate_tunnel_port(&client, "10.0.0.2"),
     );
     let (a, b) = (a.expect("replica a"), b.expect("replica b"));
     let mut ports = [a, b];
@@ -51,14 +51,11 @@ async fn replicas_negotiate_distinct_tunnel_ports_and_a_restart_keeps_its_port()
     assert_eq!(r.port.len(), 2, "{r:?}");
 
     // Replica a restarts (same IP): same port, record unchanged.
-    assert_eq!(
-        tunnel_port::negotiate(&client, "10.0.0.1").await.unwrap(),
-        a
-    );
+    assert_eq!(negotiate_tunnel_port(&client, "10.0.0.1").await.unwrap(), a);
     assert_eq!(record(&client).await, r);
     // A third replica takes the next one.
     assert_eq!(
-        tunnel_port::negotiate(&client, "10.0.0.3").await.unwrap(),
+        negotiate_tunnel_port(&client, "10.0.0.3").await.unwrap(),
         10353
     );
     // The annotation is KubeEdge's JSON.
@@ -175,10 +172,10 @@ async fn the_iptables_manager_dnats_each_tunnel_port_to_its_replicas_stream_port
     ns.exec(&["ip", "addr", "add", "10.244.7.1/24", "dev", "lo"]);
 
     let client = cluster.client();
-    let port = tunnel_port::negotiate(&client, "10.244.7.1").await.unwrap();
+    let port = negotiate_tunnel_port(&client, "10.244.7.1").await.unwrap();
     assert_eq!(port, 10351);
     let shutdown = CancellationToken::new();
-    let manager = tokio::spawn(iptables::run(
+    let manager = tokio::spawn(manage_iptables(
         client.clone(),
         ns.iptables(),
         10003,

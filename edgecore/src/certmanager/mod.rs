@@ -6,15 +6,17 @@
 //! `CN=system:node:<node>, O=system:nodes`, have `<httpServer>/edge.crt` sign it (verifying
 //! the server against the CA, the token's JWT as bearer), write key (`EC PRIVATE KEY`, 0600)
 //! and certificate, and remove the token from the config file. With `rotateCertificates`,
-//! [`spawn_rotation`] renews the certificate at a random 70–90 % of its lifetime, presenting
+//! `spawn_rotation` renews the certificate at a random 70–90 % of its lifetime, presenting
 //! the current one, and hands edgehub the new TLS configuration.
 
-pub mod client;
-pub mod join;
+pub(crate) mod client;
+pub(crate) mod join;
+
+pub use client::{ClientError, get as https_get, verified_config};
+pub use join::{JoinError, JoinOptions, join as join_node, join_config};
 
 use crate::config::EdgeCoreConfig;
 use crate::edgehub::EdgeHub;
-use client::ClientError;
 use http::StatusCode;
 use kubeedge_shared::backoff::Backoff;
 use kubeedge_shared::{pki, tls, token};
@@ -299,7 +301,7 @@ pub(crate) fn write_file(path: &str, data: &[u8], mode: u32) -> Result<(), CertE
 
 /// Rewrites the config file with the `token:` value emptied (KubeEdge clears it after a
 /// join). The value may be plain, quoted or a folded block spread over several lines.
-pub fn remove_token(path: &Path, token: &str) -> std::io::Result<()> {
+pub(crate) fn remove_token(path: &Path, token: &str) -> std::io::Result<()> {
     let text = std::fs::read_to_string(path)?;
     let lines: Vec<&str> = text.lines().collect();
     let indent = |l: &str| l.len() - l.trim_start().len();
@@ -352,7 +354,7 @@ pub fn remove_token(path: &Path, token: &str) -> std::io::Result<()> {
 
 /// Renews the certificate at a random 70–90 % of its lifetime (retrying with backoff) and
 /// gives `hub` the new TLS configuration, until `shutdown`.
-pub fn spawn_rotation(config: &EdgeCoreConfig, hub: EdgeHub, shutdown: CancellationToken) {
+pub(crate) fn spawn_rotation(config: &EdgeCoreConfig, hub: EdgeHub, shutdown: CancellationToken) {
     let paths = CertPaths::from_config(config);
     let config = config.clone();
     tokio::spawn(async move {

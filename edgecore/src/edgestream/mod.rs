@@ -4,21 +4,24 @@
 //! serves LOGS_CONNECT from the container log files the runtime writes (in-process, where
 //! KubeEdge's edge forwards to edged's `127.0.0.1:10350`), streaming DATA frames back until
 //! the log ends or the cloud sends REMOVE_CONNECT, and EXEC_CONNECT/ATTACH_CONNECT by
-//! relaying the upgrade request to the runtime's streaming server (see [`exec`]),
-//! PORT_FORWARD_CONNECT the same way after the CRI `PortForward` call (see [`portforward`];
+//! relaying the upgrade request to the runtime's streaming server (see `exec`),
+//! PORT_FORWARD_CONNECT the same way after the CRI `PortForward` call (see `portforward`;
 //! the edge says it serves it with an `X-KubeEdge-RS-Capabilities: port-forward` handshake
 //! header), and
 //! METRIC_CONNECT with the kubelet's `/stats/summary`, `/metrics/resource` and `/metrics`
-//! (see [`metrics`]).
+//! (see `metrics`).
 
 pub(crate) mod crilog;
 pub(crate) mod exec;
 pub(crate) mod logs;
 pub(crate) mod metrics;
 pub(crate) mod portforward;
-pub mod relay;
+pub(crate) mod relay;
 pub(crate) mod sender;
-pub mod tunnel;
+pub(crate) mod tunnel;
+
+pub use relay::TunnelDialer;
+pub use tunnel::tunnel_tls;
 
 use crate::config::EdgeCoreConfig;
 use crate::tls_files::{TlsFileError, load_err};
@@ -40,7 +43,7 @@ pub enum EdgeStreamError {
 }
 
 /// Between tunnel attempts (KubeEdge's ticker).
-pub const RETRY: Duration = Duration::from_secs(2);
+pub(crate) const RETRY: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct EdgeStreamSettings {

@@ -70,7 +70,7 @@ pub struct EventBusConfig {
     pub tls_enable: bool,
     pub max_payload: usize,
     pub publish_queue: usize,
-    /// See [`DEFAULT_OFFLINE_QUEUE_BYTES`].
+    /// See `DEFAULT_OFFLINE_QUEUE_BYTES`.
     pub offline_queue_bytes: usize,
     pub reconnect_interval: Duration,
 }

@@ -26,20 +26,20 @@ pub(crate) mod cloud_ops;
 pub(crate) mod config;
 mod dispatch;
 mod external;
-pub mod metrics;
+pub(crate) mod metrics;
 #[cfg(test)]
 mod tests;
 pub(crate) mod topics;
 
 pub use config::{EventBusConfig, MqttMode};
-pub use metrics::EventBusMetrics;
+pub use metrics::{BrokerLabel, DropReason, EventBusMetrics};
 
 use crate::metamanager::store::{MetaStore, StoreError};
 use broker::{BrokerHandle, BrokerSettings, InjectError};
 use bytes::Bytes;
 use config::BrokerAddress;
 use dispatch::Dispatcher;
-use metrics::{BrokerLabel, Rejected};
+use metrics::Rejected;
 use rumqttc::{AsyncClient, QoS};
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};

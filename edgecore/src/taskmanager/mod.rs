@@ -11,10 +11,15 @@
 //! upgrade images are read from the registry by this process.
 
 pub(crate) mod checks;
-pub mod config_update;
+pub(crate) mod config_update;
 pub(crate) mod prepull;
 pub(crate) mod registry;
-pub mod upgrade;
+pub(crate) mod upgrade;
+
+pub use config_update::marker_path as config_update_marker;
+pub use upgrade::{
+    on_start as count_upgrade_start, roll_back_after_failed_start as roll_back_failed_upgrade,
+};
 
 use crate::edgehub::EdgeHub;
 use crate::metamanager::MetaClient;
@@ -32,7 +37,7 @@ use tokio::task::JoinHandle;
 
 /// What the task manager needs from edgecore's settings.
 #[derive(Debug, Clone)]
-pub struct TaskSettings {
+pub(crate) struct TaskSettings {
     pub node_name: String,
     /// CRI endpoint (edged's `remoteRuntimeEndpoint`); empty: no runtime (pulls fail).
     pub runtime_endpoint: String,
@@ -65,11 +70,13 @@ const REPORT_RETRY: Duration = Duration::from_secs(5);
 const REPORT_TRIES: u32 = 120;
 
 /// What the MetaServer calls on `POST /api/v1/taskupgrade/confirm-upgrade`.
-pub type ConfirmUpgrade = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+pub(crate) type ConfirmUpgrade = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// The confirmation hook for the MetaServer and its receiving end for [`spawn`]: `Err` at once
 /// when no upgrade waits (KubeEdge's 400 message).
-pub fn confirmations(supervisor: &Supervisor) -> Option<(ConfirmUpgrade, mpsc::Receiver<()>)> {
+pub(crate) fn confirmations(
+    supervisor: &Supervisor,
+) -> Option<(ConfirmUpgrade, mpsc::Receiver<()>)> {
     let paths = upgrade::Paths {
         exe: supervisor.exe.clone()?,
         config: supervisor.config_path.clone()?,
@@ -88,7 +95,7 @@ pub fn confirmations(supervisor: &Supervisor) -> Option<(ConfirmUpgrade, mpsc::R
 
 /// Runs the task manager on `rx` (messages of group `taskmanager`) until it closes; upgrade
 /// confirmations arrive on `confirms`.
-pub fn spawn(
+pub(crate) fn spawn(
     settings: TaskSettings,
     mut rx: mpsc::Receiver<Message>,
     mut confirms: Option<mpsc::Receiver<()>>,
@@ -397,7 +404,7 @@ pub fn roll_back_after_failed_start(config: &std::path::Path) -> bool {
 
 /// Finishes a configuration update or an upgrade a previous run started (whether or not the
 /// task manager is enabled now).
-pub fn resume_pending(supervisor: Option<&Arc<Supervisor>>, hub: &EdgeHub) {
+pub(crate) fn resume_pending(supervisor: Option<&Arc<Supervisor>>, hub: &EdgeHub) {
     if let Some(sup) = supervisor {
         upgrade::resume(sup, hub);
     }

@@ -632,7 +632,7 @@ async fn resume_upgrade(sup: Arc<Supervisor>, config: PathBuf, mut marker: Marke
 }
 
 /// First thing at every start, before anything that a broken new binary could fail at: an
-/// upgrade in progress counts this start, and after [`MAX_STARTS`] starts that never reached
+/// upgrade in progress counts this start, and after `MAX_STARTS` starts that never reached
 /// the cloud the previous binary goes back. `true`: it did (the caller restarts).
 pub fn on_start(config: &Path) -> bool {
     let Some(mut m) = read_marker(config) else {

@@ -4,7 +4,7 @@
 //! `pod<uid>` cgroup per pod with the pod's CPU shares and quota, memory limit and PID limit;
 //! the runtime puts the pod's sandbox and containers inside (the sandbox's `cgroup_parent`).
 //! Pod cgroups go when their pod goes, and those of pods this node no longer has are removed
-//! at start-up. cgroupfs and systemd naming, cgroup v1 and v2 ([`fs`]).
+//! at start-up. cgroupfs and systemd naming, cgroup v1 and v2 (`fs`).
 
 pub(crate) mod fs;
 pub(crate) mod naming;

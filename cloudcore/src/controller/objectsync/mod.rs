@@ -33,8 +33,6 @@ pub use records::SyncRecords;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-pub const GROUP: &str = "reliablesyncs.kubeedge.io";
-pub const VERSION: &str = "v1alpha1";
 /// Lease that elects the replica doing once-only synccontroller work.
 pub const LEASE_NAME: &str = "cloudcore-synccontroller";
 

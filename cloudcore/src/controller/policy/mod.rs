@@ -23,7 +23,6 @@ mod state;
 mod tests;
 mod watch;
 
-pub use messages::resource;
 pub use state::Policy;
 
 use crate::cloudhub::HubSink;
