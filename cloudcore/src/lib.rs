@@ -4,8 +4,8 @@
 //!
 //! The binary (`src/main.rs`), the e2e tests and the benchmarks use this crate through the
 //! modules below and only what each of them names at its top level; every module inside them
-//! is crate-private (`cargo doc -p cloudcore` shows all of it: 12 modules, about 125 items,
-//! most of them the configuration's sections and the metrics' label sets).
+//! is crate-private (`cargo doc -p cloudcore` shows all of it; most of its items are the
+//! configuration's sections and the metrics' label sets).
 //!
 //! * Running cloudcore: [`app::run`] (every enabled module from a [`config::CloudCoreConfig`]),
 //!   [`app::run_iptables_manager`], [`leader`] (leader election between replicas), [`http`]

@@ -4,8 +4,8 @@
 //!
 //! The binary (`src/main.rs`), the e2e tests and the benchmarks use this crate through the
 //! modules below and only what each of them names at its top level; every module inside them
-//! is crate-private (`cargo doc -p edgecore` shows all of it: 14 modules, about 130 items,
-//! half of them the configuration's sections). edged itself is the library crate
+//! is crate-private (`cargo doc -p edgecore` shows all of it; half of its items are the
+//! configuration's sections). edged itself is the library crate
 //! `kubeedge-edged` (pods over CRI), which this crate runs.
 //!
 //! * Running an edge: [`app::EdgeCore`] (start every enabled module from an

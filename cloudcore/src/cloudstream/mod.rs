@@ -20,8 +20,8 @@ pub(crate) mod tunnel;
 pub(crate) mod tunnel_port;
 
 pub use certificate::{
-    CERT_FILE, KEY_FILE, ServerIdentity, StreamCertError, StreamCertRequest,
-    issue as issue_certificate, load_ca, write as write_certificate,
+    ServerIdentity, StreamCertError, StreamCertRequest, issue as issue_certificate, load_ca,
+    write as write_certificate,
 };
 pub use client_auth::{ClientAuth, SERVICE_ACCOUNT_CA};
 pub use iptables::{Iptables, IptablesError, run as manage_iptables};

@@ -6,10 +6,8 @@
 pub(crate) mod server;
 pub(crate) mod token_secret;
 
-pub use server::{JoinServer, MAX_CSR_BYTES, serve, tls_config};
-pub use token_secret::{
-    TOKEN_KEY, TOKEN_SECRET, ensure as ensure_token_secret, read as read_token,
-};
+pub use server::{JoinServer, serve, tls_config};
+pub use token_secret::{ensure as ensure_token_secret, read as read_token};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -307,7 +307,7 @@ impl MetaStore {
                 if ty.is_request()
                     || *ty == ResourceType::Node
                     || *ty == ResourceType::Lease
-                    || *ty == *"devicemapper"
+                    || *ty == "devicemapper"
                 {
                     continue;
                 }
